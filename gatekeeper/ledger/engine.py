@@ -1,0 +1,72 @@
+"""Opening the database and taking its write lock.
+
+Every append reads the chain's tail and writes after it, so the lock must be held
+from the read on: with SQLite that is ``BEGIN IMMEDIATE``. pysqlite would issue its
+own deferred BEGIN, so its transaction handling is switched off and ours emitted.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
+
+from gatekeeper.errors import GatekeeperError
+
+BUSY_TIMEOUT_S = 30  # concurrent writers wait this long for the lock before failing
+_WRITE = "ledger_write"  # execution option that asks for BEGIN IMMEDIATE
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE for writes."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise GatekeeperError(f"ledger URL {url!r} is not valid ({e}); use e.g. sqlite:///ledger/evidence.db") from e
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed)
+
+    database = parsed.database or ""
+    memory = database in ("", ":memory:")
+    if not memory and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+    if memory:
+        # One shared connection, else every checkout would see its own empty database.
+        kwargs.update(poolclass=StaticPool, connect_args={"timeout": BUSY_TIMEOUT_S, "check_same_thread": False})
+    engine = create_engine(parsed, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
+        cur.execute("PRAGMA foreign_keys = ON")
+        if not memory:
+            cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+    return engine
+
+
+@contextmanager
+def write(engine: Engine) -> Iterator[Connection]:
+    """One write transaction, holding the database's write lock from its first statement."""
+    with engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+        yield conn
+
+
+@contextmanager
+def read(engine: Engine) -> Iterator[Connection]:
+    """One read transaction: a consistent snapshot of the ledger."""
+    with engine.connect() as conn, conn.begin():
+        yield conn

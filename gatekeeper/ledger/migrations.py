@@ -1,0 +1,170 @@
+"""Numbered schema migrations, recorded in the ``migrations`` table.
+
+Each migration spells out its own DDL (tables frozen as they were at that version,
+never the current models), so a database made by any older release upgrades in
+place with its rows, and therefore its hash chain, untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    inspect,
+    select,
+)
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.ledger.engine import read, write
+from gatekeeper.ledger.tables import utc_now
+
+
+def _id() -> Column:
+    return Column("id", Integer, primary_key=True)
+
+
+def _text(name: str, nullable: bool = False) -> Column:
+    return Column(name, Text, nullable=nullable)
+
+
+def _evaluation_id(nullable: bool = False) -> Column:
+    return Column("evaluation_id", Integer, ForeignKey("evaluation.id"), nullable=nullable)
+
+
+def _append_only(conn: Connection, table: str) -> None:
+    """Triggers that make a table reject UPDATE and DELETE (SQLite only)."""
+    if conn.dialect.name != "sqlite":
+        return
+    for op in ("UPDATE", "DELETE"):
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+            "BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END"
+        )
+
+
+_MIGRATIONS_TABLE = Table(
+    "migrations",
+    MetaData(),
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    _text("name"),
+    _text("applied_at"),
+)
+
+
+def _0001_initial(conn: Connection) -> None:
+    md = MetaData()
+    tables = [
+        Table(
+            "entry", md,
+            Column("seq", Integer, primary_key=True, autoincrement=False),
+            _text("prev_hash"), _text("kind"), Column("record_id", Integer, nullable=False),
+            _text("payload"), _text("hash"),
+            Index("entry_kind_record", "kind", "record_id", unique=True),
+        ),
+        Table(
+            "evaluation", md, _id(),
+            _text("flag"), _text("operator"), _text("started_at"), Column("pid", Integer, nullable=False),
+            _text("host"), _text("gate"), _text("identity"), _text("config"),
+            Index("evaluation_flag", "flag"),
+        ),
+        Table(
+            "case_result", md, _id(), _evaluation_id(),
+            _text("case_id"), _text("config"), Column("repeat", Integer, nullable=False), _text("result"), _text("at"),
+            Index("case_result_evaluation", "evaluation_id"),
+        ),
+        Table(
+            "comparison", md, _id(), _evaluation_id(),
+            _text("case_id"), Column("equal", Boolean, nullable=False), _text("detail"), _text("at"),
+            Index("comparison_evaluation", "evaluation_id"),
+        ),
+        # One verdict and one abort at most per evaluation, enforced by the database too.
+        Table(
+            "verdict", md, _id(), _evaluation_id(),
+            _text("verdict"), _text("reasons"), _text("summary"), _text("finished_at"),
+            Index("verdict_evaluation", "evaluation_id", unique=True),
+        ),
+        Table(
+            "aborted", md, _id(), _evaluation_id(), _text("reason"), _text("at"),
+            Index("aborted_evaluation", "evaluation_id", unique=True),
+        ),
+        Table(
+            "approval", md, _id(), _text("flag"), _evaluation_id(), _text("operator"), _text("reason"), _text("at"),
+            Index("approval_flag", "flag"),
+        ),
+        Table(
+            "flip", md, _id(), _text("flag"), _text("state"), _evaluation_id(nullable=True),
+            _text("operator"), _text("reason"), _text("at"),
+            Index("flip_flag", "flag"),
+        ),
+        Table(
+            "refusal", md, _id(), _text("flag"), _evaluation_id(nullable=True),
+            _text("operator"), _text("reasons"), _text("at"),
+            Index("refusal_flag", "flag"),
+        ),
+    ]
+    md.create_all(conn)
+    for table in tables:
+        _append_only(conn, table.name)
+
+
+def _0002_flush_measurement(conn: Connection) -> None:
+    md = MetaData()
+    Table("flush", md, _id(), _text("trigger"), _text("old"), _text("new"), _text("detail"), _text("at"))
+    Table("measurement", md, _id(), _text("operator"), _text("config"), _text("result"), _text("at"))
+    md.create_all(conn)
+    _append_only(conn, "flush")
+    _append_only(conn, "measurement")
+    # Nullable, so rows written before this migration keep matching their entries.
+    conn.exec_driver_sql("ALTER TABLE flip ADD COLUMN approval_ids TEXT")
+
+
+MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
+    (1, "0001_initial", _0001_initial),
+    (2, "0002_flush_measurement", _0002_flush_measurement),
+]
+CURRENT_VERSION = MIGRATIONS[-1][0]
+
+
+def _version(conn: Connection) -> int:
+    if not inspect(conn).has_table("migrations"):
+        return 0
+    return conn.scalar(select(_MIGRATIONS_TABLE.c.version).order_by(_MIGRATIONS_TABLE.c.version.desc()).limit(1)) or 0
+
+
+def schema_version(engine: Engine) -> int:
+    """The highest migration applied to the database (0 for a blank one)."""
+    with read(engine) as conn:
+        return _version(conn)
+
+
+def migrate(engine: Engine, target: int | None = None) -> int:
+    """Apply every migration above the database's version up to ``target`` (default: all)."""
+    target = CURRENT_VERSION if target is None else target
+    if not 0 <= target <= CURRENT_VERSION:
+        raise ValueError(f"no migration {target}: versions run from 0 to {CURRENT_VERSION}")
+    have = schema_version(engine)
+    if have > CURRENT_VERSION:
+        raise GatekeeperError(
+            f"the ledger is at schema version {have}, newer than this gatekeeper knows ({CURRENT_VERSION}); "
+            "upgrade gatekeeper to open it"
+        )
+    if have >= target:
+        return have
+    with write(engine) as conn:
+        _MIGRATIONS_TABLE.create(conn, checkfirst=True)
+        have = _version(conn)  # again, under the lock: another process may have migrated meanwhile
+        for version, name, apply in MIGRATIONS:
+            if have < version <= target:
+                apply(conn)
+                conn.execute(_MIGRATIONS_TABLE.insert().values(version=version, name=name, applied_at=utc_now()))
+    return target

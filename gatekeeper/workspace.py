@@ -1,0 +1,268 @@
+"""Finds and loads a workspace: engine profiles, the assertion battery, policies.
+
+Every file is parsed into a pydantic model that rejects unknown keys; every error
+names the file, the field and how to fix it, and is raised before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import GatekeeperError
+
+ENGINES, ASSERTIONS, POLICIES, LEDGER = "engines", "assertions", "policies", "ledger"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- engine profiles ---------------------------------------------------------------------------
+
+
+class CacheLimits(Strict):
+    max_entries: int = Field(64, ge=1)
+    max_bytes: int = Field(2 * 1024**3, ge=1)
+
+
+class EngineProfile(Strict):
+    """``engines/NAME.yaml``: which adapter runs which model, and how."""
+
+    name: str = Field("", exclude=True)  # the file stem, filled in by the loader
+    adapter: str
+    model: str = "default"
+    adapter_path: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    prefill: Literal["monolithic", "aligned"] = "monolithic"
+    chunk: int = Field(256, ge=1)
+    cache: CacheLimits = CacheLimits()
+    snapshots: str = "boundaries"
+    options: dict[str, Any] = {}  # free-form settings for plugin adapters
+
+    @field_validator("snapshots")
+    @classmethod
+    def _snapshots(cls, v: str) -> str:
+        if v in ("tail", "boundaries") or (v.startswith("interval:") and v[9:].isdigit() and int(v[9:]) > 0):
+            return v
+        raise ValueError("must be 'tail', 'boundaries' or 'interval:N' with N > 0")
+
+
+# --- the battery -------------------------------------------------------------------------------
+
+ASSERTION_TYPES = (
+    "equals", "contains", "icontains", "not-contains", "not-icontains", "starts-with", "regex",
+    "not-regex", "one-of", "is-json", "contains-json", "max-length", "min-length",
+    "contains-any", "contains-all", "icontains-any", "icontains-all",
+)
+
+
+class Segment(Strict):
+    role: Literal["system", "user", "assistant"]
+    static: bool
+    text: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Segment":
+        if (self.text is None) == (self.file is None):
+            raise ValueError("give exactly one of 'text' or 'file'")
+        return self
+
+
+class Decoding(Strict):
+    max_tokens: int = Field(64, ge=1)
+    stop: list[str] = []
+
+
+class Assertion(Strict):
+    type: str
+    value: Any = None
+    name: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in ASSERTION_TYPES:
+            raise ValueError(f"unknown assertion type {v!r}; use one of: {', '.join(ASSERTION_TYPES)}")
+        return v
+
+
+class Case(Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str
+    vars: dict[str, str] = {}
+    turns: list[dict[str, str]] = []  # each turn extends the previous turn's transcript
+    assert_: list[Assertion] = Field([], alias="assert")
+
+
+class Suite(Strict):
+    """``assertions/NAME.yaml``: one stage's prompt, decoding and cases."""
+
+    suite: str
+    stage: str
+    prompt: list[Segment] = Field(min_length=1)
+    decoding: Decoding = Decoding()
+    cases: list[Case] = Field(min_length=1)
+    path: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Suite":
+        seen: set[str] = set()
+        for case in self.cases:
+            if case.id in seen:
+                raise ValueError(f"case id {case.id!r} appears twice; case ids must be unique in a suite")
+            seen.add(case.id)
+        return self
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+HASH_PARTS = ("flags", "model", "adapter", "engine", "render", "prefill", "decoding")
+
+
+class ExerciseFloor(Strict):
+    min_cached_share: float = Field(0.5, ge=0, le=1)
+
+
+class Approvals(Strict):
+    required: int = Field(1, ge=1)
+    evaluator_may_approve: bool = False
+    max_age_hours: float = Field(720, gt=0)
+
+
+class Policy(Strict):
+    """``policies/FLAG.yaml``: how a flag is gated and approved."""
+
+    flag: str
+    description: str = ""
+    default: bool = False
+    gate: Literal["byte_equivalence", "assertion_equivalence", "non_inferiority"]
+    baseline_repeats: int = Field(2, ge=2)
+    exercise_floor: ExerciseFloor = ExerciseFloor()
+    approvals: Approvals = Approvals()
+    hash_parts: list[Literal[HASH_PARTS]] = list(HASH_PARTS)  # type: ignore[valid-type]
+    flush_on: list[Literal["model", "adapter"]] = ["model", "adapter"]
+    margin: float = Field(0, ge=0)
+
+    @field_validator("default")
+    @classmethod
+    def _default_off(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("a flag starts off; it is turned on only by 'gatekeeper flip' on passing evidence")
+        return v
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def _explain(path: Path, err: ValidationError) -> str:
+    lines = [f"{path}: invalid"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  field '{field}': unknown key; remove it or check its spelling")
+        elif e["type"] == "missing":
+            lines.append(f"  field '{field}': required; add it")
+        else:
+            lines.append(f"  field '{field}': {e['msg']}")
+    return "\n".join(lines)
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GatekeeperError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise GatekeeperError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}; fix the syntax") from None
+
+
+def parse(model: type[Strict], path: Path, **extra: Any) -> Any:
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise GatekeeperError(f"{path}: expected a mapping of keys to values at the top level")
+    try:
+        return model.model_validate({**data, **extra})
+    except ValidationError as e:
+        raise GatekeeperError(_explain(path, e)) from None
+
+
+def find_root(explicit: str | os.PathLike | None = None) -> Path:
+    """--workspace, else $GATEKEEPER_WORKSPACE, else the current directory."""
+    root = Path(explicit or os.environ.get("GATEKEEPER_WORKSPACE") or ".").resolve()
+    if not root.is_dir():
+        raise GatekeeperError(f"workspace {root}: not a directory; pass --workspace DIR or run 'gatekeeper init DIR'")
+    return root
+
+
+class Workspace:
+    """A workspace folder; each kind of file is loaded (and validated) when first asked for."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = find_root(root)
+
+    def _files(self, kind: str) -> list[Path]:
+        folder = self.root / kind
+        if not folder.is_dir():
+            raise GatekeeperError(f"{folder}: missing; run 'gatekeeper init {self.root}' or pass --workspace")
+        return sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+
+    def engine(self, name: str = "auto") -> EngineProfile:
+        path = self.root / ENGINES / f"{name}.yaml"
+        if not path.exists():
+            known = ", ".join(p.stem for p in self._files(ENGINES)) or "none"
+            raise GatekeeperError(f"{path}: no engine profile '{name}' (profiles here: {known}); pass --engine NAME")
+        return parse(EngineProfile, path, name=name)
+
+    @cached_property
+    def policies(self) -> dict[str, Policy]:
+        out: dict[str, Policy] = {}
+        for path in self._files(POLICIES):
+            policy = parse(Policy, path)
+            if policy.flag != path.stem:
+                raise GatekeeperError(f"{path}: field 'flag' is {policy.flag!r}; it must match the file name ({path.stem!r})")
+            out[policy.flag] = policy
+        return out
+
+    def policy(self, flag: str) -> Policy:
+        if flag not in self.policies:
+            known = ", ".join(self.policies) or "none"
+            raise GatekeeperError(f"unknown flag {flag!r}: no {self.root / POLICIES / (flag + '.yaml')} (flags here: {known})")
+        return self.policies[flag]
+
+    @cached_property
+    def suites(self) -> dict[str, Suite]:
+        out: dict[str, Suite] = {}
+        for path in self._files(ASSERTIONS):
+            suite = parse(Suite, path, path=path)
+            if suite.suite in out:
+                raise GatekeeperError(f"{path}: field 'suite': {suite.suite!r} is already defined by {out[suite.suite].path}; rename one")
+            for seg_no, seg in enumerate(suite.prompt):
+                if seg.file and not (path.parent / seg.file).is_file() and not (self.root / seg.file).is_file():
+                    raise GatekeeperError(f"{path}: field 'prompt.{seg_no}.file': {seg.file} not found (relative to the workspace or the suite's folder)")
+            out[suite.suite] = suite
+        if not out:
+            raise GatekeeperError(f"{self.root / ASSERTIONS}: no suites (*.yaml); add one or run 'gatekeeper init'")
+        return out
+
+    def segment_text(self, suite: Suite, seg: Segment) -> str:
+        if seg.text is not None:
+            return seg.text
+        for base in (suite.path.parent if suite.path else self.root, self.root):
+            if (base / seg.file).is_file():
+                return (base / seg.file).read_text(encoding="utf-8")
+        raise GatekeeperError(f"{suite.path}: segment file {seg.file} not found")
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.root / LEDGER / "evidence.db"
