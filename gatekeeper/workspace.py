@@ -187,14 +187,14 @@ def read_yaml(path: Path) -> Any:
         raise GatekeeperError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}; fix the syntax") from None
 
 
-def parse(model: type[Strict], path: Path, **extra: Any) -> Any:
-    data = read_yaml(path)
+def parse(model: type[Strict], file: Path, **extra: Any) -> Any:
+    data = read_yaml(file)
     if not isinstance(data, dict):
-        raise GatekeeperError(f"{path}: expected a mapping of keys to values at the top level")
+        raise GatekeeperError(f"{file}: expected a mapping of keys to values at the top level")
     try:
         return model.model_validate({**data, **extra})
     except ValidationError as e:
-        raise GatekeeperError(_explain(path, e)) from None
+        raise GatekeeperError(_explain(file, e)) from None
 
 
 def find_root(explicit: str | os.PathLike | None = None) -> Path:

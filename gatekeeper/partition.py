@@ -1,0 +1,132 @@
+"""Static-first partition and prompt rendering.
+
+A stage prompt is a list of segments marked static or dynamic. Partitioned, the static
+segments move ahead of every dynamic one (each group keeping its order), so everything up
+to the first dynamic byte is the same on every call: the prefix a cache can serve and the
+runtime pins. Both configurations of an evaluation render the same way, so a parity run
+isolates one variable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Sequence
+
+from .errors import GatekeeperError
+from .workspace import Suite, Workspace
+
+Mode = Literal["partitioned", "as_written"]
+VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_MARK = "\x00gatekeeper-boundary\x00"  # never in real text; located after rendering
+
+
+@dataclass(frozen=True)
+class Piece:
+    role: str
+    static: bool
+    text: str
+
+
+@dataclass
+class Rendered:
+    messages: list[dict[str, str]]
+    text: str
+    tokens: list[int]
+    static_tokens: int  # tokens before the first dynamic byte: the stage's pinnable prefix
+    static_text: str = field(repr=False, default="")
+
+
+def suite_vars(suite: Suite) -> set[str]:
+    """Variables the suite's text segments use (``file`` segments are verbatim, so JSON needs no escaping)."""
+    return {name for seg in suite.prompt if seg.text is not None for name in VAR.findall(seg.text)}
+
+
+def missing_vars(suite: Suite) -> list[str]:
+    """Problems like 'case X lacks var Y', checked when the battery loads."""
+    problems = []
+    needed = suite_vars(suite)
+    last = suite.prompt[-1]
+    turn_needed = set(VAR.findall(last.text or ""))
+    for case in suite.cases:
+        if case.turns:
+            if last.role != "user":
+                problems.append(f"suite {suite.suite!r}, case {case.id!r}: 'turns' need the prompt's last segment to be a user segment")
+                continue
+            for n, turn in enumerate(case.turns, 1):
+                lacking = (needed if n == 1 else turn_needed) - set(case.vars) - set(turn)
+                if lacking:
+                    problems.append(f"suite {suite.suite!r}, case {case.id!r}, turn {n}: missing vars {sorted(lacking)}; add them to 'vars' or the turn")
+        else:
+            lacking = needed - set(case.vars)
+            if lacking:
+                problems.append(f"suite {suite.suite!r}, case {case.id!r}: missing vars {sorted(lacking)}; add them to 'vars'")
+    return problems
+
+
+def fill(text: str, values: Mapping[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        if m.group(1) not in values:
+            raise GatekeeperError(f"missing var {m.group(1)!r}")
+        return values[m.group(1)]
+
+    return VAR.sub(sub, text)
+
+
+def pieces(ws: Workspace, suite: Suite, values: Mapping[str, str]) -> list[Piece]:
+    return [
+        Piece(seg.role, seg.static, fill(seg.text, values) if seg.text is not None else ws.segment_text(suite, seg))
+        for seg in suite.prompt
+    ]
+
+
+def order(items: Sequence[Piece], mode: Mode) -> list[Piece]:
+    if mode == "as_written":
+        return list(items)
+    return [p for p in items if p.static] + [p for p in items if not p.static]
+
+
+def messages(items: Sequence[Piece]) -> list[dict[str, str]]:
+    """Consecutive pieces of one role become one message."""
+    out: list[dict[str, str]] = []
+    for p in items:
+        if out and out[-1]["role"] == p.role:
+            out[-1]["content"] += "\n\n" + p.text
+        else:
+            out.append({"role": p.role, "content": p.text})
+    return out
+
+
+def static_text(engine, ordered: Sequence[Piece]) -> str:
+    """The rendered text up to the first dynamic byte (all of it when nothing is dynamic)."""
+    first_dynamic = next((i for i, p in enumerate(ordered) if not p.static), None)
+    if first_dynamic is None:
+        return engine.render(messages(ordered))
+    marked = list(ordered)
+    p = marked[first_dynamic]
+    marked[first_dynamic] = Piece(p.role, p.static, _MARK + p.text)
+    text = engine.render(messages(marked))
+    return text[: text.index(_MARK)]
+
+
+def render(engine, items: Sequence[Piece], mode: Mode, history: Sequence[dict[str, str]] = ()) -> Rendered:
+    """Render through the engine's chat template and count the static prefix's tokens.
+
+    ``history`` continues a stream: the earlier turns' messages (with the assistant's
+    answers), followed here by the last piece, the new user turn.
+    """
+    ordered = order(items, mode)
+    prefix_text = static_text(engine, ordered)
+    msgs = messages(ordered)
+    if history:
+        msgs = [*history, msgs[-1]]
+    text = engine.render(msgs)
+    tokens = engine.tokenize(text)
+    n = 0
+    if prefix_text and text.startswith(prefix_text):
+        # the prefix's last token may merge with the text after it: count only tokens both agree on
+        for a, b in zip(engine.tokenize(prefix_text), tokens):
+            if a != b:
+                break
+            n += 1
+    return Rendered(msgs, text, tokens, n, prefix_text)
