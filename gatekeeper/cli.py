@@ -146,6 +146,106 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
     emit(json_, {"workspace": str(ws.root), "flags": rows}, human)
 
 
+# --- evidence ----------------------------------------------------------------------------------
+
+
+@app.command()
+@reporting
+def evaluate(
+    ctx: typer.Context,
+    flag: Annotated[str, typer.Option(help="The flag to evaluate (a policy in policies/).")],
+    engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
+    suite: Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="At most N cases per suite.")] = None,
+    operator: Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")] = None,
+    json_: Json = False,
+) -> None:
+    """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
+    import getpass
+
+    from . import gate
+    from .engines.registry import build_engine
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    plan = gate.plan(ws, flag, engine, suite, limit)  # every input checked before anything is written
+    model = build_engine(ws.engine(engine), cache=False, workspace_root=ws.root)
+    ledger = settings.open_ledger(ws, create=True)
+    total = len(plan.items) * (plan.policy.baseline_repeats + 1)
+    with _progress(total, enabled=not json_) as advance, _sigterm_as_interrupt():
+        try:
+            outcome = gate.evaluate(plan, ledger, model, operator or getpass.getuser(), advance)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the evaluation is recorded as aborted (no verdict); the ledger is intact", err=True)
+            raise typer.Exit(130) from None
+    emit(json_, outcome.to_dict(), lambda: _print_outcome(outcome))
+    if outcome.verdict != "PASS":
+        raise typer.Exit(1)
+
+
+def _print_outcome(o) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"evaluation {o.evaluation_id}: {o.flag}", show_header=False)
+    rows = [
+        ("cases / assertions", f"{o.cases} / {o.assertions}"),
+        ("equal off~off / off~on", f"{o.equal['baseline']} / {o.equal['off_on']} (of {o.cases} cases)"),
+        ("prompt tokens off / computed on", f"{o.tokens['prompt_off']} / {o.tokens['computed_on']}"),
+        ("cached tokens on", f"{o.tokens['cached_on']} ({o.exercised_share:.0%} of the {o.tokens['stable_prefix_bound']}-token stable-prefix bound)"),
+        ("cacheable share as written / partitioned", f"{o.cacheable_share['as_written']:.0%} / {o.cacheable_share['partitioned']:.0%}"),
+        ("wall seconds off (per run) / on", f"{o.seconds['off']:.1f} / {o.seconds['on']:.1f}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console = Console()
+    console.print(table)
+    saved = o.tokens["prompt_off"] - o.tokens["computed_on"]
+    console.print(f"verdict: [bold]{o.verdict}[/bold]   prefill saved with the flag on: {saved} tokens")
+    for r in o.reasons:
+        console.print(f"  - {r}")
+
+
+class _progress:
+    """A progress bar on a terminal; silent under --json or when output is not a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled and sys.stderr.isatty()
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda label: None
+        from rich.progress import Progress
+
+        from rich.console import Console
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("evaluating", total=self.total)
+        return lambda label: self.bar.update(task, advance=1, description=label)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM takes the same path as Ctrl-C, so the evaluation is recorded as aborted."""
+
+    def __enter__(self):
+        import signal
+
+        def handler(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        self.previous = signal.signal(signal.SIGTERM, handler)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.signal(signal.SIGTERM, self.previous)
+
+
 # --- the ledger --------------------------------------------------------------------------------
 
 
@@ -230,7 +330,6 @@ def _later(name: str, doc: str, target: typer.Typer = app) -> None:
 
 _later("measure", "Run the stages and print the prefill tax per stage.")
 _later("analyze", "Read captured prompts and print the cacheable prefix share.")
-_later("evaluate", "Run the assertion battery with a flag off and on and record a verdict.")
 _later("flip", "Turn a flag on (on passing, current evidence) or off.")
 _later("hash", "Print the pipeline-version hash and its parts.")
 _later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
