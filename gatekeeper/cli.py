@@ -285,17 +285,15 @@ def ledger_show(ctx: typer.Context, evaluation_id: Annotated[int, typer.Argument
     emit(json_, record, lambda: _show_evaluation(record))
 
 
-def _show_evaluation(record: dict) -> None:
-    ev = record["evaluation"]
-    typer.echo(f"evaluation {ev['id']}  flag {ev['flag']}  status {record['status']}")
+def _show_evaluation(ev: dict) -> None:
+    typer.echo(f"evaluation {ev['id']}  flag {ev['flag']}  status {ev['status']}")
     typer.echo(f"  operator {ev['operator']}  started {ev['started_at']}  gate {ev['gate']}")
-    if record.get("verdict"):
-        for reason in record["verdict"]["reasons"]:
-            typer.echo(f"  - {reason}")
-    typer.echo(f"  case results: {len(record['case_results'])}  comparisons: {len(record['comparisons'])}")
-    for c in record["comparisons"]:
+    for reason in ev.get("reasons") or []:
+        typer.echo(f"  - {reason}")
+    typer.echo(f"  case results: {len(ev['case_results'])}  comparisons: {len(ev['comparisons'])}")
+    for c in ev["comparisons"]:
         if not c["equal"]:
-            typer.echo(f"  differs: {c['case_id']}")
+            typer.echo(f"  differs: {c['case_id']} ({c['detail'].get('pair', '')})")
 
 
 @ledger_app.command("verify")

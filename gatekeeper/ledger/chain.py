@@ -13,7 +13,7 @@ from sqlalchemy import Connection, insert, text
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import canonical_json, digest
-from gatekeeper.ledger.tables import KINDS, Entry, decode, encode
+from gatekeeper.ledger.tables import KINDS, STAMPED, Entry, decode, encode, utc_now
 
 GENESIS = "0" * 64  # prev_hash of the first entry
 
@@ -32,6 +32,8 @@ def append(conn: Connection, kind: str, values: dict[str, Any]) -> int:
     """Insert a ``kind`` row and its chain entry; the caller holds the write transaction."""
     if kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")
+    # Stamped here, under the write lock, so timestamps never run backwards along the chain.
+    values = {**values, STAMPED.get(kind, "at"): utc_now()}
     try:
         stored = encode(kind, values)
     except (TypeError, ValueError) as e:

@@ -153,6 +153,9 @@ KINDS: dict[str, type[SQLModel]] = {
     for m in (Evaluation, CaseResult, Comparison, Verdict, Aborted, Approval, Flip, Refusal, Flush, Measurement)
 }
 
+# The column each kind's timestamp goes in, where it is not "at".
+STAMPED: dict[str, str] = {"evaluation": "started_at", "verdict": "finished_at"}
+
 JSON_FIELDS: dict[str, frozenset[str]] = {
     "evaluation": frozenset({"identity", "config"}),
     "case_result": frozenset({"result"}),

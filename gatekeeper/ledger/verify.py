@@ -61,7 +61,7 @@ def verify(conn: Connection) -> VerifyReport:
 
         if seq > expected:
             gap = f"{expected}" if seq - 1 == expected else f"{expected}..{seq - 1}"
-            bad(f"the entry before it is seq {expected - 1}: seq {gap} missing")
+            bad(f"seq {gap} missing before it")
         elif seq < expected:
             bad("seq out of order")
         expected = seq + 1

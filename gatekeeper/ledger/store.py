@@ -1,0 +1,230 @@
+"""``Ledger``: the one object the CLI, the gate and the runtime use to write and read evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+from sqlalchemy.exc import DBAPIError
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.ledger.chain import append
+from gatekeeper.ledger.engine import make_engine, read, write
+from gatekeeper.ledger.migrations import migrate, schema_version
+from gatekeeper.ledger.status import derive_status
+from gatekeeper.ledger.tables import KINDS, Entry, decode
+from gatekeeper.ledger.verify import VerifyReport, verify
+
+VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
+FLIP_STATES = ("on", "off")
+
+
+def _table(kind: str):
+    return KINDS[kind].__table__  # type: ignore[attr-defined]
+
+
+def _rows(conn: Connection, kind: str, **equal: Any) -> list[dict[str, Any]]:
+    """Rows of ``kind`` whose columns equal the given values (None filters are skipped), oldest first."""
+    t = _table(kind)
+    q = select(t).order_by(t.c.id)
+    for name, value in equal.items():
+        if value is not None:
+            q = q.where(t.c[name] == value)
+    return [decode(kind, dict(r)) for r in conn.execute(q).mappings()]
+
+
+class Ledger:
+    """An append-only, hash-chained evidence ledger at a SQLAlchemy URL (SQLite by default)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        try:
+            migrate(self.engine)
+        except BaseException as e:
+            self.engine.dispose()
+            if isinstance(e, DBAPIError):
+                raise GatekeeperError(f"cannot open the ledger at {url}: {e.orig}") from e
+            raise
+
+    @classmethod
+    def for_workspace(cls, root: Path, url: str | None = None) -> Ledger:
+        """The workspace's ledger: ``url`` if given, else ``<root>/ledger/evidence.db``."""
+        return cls(url or f"sqlite:///{Path(root) / 'ledger' / 'evidence.db'}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def version(self) -> int:
+        return schema_version(self.engine)
+
+    # -- writing -----------------------------------------------------------
+
+    def _append(
+        self, kind: str, values: dict[str, Any], evaluation_id: int | None = None, open_only: bool = False
+    ) -> int:
+        # Any check runs under the same lock as the append, so two finishers cannot both pass it.
+        with write(self.engine) as conn:
+            if evaluation_id is not None:
+                self._require_evaluation(conn, evaluation_id, open_only)
+            return append(conn, kind, values)
+
+    @staticmethod
+    def _require_evaluation(conn: Connection, evaluation_id: int, open_only: bool) -> None:
+        """The evaluation exists and, for ``open_only``, has neither a verdict nor an abort record yet."""
+        if not _rows(conn, "evaluation", id=evaluation_id):
+            raise GatekeeperError(f"there is no evaluation {evaluation_id} in the ledger")
+        if not open_only:
+            return
+        if verdict := _rows(conn, "verdict", evaluation_id=evaluation_id):
+            raise GatekeeperError(
+                f"evaluation {evaluation_id} already has a verdict ({verdict[0]['verdict']}); start a new evaluation"
+            )
+        if _rows(conn, "aborted", evaluation_id=evaluation_id):
+            raise GatekeeperError(f"evaluation {evaluation_id} was aborted; start a new evaluation")
+
+    def start_evaluation(self, flag: str, operator: str, gate: str, identity: dict, config: dict) -> int:
+        values = dict(flag=flag, operator=operator, pid=os.getpid(), host=socket.gethostname(), gate=gate,
+                      identity=identity, config=config)
+        return self._append("evaluation", values)
+
+    def add_case_result(self, evaluation_id: int, case_id: str, config: str, repeat: int, result: dict) -> int:
+        values = dict(evaluation_id=evaluation_id, case_id=case_id, config=config, repeat=repeat, result=result)
+        return self._append("case_result", values, evaluation_id, open_only=True)
+
+    def add_comparison(self, evaluation_id: int, case_id: str, equal: bool, detail: dict) -> int:
+        values = dict(evaluation_id=evaluation_id, case_id=case_id, equal=bool(equal), detail=detail)
+        return self._append("comparison", values, evaluation_id, open_only=True)
+
+    def finish_evaluation(self, evaluation_id: int, verdict: str, reasons: list[str], summary: dict) -> int:
+        if verdict not in VERDICTS:
+            raise GatekeeperError(f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+        values = dict(evaluation_id=evaluation_id, verdict=verdict, reasons=list(reasons), summary=summary)
+        return self._append("verdict", values, evaluation_id, open_only=True)
+
+    def abort_evaluation(self, evaluation_id: int, reason: str) -> int:
+        return self._append("aborted", dict(evaluation_id=evaluation_id, reason=reason), evaluation_id, open_only=True)
+
+    def add_approval(self, flag: str, evaluation_id: int, operator: str, reason: str) -> int:
+        values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, reason=reason)
+        return self._append("approval", values, evaluation_id)
+
+    def add_flip(
+        self,
+        flag: str,
+        state: str,
+        operator: str,
+        reason: str,
+        evaluation_id: int | None = None,
+        approval_ids: list[int] | None = None,
+    ) -> int:
+        if state not in FLIP_STATES:
+            raise GatekeeperError(f"flag state {state!r} is not one of: on, off")
+        values = dict(flag=flag, state=state, evaluation_id=evaluation_id, operator=operator, reason=reason,
+                      approval_ids=None if approval_ids is None else list(approval_ids))
+        return self._append("flip", values, evaluation_id)
+
+    def add_refusal(self, flag: str, operator: str, reasons: list[str], evaluation_id: int | None = None) -> int:
+        values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, reasons=list(reasons))
+        return self._append("refusal", values, evaluation_id)
+
+    def add_flush(self, trigger: str, old: dict, new: dict, detail: dict | None = None) -> int:
+        return self._append("flush", dict(trigger=trigger, old=old, new=new, detail=detail or {}))
+
+    def add_measurement(self, operator: str, config: dict, result: dict) -> int:
+        return self._append("measurement", dict(operator=operator, config=config, result=result))
+
+    # -- reading -----------------------------------------------------------
+
+    def evaluations(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Evaluations, newest first, with derived status and evidence counts."""
+        with read(self.engine) as conn:
+            t = _table("evaluation")
+            q = select(t).order_by(t.c.id.desc())
+            if limit is not None:
+                q = q.limit(limit)
+            started = [decode("evaluation", dict(r)) for r in conn.execute(q).mappings()]
+            verdicts = {r["evaluation_id"]: r for r in _rows(conn, "verdict")}
+            aborts = {r["evaluation_id"]: r for r in _rows(conn, "aborted")}
+            counts = {kind: self._counts(conn, kind) for kind in ("case_result", "comparison")}
+        out = []
+        for s in started:
+            v, a = verdicts.get(s["id"]), aborts.get(s["id"])
+            out.append({
+                "id": s["id"], "flag": s["flag"], "operator": s["operator"], "gate": s["gate"],
+                "started_at": s["started_at"], "status": derive_status(s, v, a),
+                "verdict": v["verdict"] if v else None, "reasons": v["reasons"] if v else [],
+                "case_results": counts["case_result"].get(s["id"], 0),
+                "comparisons": counts["comparison"].get(s["id"], 0),
+            })
+        return out
+
+    @staticmethod
+    def _counts(conn: Connection, kind: str) -> dict[int, int]:
+        t = _table(kind)
+        return dict(conn.execute(select(t.c.evaluation_id, func.count()).group_by(t.c.evaluation_id)).all())
+
+    def evaluation(self, evaluation_id: int) -> dict[str, Any] | None:
+        """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
+        with read(self.engine) as conn:
+            started = _rows(conn, "evaluation", id=evaluation_id)
+            if not started:
+                return None
+            verdict = next(iter(_rows(conn, "verdict", evaluation_id=evaluation_id)), None)
+            aborted = next(iter(_rows(conn, "aborted", evaluation_id=evaluation_id)), None)
+            return {
+                **started[0],
+                "status": derive_status(started[0], verdict, aborted),
+                "verdict": verdict["verdict"] if verdict else None,
+                "reasons": verdict["reasons"] if verdict else [],
+                "verdict_record": verdict,
+                "aborted_record": aborted,
+                "case_results": _rows(conn, "case_result", evaluation_id=evaluation_id),
+                "comparisons": _rows(conn, "comparison", evaluation_id=evaluation_id),
+                "approvals": _rows(conn, "approval", evaluation_id=evaluation_id),
+            }
+
+    def _read(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
+        with read(self.engine) as conn:
+            return _rows(conn, kind, **equal)
+
+    def flips(self, flag: str | None = None) -> list[dict[str, Any]]:
+        return self._read("flip", flag=flag)
+
+    def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
+        return self._read("approval", flag=flag, evaluation_id=evaluation_id)
+
+    def refusals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
+        return self._read("refusal", flag=flag, evaluation_id=evaluation_id)
+
+    def flushes(self) -> list[dict[str, Any]]:
+        return self._read("flush")
+
+    def measurements(self) -> list[dict[str, Any]]:
+        return self._read("measurement")
+
+    def flag_states(self) -> dict[str, dict[str, Any]]:
+        """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""
+        return {f["flag"]: f for f in self.flips()}  # oldest first, so the latest wins
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The whole chain, oldest first, payloads decoded: what an export carries."""
+        t = Entry.__table__  # type: ignore[attr-defined]
+        with read(self.engine) as conn:
+            rows = conn.execute(select(t).order_by(t.c.seq)).mappings()
+            return [{**r, "payload": json.loads(r["payload"])} for r in rows]
+
+    def verify(self) -> VerifyReport:
+        with read(self.engine) as conn:
+            return verify(conn)

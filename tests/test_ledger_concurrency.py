@@ -1,0 +1,83 @@
+"""Concurrent writers from separate OS processes wait for the lock and lose nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import gatekeeper
+from gatekeeper.ledger import Ledger
+
+REPO = Path(gatekeeper.__file__).resolve().parents[1]
+WORKERS = 4
+RECORDS = 50  # per worker: start + 24 case results + 24 measurements + verdict
+
+# Each worker opens the ledger, reports ready, waits for "go", then appends as fast as it can.
+WORKER = """
+import sys, time
+from pathlib import Path
+from gatekeeper.ledger import Ledger
+url, tmp, worker = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+with Ledger(url) as ledger:
+    (tmp / f"ready-{worker}").touch()
+    while not (tmp / "go").exists():
+        time.sleep(0.005)
+    eid = ledger.start_evaluation("prefix_cache", f"w{worker}", "byte_equivalence", {}, {"worker": worker})
+    for i in range(24):
+        ledger.add_case_result(eid, f"suite/case-{i}", "on", 0, {"worker": worker, "i": i})
+        ledger.add_measurement(f"w{worker}", {"worker": worker}, {"i": i})
+    ledger.finish_evaluation(eid, "PASS", [], {"worker": worker})
+"""
+
+
+def test_concurrent_processes_append_without_loss(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'evidence.db'}"
+    Ledger(url).close()  # created and migrated once, so the race is about appends only
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url, str(tmp_path), str(w)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for w in range(WORKERS)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready-{w}").exists() for w in range(WORKERS)):
+            assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs if p.poll() is not None]
+            assert time.monotonic() < deadline, "workers never became ready"
+            time.sleep(0.01)
+        (tmp_path / "go").touch()
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert [p.returncode for p in procs] == [0] * WORKERS, errors
+
+    with Ledger(url) as ledger:
+        report = ledger.verify()
+        entries = ledger.entries()
+        evaluations = ledger.evaluations()
+        measurements = ledger.measurements()
+        cases = [c for e in evaluations for c in ledger.evaluation(e["id"])["case_results"]]
+
+    assert report.ok, report.problem
+    assert report.entries == len(entries) == WORKERS * RECORDS
+    assert [e["seq"] for e in entries] == list(range(1, WORKERS * RECORDS + 1))
+    assert len({(e["kind"], e["record_id"]) for e in entries}) == len(entries)
+    assert sorted(e["operator"] for e in evaluations) == [f"w{w}" for w in range(WORKERS)]
+    assert all(e["status"] == "PASS" and e["case_results"] == 24 for e in evaluations)
+    # Every record present exactly once.
+    assert Counter((m["config"]["worker"], m["result"]["i"]) for m in measurements) == Counter(
+        {(w, i): 1 for w in range(WORKERS) for i in range(24)}
+    )
+    assert Counter((c["result"]["worker"], c["result"]["i"]) for c in cases) == Counter(
+        {(w, i): 1 for w in range(WORKERS) for i in range(24)}
+    )
+    # Stamped under the lock, so time never runs backwards along the chain.
+    stamps = [e["payload"].get("at") or e["payload"].get("started_at") or e["payload"]["finished_at"] for e in entries]
+    assert stamps == sorted(stamps)

@@ -1,0 +1,140 @@
+"""Numbered migrations: a blank database and an old one both reach the current schema, data kept."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.ledger import CURRENT_VERSION, Ledger, migrate
+from gatekeeper.ledger.chain import append
+from gatekeeper.ledger.engine import make_engine, write
+from gatekeeper.ledger.migrations import schema_version
+
+
+def url_of(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def recorded(path: Path) -> list[tuple[int, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("SELECT version, name FROM migrations ORDER BY version").fetchall()
+    finally:
+        conn.close()
+
+
+def schema(path: Path) -> dict[str, list[str]]:
+    """Table -> column names, plus trigger names: what two routes to the same version must share."""
+    conn = sqlite3.connect(path)
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        out = {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+        triggers = conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
+        out["<triggers>"] = [r[0] for r in triggers]
+        return out
+    finally:
+        conn.close()
+
+
+def make_version_1(path: Path) -> None:
+    """A ledger as release 1 left it: schema 1 only, with an evaluation and a flip in its chain."""
+    engine = make_engine(url_of(path))
+    try:
+        assert migrate(engine, target=1) == 1
+        with write(engine) as conn:
+            eid = append(conn, "evaluation", dict(
+                flag="prefix_cache", operator="ana", pid=1, host="old-host",
+                gate="byte_equivalence", identity={"model": "m1"}, config={"limit": 2},
+            ))
+            append(conn, "case_result", dict(evaluation_id=eid, case_id="router/arith-1", config="off", repeat=0,
+                                             result={"tokens": [5, 6]}))
+            append(conn, "verdict", dict(evaluation_id=eid, verdict="PASS", reasons=[], summary={}))
+            append(conn, "flip", dict(flag="prefix_cache", state="on", evaluation_id=eid, operator="bo", reason="ok"))
+    finally:
+        engine.dispose()
+
+
+def test_blank_database_reaches_current_version(tmp_path: Path) -> None:
+    db = tmp_path / "blank.db"
+    with Ledger(url_of(db)) as ledger:
+        assert ledger.version == CURRENT_VERSION == 2
+        assert ledger.verify().ok and ledger.entries() == []
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+    conn = sqlite3.connect(db)
+    applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
+    conn.close()
+    assert all(a.endswith("Z") and "T" in a for a in applied)
+
+
+def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    make_version_1(old)
+    assert recorded(old) == [(1, "0001_initial")]
+    before = schema(old)
+    assert "flush" not in before and "measurement" not in before and "approval_ids" not in before["flip"]
+
+    with Ledger(url_of(old)) as ledger:
+        assert ledger.version == 2
+        old_entries = ledger.entries()
+        assert [e["kind"] for e in old_entries] == ["evaluation", "case_result", "verdict", "flip"]
+        assert ledger.verify().ok  # rows from before the migration still match their entries
+        ev = ledger.evaluation(1)
+        assert ev["identity"] == {"model": "m1"} and ev["status"] == "PASS"
+        assert ev["case_results"][0]["result"] == {"tokens": [5, 6]}
+        assert ledger.flips()[0]["approval_ids"] is None
+        assert ledger.flag_states()["prefix_cache"]["state"] == "on"
+        # New kinds and the new column work on the upgraded database.
+        ledger.add_flip("prefix_cache", "off", "cy", "rollback", approval_ids=[])
+        ledger.add_flush("model", {"model": "m1"}, {"model": "m2"})
+        ledger.add_measurement("ana", {}, {"calls": 1})
+        assert ledger.entries()[:4] == old_entries
+        assert ledger.verify().ok and ledger.verify().entries == 7
+        assert ledger.flips()[1]["approval_ids"] == []
+    assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+
+    blank = tmp_path / "blank.db"
+    Ledger(url_of(blank)).close()
+    assert schema(old) == schema(blank)  # upgraded and fresh databases end up identical
+
+
+def test_column_added_later_must_stay_null_on_old_rows(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    make_version_1(db)
+    Ledger(url_of(db)).close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("DROP TRIGGER flip_no_update")
+    conn.execute("UPDATE flip SET approval_ids = '[1]' WHERE id = 1")
+    conn.close()
+    with Ledger(url_of(db)) as ledger:
+        report = ledger.verify()
+    assert report.first_bad_seq == 4 and "field 'approval_ids'" in report.problem
+
+
+def test_migrate_is_idempotent_and_bounded(tmp_path: Path) -> None:
+    db = tmp_path / "e.db"
+    engine = make_engine(url_of(db))
+    try:
+        assert schema_version(engine) == 0
+        assert migrate(engine, target=0) == 0 and not inspect(engine).has_table("entry")
+        assert migrate(engine, target=1) == 1 and not inspect(engine).has_table("flush")
+        assert migrate(engine) == 2 and migrate(engine) == 2 and migrate(engine, target=1) == 2
+        with pytest.raises(ValueError):
+            migrate(engine, target=CURRENT_VERSION + 1)
+    finally:
+        engine.dispose()
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+
+
+def test_newer_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "future.db"
+    Ledger(url_of(db)).close()
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO migrations VALUES (99, '0099_future', '2100-01-01T00:00:00Z')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(GatekeeperError, match="newer than this gatekeeper"):
+        Ledger(url_of(db))
