@@ -333,3 +333,7 @@ _later("hash", "Print the pipeline-version hash and its parts.")
 _later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
 _later("replay", "Replay a captured trace against an engine.")
 _later("export", "Export one evaluation as md, html or json.", ledger_app)
+
+
+if __name__ == "__main__":
+    app()

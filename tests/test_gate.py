@@ -1,0 +1,175 @@
+"""The gate end to end through the real CLI: it says PASS only when it should, and no otherwise."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gatekeeper.ledger import Ledger
+from tiny_models import tiny_llama  # noqa: F401  (fixture)
+
+TESTS = Path(__file__).resolve().parent
+
+RULES = " ".join(
+    f"Rule {i}: the router reads the request, picks a tool, and passes the arguments on." for i in range(12)
+)
+
+SUITE = f"""suite: tiny
+stage: tiny
+prompt:
+  - {{role: system, static: false, text: "Session: {{session}}"}}
+  - {{role: system, static: true, text: "{RULES}"}}
+  - {{role: user, static: false, text: "{{query}}"}}
+decoding: {{max_tokens: 12}}
+cases:
+  - id: a
+    vars: {{session: "user=ana", query: "What is 2+2?"}}
+    assert: [{{type: max-length, value: 10000}}]
+  - id: b
+    vars: {{session: "user=ben", query: "Book the cheapest flight to Porto."}}
+    assert: [{{type: min-length, value: 1}}]
+  - id: c
+    vars: {{session: "user=cat", query: "Summarise the meeting notes."}}
+    assert: [{{type: not-contains, value: "zebra"}}]
+  - id: loop
+    vars: {{session: "user=dan"}}
+    turns: [{{query: "Find flights"}}, {{query: "Now book the cheapest"}}, {{query: "Send the mail"}}]
+    assert: [{{type: max-length, value: 10000}}]
+"""
+
+
+def profile(adapter: str, model: Path) -> str:
+    return f"adapter: {adapter}\nmodel: {model}\ndtype: float32\ndevice: cpu\nprefill: monolithic\n"
+
+
+@pytest.fixture
+def tiny_ws(workspace, tiny_llama):
+    (workspace / "assertions" / "assistant.yaml").unlink()
+    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    for name, adapter in [("tiny", "torch"), ("tiny_mlx", "mlx"), ("short", "fault_engines:ShortRestore"),
+                          ("never", "fault_engines:NeverServes"), ("unstable", "fault_engines:Unstable"), ("half", "fault_engines:HalfServes")]:
+        (workspace / "engines" / f"{name}.yaml").write_text(profile(adapter, tiny_llama))
+    return workspace
+
+
+def evaluate(run_cli, ws, engine, *extra):
+    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", engine,
+                             "--operator", "ci", *extra, "--json")
+    return code, json.loads(out)
+
+
+def ledger(ws) -> Ledger:
+    return Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}")
+
+
+@pytest.mark.parametrize("engine", ["tiny", "tiny_mlx"])
+def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
+    code, out = evaluate(run_cli, tiny_ws, engine)
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    assert out["cases"] == 4 and out["assertions"] == 4 and out["differing_cases"] == []
+    assert out["tokens"]["cached_on"] >= out["tokens"]["stable_prefix_bound"] > 0
+    assert out["tokens"]["computed_on"] < out["tokens"]["prompt_off"]
+    assert out["cacheable_share"]["partitioned"] > out["cacheable_share"]["as_written"]
+    with ledger(tiny_ws) as lg:
+        record = lg.evaluation(out["evaluation_id"])
+        assert record["status"] == "PASS"
+        assert len(record["case_results"]) == 4 * 3  # two flag-off runs and one flag-on run
+        assert {c["detail"]["pair"] for c in record["comparisons"]} == {"off#0~off#1", "off#0~on#0"}
+        assert record["identity"]["off"]["flags"] == {"prefix_cache": "off"}
+        assert record["identity"]["on"]["engine"]["model_digest"]
+        assert lg.verify().ok
+
+
+def test_chained_turns_hit_the_previous_turn(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "tiny", "--suite", "tiny")
+    with ledger(tiny_ws) as lg:
+        results = lg.evaluation(out["evaluation_id"])["case_results"]
+    loop_on = next(r for r in results if r["case_id"] == "tiny/loop" and r["config"] == "on")
+    turns = loop_on["result"]["turns"]
+    assert len(turns) == 3
+    for turn in turns[1:]:  # a later turn recomputes only what the transcript added
+        assert turn["cached_tokens"] > turns[0]["prompt_tokens"] - 2
+
+
+def test_shifted_cache_fails_naming_the_cases(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "short")
+    assert code == 1 and out["verdict"] == "FAIL"
+    assert out["differing_cases"], out
+    for cid in out["differing_cases"]:
+        assert any(r.startswith(f"differs: {cid} ") for r in out["reasons"])
+    with ledger(tiny_ws) as lg:
+        record = lg.evaluation(out["evaluation_id"])
+    bad = [c for c in record["comparisons"] if not c["equal"]]
+    assert {c["case_id"] for c in bad} == set(out["differing_cases"])
+    d = bad[0]["detail"]
+    assert d["pair"] == "off#0~on#0" and d["first_divergent_position"] >= 0
+    assert d["a"]["token"] != d["b"]["token"] and isinstance(d["a"]["margin"], float)
+    assert isinstance(d["near_tie"], bool)
+
+
+def test_cache_never_serving_is_inconclusive(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "never")
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE"
+    assert out["reasons"][0].startswith("not_exercised:") and out["tokens"]["cached_on"] == 0
+
+
+@pytest.mark.parametrize("floor, verdict", [(0.9, "INCONCLUSIVE"), (0.4, "PASS")])
+def test_exercise_floor_from_policy(run_cli, tiny_ws, floor, verdict):
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("min_cached_share: 0.5", f"min_cached_share: {floor}"))
+    code, out = evaluate(run_cli, tiny_ws, "half", "--limit", "3")
+    assert out["verdict"] == verdict, out["reasons"]
+    assert 0.4 < out["exercised_share"] < 0.6
+    if verdict == "INCONCLUSIVE":
+        assert out["reasons"][0].startswith("not_exercised:") and f"< floor {floor}" in out["reasons"][0]
+
+
+def test_unstable_baseline_is_inconclusive(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "unstable")
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE"
+    assert all(r.startswith("baseline_unstable:") for r in out["reasons"]) and len(out["reasons"]) == 4
+
+
+def _start_evaluation(ws: Path, engine: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", "prefix_cache",
+         "--engine", engine, "--json"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for_case_results(ws: Path, n: int, timeout: float = 120) -> int:
+    db = ws / "ledger" / "evidence.db"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if db.exists():
+            with ledger(ws) as lg:
+                evs = lg.evaluations()
+                if evs and evs[0]["case_results"] >= n:
+                    return evs[0]["id"]
+        time.sleep(0.2)
+    raise AssertionError("the evaluation never got going")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_is_aborted_never_a_verdict(tiny_ws, sig):
+    proc = _start_evaluation(tiny_ws, "tiny")
+    try:
+        eid = _wait_for_case_results(tiny_ws, 2)
+        proc.send_signal(sig)
+        code = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert code != 0
+    with ledger(tiny_ws) as lg:
+        record = lg.evaluation(eid)
+        assert record["status"] == "aborted" and record["verdict"] is None
+        assert lg.verify().ok
+        if sig != signal.SIGKILL:  # a catchable signal leaves an explicit abort record
+            assert record["aborted_record"] is not None
