@@ -1,0 +1,141 @@
+"""The prefix cache: stored model states keyed by their tokens, reused by longest shared prefix.
+
+Engine-agnostic: states are opaque and handled through the engine's ``StateOps``. A hit hands out
+``ops.fork`` of the stored state, so the stored entry is never changed by the call that uses it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .state import StateOps
+from .trie import TokenTrie
+
+
+@dataclass
+class Entry:
+    tokens: tuple[int, ...]
+    state: Any
+    nbytes: int
+    pinned: bool = False
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class Hit:
+    """A private working state holding the first ``length`` tokens of the query."""
+
+    state: Any
+    length: int
+
+
+class PrefixCache:
+    """Longest-prefix reuse, LRU eviction by entry count and bytes, pinned entries never evicted.
+
+    Pinned entries count toward both limits (they hold real memory) but are skipped by eviction.
+    """
+
+    def __init__(self, ops: StateOps, *, max_entries: int, max_bytes: int):
+        self.ops = ops
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._trie: TokenTrie[Entry] = TokenTrie()
+        self._lru: OrderedDict[tuple[int, ...], Entry] = OrderedDict()  # oldest first
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def entries(self) -> list[Entry]:
+        """Least recently used first."""
+        return list(self._lru.values())
+
+    def get(self, tokens: Sequence[int]) -> Entry | None:
+        return self._lru.get(tuple(tokens))
+
+    # --- reuse ----------------------------------------------------------------------------------
+    def lookup(self, tokens: Sequence[int], *, limit: int | None = None) -> Hit | None:
+        """The longest stored prefix of ``tokens`` (at most ``limit`` tokens), as a private fork."""
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        if limit <= 0:
+            return None
+        shared, entry = self._trie.longest(tokens)
+        use = min(shared, limit)
+        if entry is not None and use > 0 and (use == entry.length or self.ops.trimmable(entry.state)):
+            return self._restore(entry, use)
+        # A state that cannot be cut back is usable only whole: the longest entry that is itself a
+        # prefix of the query. Snapshots at stage boundaries will widen this later.
+        for length, whole in reversed(self._trie.prefixes(tokens[:limit])):
+            return self._restore(whole, length)
+        return None
+
+    def _restore(self, entry: Entry, n: int) -> Hit:
+        """Hand out the first ``n`` positions of ``entry``; the one place a hit touches a state."""
+        self._lru.move_to_end(entry.tokens)
+        return Hit(self.ops.fork(entry.state, n), n)
+
+    # --- storing --------------------------------------------------------------------------------
+    def store(self, tokens: Sequence[int], state: Any, *, pinned: bool = False) -> Entry | None:
+        """Keep ``state`` (which covers exactly ``tokens``); returns the entry, or None if not kept.
+
+        The caller hands the state over: it must not run the model on it afterwards.
+        """
+        key = tuple(int(t) for t in tokens)
+        if not key:
+            return None
+        if self.ops.length(state) != len(key):
+            raise ValueError(f"state covers {self.ops.length(state)} tokens, not {len(key)}")
+        old = self._lru.get(key)
+        if old is not None:
+            old.pinned = old.pinned or pinned
+            self._lru.move_to_end(key)
+            return old
+        trimmable = self.ops.trimmable(state)
+        if not pinned and trimmable:
+            shared, longer = self._trie.longest(key)
+            if shared == len(key) and longer is not None and self.ops.trimmable(longer.state):
+                self._lru.move_to_end(longer.tokens)  # a longer entry already covers these tokens
+                return None
+        entry = Entry(key, state, self.ops.nbytes(state), pinned)
+        if not pinned and entry.nbytes + self._pinned_bytes() > self.max_bytes:
+            return None  # could never fit beside the pinned entries
+        if trimmable:
+            # Shorter unpinned entries on the same path are now redundant: this one covers them.
+            for _, shorter in self._trie.prefixes(key[:-1]):
+                if not shorter.pinned and self.ops.trimmable(shorter.state):
+                    self._drop(shorter)
+        self._trie.insert(key, entry)
+        self._lru[key] = entry
+        self.nbytes += entry.nbytes
+        self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        while len(self._lru) > self.max_entries or self.nbytes > self.max_bytes:
+            victim = next((e for e in self._lru.values() if not e.pinned), None)
+            if victim is None:
+                return  # only pinned entries left; they stay whatever the limits say
+            self._drop(victim)
+
+    def _drop(self, entry: Entry) -> None:
+        self._trie.remove(entry.tokens)
+        del self._lru[entry.tokens]
+        self.nbytes -= entry.nbytes
+
+    def _pinned_bytes(self) -> int:
+        return sum(e.nbytes for e in self._lru.values() if e.pinned)
+
+    def reset(self) -> None:
+        """Drop every entry except pinned ones."""
+        for entry in [e for e in self._lru.values() if not e.pinned]:
+            self._drop(entry)
+
+    def clear(self) -> None:
+        for entry in list(self._lru.values()):
+            self._drop(entry)

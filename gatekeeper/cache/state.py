@@ -1,0 +1,28 @@
+"""What the prefix cache needs to know about an engine's model state, and nothing more.
+
+Each engine supplies one ``StateOps``; the cache never looks inside a state. Attention KV can be
+cut back to any shorter length ("trimmable"); recurrent layers cannot, so a state holding them is
+reusable only at the exact length it was stored at (snapshots at more positions come later).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class StateOps(Protocol):
+    def length(self, state: Any) -> int:
+        """Tokens the state covers."""
+
+    def nbytes(self, state: Any) -> int:
+        """Memory the state holds on to."""
+
+    def trimmable(self, state: Any) -> bool:
+        """Whether ``fork(state, n)`` works for every ``n`` below ``length(state)``."""
+
+    def fork(self, state: Any, n: int) -> Any:
+        """A private working state equal to the first ``n`` positions of ``state``.
+
+        Running the model on the fork must never change ``state``: share what the model only
+        reads, copy what it writes in place.
+        """

@@ -1,0 +1,204 @@
+"""The greedy loop every built-in adapter shares: prefix-cache reuse, timed prefill and decode,
+stop handling, top-2 logits, telemetry. An adapter supplies loading, a fresh state and one forward.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..cache import PrefixCache, StateOps
+from ..errors import GatekeeperError
+from ..identity import directory_digest
+from ..models import resolve_model
+from ..workspace import EngineProfile
+from .base import Engine, Generation
+from .hf_tokenizer import ChatTokenizer
+
+
+class GreedyEngine(Engine):
+    """Base of the built-in adapters.
+
+    Stop rules: generation ends at an EOS id (kept in ``tokens``, left out of ``text``), or once the
+    decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
+    that completed it, and ``text`` is cut just before the stop string. Token ids are what the gate
+    compares, so they record what the model actually produced.
+    """
+
+    # set by ``_load``
+    tok: ChatTokenizer
+    state_ops: StateOps
+    dtype_name: str
+    device_name: str
+
+    def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
+        if profile.prefill == "aligned":
+            raise GatekeeperError("prefill: aligned is not built yet; use monolithic")
+        super().__init__(profile, cache=cache)
+        self.model_dir = resolve_model(profile.model, workspace_root)
+        self.adapter_dir = _local_dir(profile.adapter_path, workspace_root) if profile.adapter_path else None
+        self._load()
+        self.prefix_cache = PrefixCache(
+            self.state_ops, max_entries=profile.cache.max_entries, max_bytes=profile.cache.max_bytes
+        )
+        self._pins: list[tuple[int, ...]] = []
+        self._identity: dict[str, Any] | None = None
+
+    # --- what an adapter implements -------------------------------------------------------------
+    @abstractmethod
+    def _load(self) -> None:
+        """Load model and tokenizer; set ``tok``, ``state_ops``, ``dtype_name``, ``device_name``."""
+
+    @abstractmethod
+    def _new_state(self) -> Any:
+        """An empty model state (KV cache) for one sequence."""
+
+    @abstractmethod
+    def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
+        """Run ``tokens`` on top of ``state`` (extending it); the last position's logits as float32."""
+
+    @abstractmethod
+    def _libraries(self) -> dict[str, str]: ...
+
+    # --- text <-> tokens ------------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tok.render(messages)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tok.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.tok.detokenize(tokens)
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+    ) -> Generation:
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise GatekeeperError("empty prompt: there is nothing to generate from")
+        if max_tokens < 1:
+            raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+        if self.cache_enabled:
+            self._build_pins()
+
+        start = perf_counter()
+        state, cached = self._begin(prompt)
+        logits = self._forward(state, prompt[cached:])
+        prefill_end = perf_counter()
+
+        tokens: list[int] = []
+        margins: list[list[list[float]]] | None = [] if top2 else None
+        first = prefill_end
+        while True:
+            tokens.append(_pick(logits, margins))
+            if len(tokens) == 1:
+                first = perf_counter()
+            if tokens[-1] in self.tok.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
+                break
+            logits = self._forward(state, tokens[-1:])
+        end = perf_counter()
+
+        if self.cache_enabled:
+            # Chaining: the state now covers prompt + every generated token but the last (never fed
+            # back), so the next turn of a transcript that extends it recomputes only what is new.
+            self.prefix_cache.store(prompt + tokens[:-1], state)
+
+        g = Generation(
+            tokens=tokens,
+            text=self._text(tokens, stop),
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            prefill_s=prefill_end - start,
+            decode_s=end - prefill_end,
+            ttft_s=first - start,
+            top2=margins,
+        )
+        self.stats.add(g)
+        return g
+
+    def _begin(self, prompt: list[int]) -> tuple[Any, int]:
+        """A working state and how many prompt tokens it already holds."""
+        if self.cache_enabled:
+            # Keep at least the last prompt token to compute: its logits start the decoding.
+            hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)
+            if hit is not None:
+                return hit.state, hit.length
+        return self._new_state(), 0
+
+    def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
+        if not stop:
+            return False
+        text = self.tok.detokenize(tokens)
+        return any(s and s in text for s in stop)
+
+    def _text(self, tokens: list[int], stop: Sequence[str]) -> str:
+        body = tokens[:-1] if tokens and tokens[-1] in self.tok.eos_ids else tokens
+        text = self.tok.detokenize(body)
+        cuts = [text.find(s) for s in stop if s and s in text]
+        return text[: min(cuts)] if cuts else text
+
+    # --- the prefix cache -----------------------------------------------------------------------
+    def pin(self, prefix: Sequence[int]) -> None:
+        key = tuple(int(t) for t in prefix)
+        if key and key not in self._pins:
+            self._pins.append(key)
+        if self.cache_enabled:
+            self._build_pins()
+
+    def _build_pins(self) -> None:
+        """Compute each registered prefix once (reusing what is stored) and keep it pinned."""
+        for key in self._pins:
+            entry = self.prefix_cache.get(key)
+            if entry is not None:
+                entry.pinned = True
+                continue
+            state, cached = self._begin(list(key))
+            self._forward(state, key[cached:])
+            self.prefix_cache.store(key, state, pinned=True)
+
+    def reset_cache(self) -> None:
+        self.prefix_cache.reset()
+
+    # --- identity -------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        if self._identity is None:
+            self._identity = {
+                "engine": self.name,
+                "engine_version": __version__,
+                "libraries": self._libraries(),
+                "model_digest": directory_digest(self.model_dir),
+                "adapter_digest": directory_digest(self.adapter_dir) if self.adapter_dir else None,
+                "dtype": self.dtype_name,
+                "device": self.device_name,
+                "prefill": self.profile.prefill,
+            }
+        return dict(self._identity)
+
+    def close(self) -> None:
+        self.prefix_cache.clear()
+
+
+def _pick(logits: np.ndarray, margins: list | None) -> int:
+    """Argmax (lowest id on a tie, the same rule for every adapter); optionally record the top two."""
+    best = int(np.argmax(logits))
+    if margins is not None:
+        rest = logits.copy()
+        rest[best] = -np.inf
+        second = int(np.argmax(rest))
+        margins.append([[best, float(logits[best])], [second, float(logits[second])]])
+    return best
+
+
+def _local_dir(spec: str, workspace_root: Path | None) -> Path:
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and workspace_root is not None:
+        path = workspace_root / path
+    if not path.is_dir():
+        raise GatekeeperError(f"adapter_path {path}: not a directory; point it at a LoRA adapter directory")
+    return path

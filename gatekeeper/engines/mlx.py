@@ -1,0 +1,96 @@
+"""The ``mlx`` adapter: mlx-lm's model and KV cache objects, driven by the shared greedy loop.
+
+Metal on Apple Silicon; elsewhere mlx's CPU backend (correct but slow: tests use tiny models).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from ..errors import GatekeeperError
+from .greedy import GreedyEngine
+from .hf_tokenizer import ChatTokenizer
+
+
+class MLXEngine(GreedyEngine):
+    name = "mlx"
+
+    def _load(self) -> None:
+        self.device = _device(self.profile.device)
+        on_cpu = self.device == mx.cpu
+        self.device_name = "cpu" if on_cpu else ("metal" if sys.platform == "darwin" else "gpu")
+        self.dtype_name = self.profile.dtype if self.profile.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
+        adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
+        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter)
+        model.set_dtype(getattr(mx, self.dtype_name))
+        mx.eval(model.parameters())
+        self.model = model
+        # The wrapped Hugging Face tokenizer: the same text handling as the torch adapter.
+        self.tok = ChatTokenizer(wrapper._tokenizer, self.model_dir)
+        self.state_ops = MLXKV()
+
+    def _new_state(self) -> list[Any]:
+        return make_prompt_cache(self.model)
+
+    def _forward(self, state: list[Any], tokens: Sequence[int]) -> np.ndarray:
+        with mx.stream(self.device):
+            logits = self.model(mx.array([list(tokens)]), cache=state)[0, -1].astype(mx.float32)
+            # Evaluate the cache too, or its lazy graph would grow across decode steps.
+            mx.eval(logits, [c.state for c in state])
+        return np.array(logits)
+
+    def _libraries(self) -> dict[str, str]:
+        return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}
+
+    def close(self) -> None:
+        super().close()
+        self.model = None
+
+
+class MLXKV:
+    """``StateOps`` for mlx-lm's per-layer cache list.
+
+    ``KVCache`` writes new positions into spare capacity in place, so a fork gets slices cut to
+    exactly ``n`` positions: its first update then has no room and concatenates into new arrays,
+    leaving the stored entry untouched without copying it.
+    """
+
+    def length(self, state: list[Any]) -> int:
+        return state[0].size() if state else 0
+
+    def nbytes(self, state: list[Any]) -> int:
+        return sum(c.nbytes for c in state)  # whole buffers, spare capacity included
+
+    def trimmable(self, state: list[Any]) -> bool:
+        return all(type(c) is KVCache for c in state)
+
+    def fork(self, state: list[Any], n: int) -> list[Any]:
+        if not self.trimmable(state):
+            if n != self.length(state):
+                raise ValueError("a state with non-attention layers can only be reused whole")
+            return copy.deepcopy(state)
+        out = []
+        for c in state:
+            f = KVCache()
+            if c.keys is not None:
+                f.keys, f.values, f.offset = c.keys[..., :n, :], c.values[..., :n, :], n
+            out.append(f)
+        return out
+
+
+def _device(name: str) -> Any:
+    if name == "cpu":
+        return mx.cpu
+    if name == "auto":
+        return mx.gpu if mx.is_available(mx.gpu) else mx.cpu
+    # mps and cuda both mean mlx's GPU backend (Metal, or CUDA builds of mlx).
+    if not mx.is_available(mx.gpu):
+        raise GatekeeperError(f"device: {name}, but mlx has no GPU backend here; use device: auto or cpu")
+    return mx.gpu

@@ -1,0 +1,69 @@
+"""Profile -> engine: built-ins by name, plugins by ``package.module:Class``, ``auto`` by platform.
+
+Nothing heavy is imported here: an adapter's module (torch, mlx, transformers) loads only when
+that adapter is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import platform
+import sys
+from pathlib import Path
+
+from ..errors import GatekeeperError
+from ..workspace import EngineProfile
+from .base import Engine
+
+BUILTINS = {
+    "torch": "gatekeeper.engines.torch:TorchEngine",
+    "mlx": "gatekeeper.engines.mlx:MLXEngine",
+}
+
+
+def is_apple_silicon(system: str | None = None, machine: str | None = None) -> bool:
+    return (system or sys.platform) == "darwin" and (machine or platform.machine()) == "arm64"
+
+
+def resolve_adapter(adapter: str, *, system: str | None = None, machine: str | None = None) -> str:
+    """``auto`` becomes ``mlx`` on Apple Silicon and ``torch`` elsewhere; anything else is kept."""
+    if adapter == "auto":
+        return "mlx" if is_apple_silicon(system, machine) else "torch"
+    return adapter
+
+
+def resolve_profile(profile: EngineProfile) -> EngineProfile:
+    """The profile with its adapter resolved, so identity records what actually runs."""
+    adapter = resolve_adapter(profile.adapter)
+    return profile if adapter == profile.adapter else profile.model_copy(update={"adapter": adapter})
+
+
+def engine_class(adapter: str) -> type[Engine]:
+    target = BUILTINS.get(adapter, adapter)
+    if ":" not in target:
+        raise GatekeeperError(
+            f"unknown engine adapter {adapter!r}; use one of: auto, {', '.join(BUILTINS)}, "
+            "or an import path package.module:Class"
+        )
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise GatekeeperError(f"engine adapter {adapter!r}: cannot import {module_name} ({e}); install it or fix the path") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise GatekeeperError(f"engine adapter {adapter!r}: {module_name} has no {class_name}; fix the class name")
+    if not (inspect.isclass(cls) and issubclass(cls, Engine)):
+        raise GatekeeperError(f"engine adapter {adapter!r}: {target} is not a subclass of gatekeeper.engines.base.Engine")
+    return cls
+
+
+def build_engine(profile: EngineProfile, *, cache: bool, workspace_root: Path | None = None) -> Engine:
+    """The engine a profile describes, with its prefix cache switched on or off."""
+    profile = resolve_profile(profile)
+    cls = engine_class(profile.adapter)
+    # Built-ins resolve relative model paths against the workspace; a plugin gets the root if it asks.
+    if "workspace_root" in inspect.signature(cls).parameters:
+        return cls(profile, cache=cache, workspace_root=workspace_root)
+    return cls(profile, cache=cache)
