@@ -117,33 +117,95 @@ def models_prepare(json_: Json = False) -> None:
 @app.command()
 @reporting
 def status(ctx: typer.Context, json_: Json = False) -> None:
-    """Each flag's state as the ledger records it (flags start off)."""
+    """Each flag's state as the ledger records it, and whether the evidence behind it is still current."""
+    from . import flags, gate
+
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    policies = ws.policies
     ledger = settings.open_ledger(ws, create=False)
-    states = ledger.flag_states() if ledger else {}
     rows = []
-    for flag, policy in policies.items():
-        last = states.get(flag)
-        rows.append({
-            "flag": flag,
-            "state": last["state"] if last else ("on" if policy.default else "off"),
-            "evaluation_id": last.get("evaluation_id") if last else None,
-            "operator": last.get("operator") if last else None,
-            "since": last.get("at") if last else None,
-        })
+    for flag, st in flags.states(ws, ledger).items():
+        row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
+        if st["state"] == "on" and st["evaluation_id"] is not None:
+            evaluation = ledger.evaluation(st["evaluation_id"])
+            problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: gate.identity_now(ws, ev))
+            row.update(evidence_current=not problems, evidence_problems=problems)
+        rows.append(row)
 
     def human() -> None:
         from rich.console import Console
         from rich.table import Table
 
-        table = Table("flag", "state", "evaluation", "by", "since")
+        table = Table("flag", "state", "evaluation", "by", "since", "evidence")
         for r in rows:
-            table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-")
+            evidence = "-" if r["evidence_current"] is None else ("current" if r["evidence_current"] else "; ".join(r["evidence_problems"]))
+            table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-", evidence)
         Console().print(table)
 
     emit(json_, {"workspace": str(ws.root), "flags": rows}, human)
+
+
+@app.command()
+@reporting
+def flip(
+    ctx: typer.Context,
+    flag: Annotated[str, typer.Argument(help="The flag (a policy in policies/).")],
+    state: Annotated[str, typer.Argument(help="on or off.")],
+    evaluation: Annotated[Optional[int], typer.Option(help="The passing evaluation that justifies turning it on.")] = None,
+    operator: Annotated[Optional[str], typer.Option(help="Who approves (default: the login name).")] = None,
+    reason: Annotated[str, typer.Option(help="Why the flag changes (recorded).")] = "",
+    json_: Json = False,
+) -> None:
+    """Turn a flag on (one approval per distinct operator, on current passing evidence) or off."""
+    import getpass
+
+    from . import flags, gate
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ws.policy(flag)
+    if state not in ("on", "off"):
+        raise GatekeeperError(f"state must be 'on' or 'off', not {state!r}")
+    if not reason.strip():
+        raise GatekeeperError("--reason is required: say why the flag changes")
+    ledger = settings.open_ledger(ws, create=True)
+    result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator or getpass.getuser(),
+                        reason=reason, identity_now=lambda ev: gate.identity_now(ws, ev))
+
+    def human() -> None:
+        if result.action == "refused":
+            typer.echo(f"refused: {flag} stays {result.state}")
+        elif result.action == "approved":
+            typer.echo(f"approval recorded ({result.approvals} of {result.required}); {flag} stays {result.state}")
+        else:
+            typer.echo(f"{flag} is now {result.state}")
+        for r in result.reasons:
+            typer.echo(f"  - {r}")
+
+    emit(json_, result.to_dict(), human)
+    if result.action == "refused":
+        raise typer.Exit(1)
+
+
+@app.command("hash")
+@reporting
+def hash_(ctx: typer.Context, engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
+          json_: Json = False) -> None:
+    """Print the pipeline-version hash (it keys the response cache) and its parts."""
+    from . import flags
+    from .engines.registry import build_engine
+    from .runtime import pipeline_version
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    states = {f: s["state"] for f, s in flags.states(ws, settings.open_ledger(ws, create=False)).items()}
+    model = build_engine(ws.engine(engine), cache=False, workspace_root=ws.root)
+    parts, digest = pipeline_version(ws, states, model.identity())
+    model.close()
+    included = flags.hash_parts(ws)
+    data = {"pipeline_hash": digest, "hash_parts": included, "parts": parts}
+    emit(json_, data, lambda: typer.echo(f"{data['pipeline_hash']}\n" + "\n".join(
+        f"  {k}: {json.dumps(parts[k], sort_keys=True)}" for k in included)))
 
 
 # --- evidence ----------------------------------------------------------------------------------
@@ -328,8 +390,6 @@ def _later(name: str, doc: str, target: typer.Typer = app) -> None:
 
 _later("measure", "Run the stages and print the prefill tax per stage.")
 _later("analyze", "Read captured prompts and print the cacheable prefix share.")
-_later("flip", "Turn a flag on (on passing, current evidence) or off.")
-_later("hash", "Print the pipeline-version hash and its parts.")
 _later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
 _later("replay", "Replay a captured trace against an engine.")
 _later("export", "Export one evaluation as md, html or json.", ledger_app)

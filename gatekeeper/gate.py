@@ -257,3 +257,16 @@ def _run(p: Plan, ledger, engine, evaluation_id: int, shares: dict[str, float], 
     )
     ledger.finish_evaluation(evaluation_id, verdict, reasons, outcome.to_dict())
     return outcome
+
+
+def identity_now(ws: Workspace, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit) has today."""
+    from .engines.registry import build_engine
+
+    config = evaluation["config"]
+    p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"))
+    engine = build_engine(ws.engine(p.engine_name), cache=False, workspace_root=ws.root)
+    try:
+        return identities(engine, p)["off"]
+    finally:
+        engine.close()

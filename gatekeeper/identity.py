@@ -67,3 +67,26 @@ def directory_digest(path: str | os.PathLike) -> str:
     if not files:
         raise FileNotFoundError(f"{root}: no files to digest")
     return digest(files)
+
+
+# --- the pipeline-version hash -----------------------------------------------------------------
+
+ENGINE_KEYS = ("engine", "engine_version", "libraries", "dtype", "device")
+
+
+def pipeline_parts(flags: dict[str, str], engine: dict[str, Any], render: str, decoding: dict[str, Any]) -> dict[str, Any]:
+    """Everything that decides what the pipeline answers, split into the parts a policy may hash."""
+    return {
+        "flags": dict(sorted(flags.items())),
+        "model": engine.get("model_digest"),
+        "adapter": engine.get("adapter_digest"),
+        "engine": {k: engine.get(k) for k in ENGINE_KEYS},
+        "render": render,
+        "prefill": {k: engine.get(k) for k in ("prefill", "chunk") if k in engine},
+        "decoding": decoding,
+    }
+
+
+def pipeline_hash(parts: dict[str, Any], include: list[str]) -> str:
+    """SHA-256 over the included parts: it keys the response cache, so any change re-keys it."""
+    return digest({k: parts[k] for k in include})

@@ -1,8 +1,9 @@
-import os
-import shutil
+import json
 from pathlib import Path
 
 import pytest
+
+from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,3 +32,60 @@ def run_cli(monkeypatch, tmp_path):
         return result.exit_code, result.stdout, result.stderr
 
     return run
+
+
+RULES = " ".join(
+    f"Rule {i}: the router reads the request, picks a tool, and passes the arguments on." for i in range(12)
+)
+
+SUITE = f"""suite: tiny
+stage: tiny
+prompt:
+  - {{role: system, static: false, text: "Session: {{session}}"}}
+  - {{role: system, static: true, text: "{RULES}"}}
+  - {{role: user, static: false, text: "{{query}}"}}
+decoding: {{max_tokens: 12}}
+cases:
+  - id: a
+    vars: {{session: "user=ana", query: "What is 2+2?"}}
+    assert: [{{type: max-length, value: 10000}}]
+  - id: b
+    vars: {{session: "user=ben", query: "Book the cheapest flight to Porto."}}
+    assert: [{{type: min-length, value: 1}}]
+  - id: c
+    vars: {{session: "user=cat", query: "Summarise the meeting notes."}}
+    assert: [{{type: not-contains, value: "zebra"}}]
+  - id: loop
+    vars: {{session: "user=dan"}}
+    turns: [{{query: "Find flights"}}, {{query: "Now book the cheapest"}}, {{query: "Send the mail"}}]
+    assert: [{{type: max-length, value: 10000}}]
+"""
+
+
+def profile(adapter: str, model: Path) -> str:
+    return f"adapter: {adapter}\nmodel: {model}\ndtype: float32\ndevice: cpu\nprefill: monolithic\n"
+
+
+@pytest.fixture
+def tiny_ws(workspace, tiny_llama):
+    (workspace / "assertions" / "assistant.yaml").unlink()
+    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    for name, adapter in [("tiny", "torch"), ("tiny_mlx", "mlx"), ("short", "fault_engines:ShortRestore"),
+                          ("never", "fault_engines:NeverServes"), ("unstable", "fault_engines:Unstable"), ("half", "fault_engines:HalfServes")]:
+        (workspace / "engines" / f"{name}.yaml").write_text(profile(adapter, tiny_llama))
+    return workspace
+
+
+
+
+def evaluate(run_cli, ws, engine, *extra, operator="ci"):
+    """``gatekeeper evaluate --flag prefix_cache`` through the CLI; returns (exit code, JSON)."""
+    code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", engine,
+                           "--operator", operator, *extra, "--json")
+    return code, json.loads(out)
+
+
+def ledger(ws):
+    from gatekeeper.ledger import Ledger
+
+    return Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}")

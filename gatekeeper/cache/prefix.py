@@ -6,6 +6,7 @@ Engine-agnostic: states are opaque and handled through the engine's ``StateOps``
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -60,19 +61,26 @@ class PrefixCache:
         return self._lru.get(tuple(tokens))
 
     # --- reuse ----------------------------------------------------------------------------------
-    def lookup(self, tokens: Sequence[int], *, limit: int | None = None) -> Hit | None:
-        """The longest stored prefix of ``tokens`` (at most ``limit`` tokens), as a private fork."""
+    def lookup(self, tokens: Sequence[int], *, limit: int | None = None, at: Sequence[int] | None = None) -> Hit | None:
+        """The longest stored prefix of ``tokens`` (at most ``limit`` tokens), as a private fork.
+
+        ``at`` (ascending), when given, is where a hit may land: the shared length is rounded down
+        to the last of those positions, so the caller recomputes the rest in its own passes.
+        """
         limit = len(tokens) if limit is None else min(limit, len(tokens))
+        if at is not None:
+            limit = _floor(at, limit)
         if limit <= 0:
             return None
         shared, entry = self._trie.longest(tokens)
-        use = min(shared, limit)
+        use = min(shared, limit) if at is None else _floor(at, min(shared, limit))
         if entry is not None and use > 0 and (use == entry.length or self.ops.trimmable(entry.state)):
             return self._restore(entry, use)
         # A state that cannot be cut back is usable only whole: the longest entry that is itself a
         # prefix of the query. Snapshots at stage boundaries will widen this later.
         for length, whole in reversed(self._trie.prefixes(tokens[:limit])):
-            return self._restore(whole, length)
+            if at is None or _floor(at, length) == length:
+                return self._restore(whole, length)
         return None
 
     def _restore(self, entry: Entry, n: int) -> Hit:
@@ -131,6 +139,18 @@ class PrefixCache:
     def _pinned_bytes(self) -> int:
         return sum(e.nbytes for e in self._lru.values() if e.pinned)
 
+    def drop_extending(self, prefix: Sequence[int]) -> int:
+        """Drop every entry (pinned too) that runs past ``prefix``; how many were dropped.
+
+        A new boundary adds a cut to every prompt that extends it, so states computed before it
+        was known used other passes beyond it and no longer match a cold run there.
+        """
+        key = tuple(int(t) for t in prefix)
+        stale = [e for e in self._lru.values() if e.length > len(key) and e.tokens[: len(key)] == key]
+        for entry in stale:
+            self._drop(entry)
+        return len(stale)
+
     def reset(self) -> None:
         """Drop every entry except pinned ones."""
         for entry in [e for e in self._lru.values() if not e.pinned]:
@@ -139,3 +159,9 @@ class PrefixCache:
     def clear(self) -> None:
         for entry in list(self._lru.values()):
             self._drop(entry)
+
+
+def _floor(positions: Sequence[int], n: int) -> int:
+    """The last of ``positions`` at or below ``n``; 0 when there is none."""
+    i = bisect_right(positions, n)
+    return positions[i - 1] if i else 0

@@ -19,10 +19,20 @@ from ..models import resolve_model
 from ..workspace import EngineProfile
 from .base import Engine, Generation
 from .hf_tokenizer import ChatTokenizer
+from .plan import segments, splits
 
 
 class GreedyEngine(Engine):
     """Base of the built-in adapters.
+
+    Prefill plans (``profile.prefill``): ``monolithic`` computes what the cache did not serve in one
+    pass, and a hit reuses the whole common prefix. ``aligned`` cuts every prefill, cache on or off,
+    at the plan's positions (``plan.splits``: registered boundaries, chunk steps after each); a hit
+    is rounded down to one of them, and the cache stores states only there. After generating, the
+    state's positions past the prompt's last cut were computed in passes a cold run of a longer
+    transcript would not make (the prompt's partial last chunk, then one decode step at a time), so
+    chaining stores the state cut back to that last cut: the next turn recomputes the tail of this
+    prompt and the reply, in the same passes as its own cold run.
 
     Stop rules: generation ends at an EOS id (kept in ``tokens``, left out of ``text``), or once the
     decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
@@ -37,8 +47,6 @@ class GreedyEngine(Engine):
     device_name: str
 
     def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
-        if profile.prefill == "aligned":
-            raise GatekeeperError("prefill: aligned is not built yet; use monolithic")
         super().__init__(profile, cache=cache)
         self.model_dir = resolve_model(profile.model, workspace_root)
         self.adapter_dir = _local_dir(profile.adapter_path, workspace_root) if profile.adapter_path else None
@@ -89,7 +97,7 @@ class GreedyEngine(Engine):
 
         start = perf_counter()
         state, cached = self._begin(prompt)
-        logits = self._forward(state, prompt[cached:])
+        logits = self._prefill(state, prompt, cached)
         prefill_end = perf_counter()
 
         tokens: list[int] = []
@@ -105,9 +113,7 @@ class GreedyEngine(Engine):
         end = perf_counter()
 
         if self.cache_enabled:
-            # Chaining: the state now covers prompt + every generated token but the last (never fed
-            # back), so the next turn of a transcript that extends it recomputes only what is new.
-            self.prefix_cache.store(prompt + tokens[:-1], state)
+            self._store(prompt, tokens, state)
 
         g = Generation(
             tokens=tokens,
@@ -122,14 +128,37 @@ class GreedyEngine(Engine):
         self.stats.add(g)
         return g
 
+    def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
+        """Where this prompt's prefill is cut; None under the monolithic plan (one pass, hit anywhere)."""
+        if self.profile.prefill != "aligned":
+            return None
+        return splits(prompt, self._pins, self.profile.chunk)
+
     def _begin(self, prompt: list[int]) -> tuple[Any, int]:
         """A working state and how many prompt tokens it already holds."""
         if self.cache_enabled:
             # Keep at least the last prompt token to compute: its logits start the decoding.
-            hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)
+            hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1, at=self._cuts(prompt))
             if hit is not None:
                 return hit.state, hit.length
         return self._new_state(), 0
+
+    def _prefill(self, state: Any, prompt: Sequence[int], start: int) -> np.ndarray:
+        """Compute prompt[start:] on top of ``state`` in the plan's passes; the last position's logits."""
+        logits = None
+        for a, b in segments(self._cuts(prompt) or [], start, len(prompt)):
+            logits = self._forward(state, prompt[a:b])
+        return logits
+
+    def _store(self, prompt: list[int], tokens: list[int], state: Any) -> None:
+        """Chaining: keep the state for the next turn of a transcript that extends this one."""
+        cuts = self._cuts(prompt)
+        if cuts is None:
+            # The state covers prompt + every generated token but the last (never fed back).
+            self.prefix_cache.store(prompt + tokens[:-1], state)
+        elif cuts:
+            # Exact only up to the prompt's last cut (see the class docstring).
+            self.prefix_cache.store(prompt[: cuts[-1]], self.state_ops.fork(state, cuts[-1]))
 
     def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
         if not stop:
@@ -145,21 +174,25 @@ class GreedyEngine(Engine):
 
     # --- the prefix cache -----------------------------------------------------------------------
     def pin(self, prefix: Sequence[int]) -> None:
+        """Register a stage boundary (with the cache off too: it is a cut of the aligned plan);
+        with the cache on, also compute its state once and keep it."""
         key = tuple(int(t) for t in prefix)
         if key and key not in self._pins:
             self._pins.append(key)
+            if self.profile.prefill == "aligned":
+                self.prefix_cache.drop_extending(key)
         if self.cache_enabled:
             self._build_pins()
 
     def _build_pins(self) -> None:
         """Compute each registered prefix once (reusing what is stored) and keep it pinned."""
-        for key in self._pins:
+        for key in sorted(self._pins, key=len):  # shorter first: a longer one reuses it
             entry = self.prefix_cache.get(key)
             if entry is not None:
                 entry.pinned = True
                 continue
             state, cached = self._begin(list(key))
-            self._forward(state, key[cached:])
+            self._prefill(state, key, cached)
             self.prefix_cache.store(key, state, pinned=True)
 
     def reset_cache(self) -> None:
@@ -178,6 +211,8 @@ class GreedyEngine(Engine):
                 "device": self.device_name,
                 "prefill": self.profile.prefill,
             }
+            if self.profile.prefill == "aligned":
+                self._identity["chunk"] = self.profile.chunk
         return dict(self._identity)
 
     def close(self) -> None:

@@ -1,0 +1,127 @@
+"""Flag states, approvals and flips: enablement as a governed act, derived from the ledger alone.
+
+Turning a flag on needs a PASS evaluation of that flag whose flag-off identity is still the
+identity of the pipeline now, evidence younger than the policy allows, and the policy's number
+of approvals from distinct operators. Turning a flag off is always allowed. Every approval,
+flip and refusal is a ledger record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from deepdiff import DeepDiff
+
+from .errors import GatekeeperError
+from .identity import canonical_json
+from .workspace import HASH_PARTS, Workspace
+
+# Given an evaluation record, the flag-off identity its configuration has now.
+IdentityNow = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass
+class FlipResult:
+    flag: str
+    state: str  # the flag's state after this command
+    action: str  # flipped | approved | refused
+    reasons: list[str] = field(default_factory=list)
+    approvals: int = 0
+    required: int = 1
+    evaluation_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def states(ws: Workspace, ledger) -> dict[str, dict[str, Any]]:
+    """Every policy's flag with its state: the latest flip, else the policy's default (off)."""
+    flips = ledger.flag_states() if ledger else {}
+    out = {}
+    for flag in ws.policies:
+        last = flips.get(flag)
+        out[flag] = {"state": last["state"], "evaluation_id": last.get("evaluation_id"), "operator": last["operator"],
+                     "since": last["at"]} if last else {"state": "off", "evaluation_id": None, "operator": None, "since": None}
+    return out
+
+
+def hash_parts(ws: Workspace) -> list[str]:
+    """The union of every policy's ``hash_parts``, in canonical order."""
+    wanted = {p for policy in ws.policies.values() for p in policy.hash_parts}
+    return [p for p in HASH_PARTS if p in wanted]
+
+
+def _age_hours(iso: str, now: datetime) -> float:
+    stamp = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    return (now - stamp).total_seconds() / 3600
+
+
+def evidence_problems(ws: Workspace, flag: str, evaluation: dict[str, Any] | None, identity_now: IdentityNow,
+                      now: datetime | None = None) -> list[str]:
+    """Why this evaluation cannot (or can no longer) justify turning ``flag`` on; empty when it can."""
+    if evaluation is None:
+        return ["no_evaluation: no such evaluation; name a passing one with --evaluation ID (see 'gatekeeper ledger list')"]
+    eid = evaluation["id"]
+    if evaluation["flag"] != flag:
+        return [f"wrong_flag: evaluation {eid} is for {evaluation['flag']!r}, not {flag!r}"]
+    if evaluation["status"] != "PASS":
+        return [f"not_passed: evaluation {eid} is {evaluation['status']}; only PASS enables a flip"]
+    problems = []
+    policy = ws.policy(flag)
+    age = _age_hours(evaluation["verdict_record"]["finished_at"], now or datetime.now(timezone.utc))
+    if age > policy.approvals.max_age_hours:
+        problems.append(f"expired: evaluation {eid} is {age:.1f} h old; the policy accepts {policy.approvals.max_age_hours:g} h")
+    now_json = json.loads(canonical_json(identity_now(evaluation)))  # compare as stored: plain JSON types
+    diff = DeepDiff(evaluation["identity"]["off"], now_json, ignore_order=True)
+    if diff:
+        changed = sorted({path for paths in diff.to_dict().values() for path in (paths if isinstance(paths, (list, dict, set)) else [paths])})
+        problems.append(f"stale: the configuration changed since evaluation {eid}: {', '.join(map(str, changed))}")
+    return problems
+
+
+def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | None, operator: str, reason: str,
+         identity_now: IdentityNow, now: datetime | None = None) -> FlipResult:
+    policy = ws.policy(flag)  # unknown flag: exit 2 before anything is written
+    if state not in ("on", "off"):
+        raise GatekeeperError(f"state must be 'on' or 'off', not {state!r}")
+    if not reason.strip():
+        raise GatekeeperError("--reason is empty; say why the flag changes")
+    if state == "off":
+        ledger.add_flip(flag, "off", operator, reason, evaluation_id=evaluation_id)
+        return FlipResult(flag, "off", "flipped", evaluation_id=evaluation_id)
+
+    current = states(ws, ledger)[flag]["state"]
+    required = policy.approvals.required
+    evaluation = ledger.evaluation(evaluation_id) if evaluation_id is not None else None
+    reasons = evidence_problems(ws, flag, evaluation, identity_now, now)
+    prior = _approvers_since_last_flip(ledger, flag, evaluation_id)
+    if not reasons and not policy.approvals.evaluator_may_approve and operator == evaluation["operator"]:
+        reasons.append(f"self_approval: {operator} ran evaluation {evaluation_id}; the policy wants someone else to approve it")
+    if not reasons and operator in prior:
+        reasons.append(f"duplicate_approval: {operator} already approved evaluation {evaluation_id}; "
+                       f"{required} distinct operators are needed")
+    if reasons:
+        if evaluation is None and evaluation_id is not None:
+            reasons = [f"{reasons[0]} (asked for {evaluation_id})"]
+        ledger.add_refusal(flag, operator, reasons, evaluation_id=evaluation["id"] if evaluation else None)
+        return FlipResult(flag, current, "refused", reasons, len(prior), required, evaluation_id)
+
+    approval_id = ledger.add_approval(flag, evaluation_id, operator, reason)
+    approvers = {**prior, operator: approval_id}
+    if len(approvers) < required:
+        return FlipResult(flag, current, "approved", [f"approval {len(approvers)} of {required} recorded"],
+                          len(approvers), required, evaluation_id)
+    ledger.add_flip(flag, "on", operator, reason, evaluation_id=evaluation_id, approval_ids=sorted(approvers.values()))
+    return FlipResult(flag, "on", "flipped", approvals=len(approvers), required=required, evaluation_id=evaluation_id)
+
+
+def _approvers_since_last_flip(ledger, flag: str, evaluation_id: int | None) -> dict[str, int]:
+    """Operator -> approval id for this evaluation, counting only approvals after the flag's last flip."""
+    if evaluation_id is None:
+        return {}
+    flips = ledger.flips(flag)
+    after = max((f["at"] for f in flips), default="")
+    return {a["operator"]: a["id"] for a in ledger.approvals(flag, evaluation_id) if a["at"] > after}

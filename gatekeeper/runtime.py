@@ -1,0 +1,131 @@
+"""What a pipeline imports at run time.
+
+    from gatekeeper import Runtime
+    rt = Runtime("path/to/workspace")
+    answer = rt.complete("router", {"session": "user=ana", "query": "What is 2+2?"})
+
+The runtime reads flag states from the ledger, builds the engine with its prefix cache on only
+if ``prefix_cache`` is on, pins each stage's static prefix, and serves answers from a response
+cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
+answers made under the old one and records the flush in the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from . import flags, partition
+from .cache.response import ResponseCache
+from .errors import GatekeeperError
+from .gate import RENDER_MODE
+from .identity import pipeline_hash, pipeline_parts, sha256_hex
+from .ledger import Ledger
+from .models import home
+from .workspace import Suite, Workspace
+
+
+def pipeline_version(ws: Workspace, states: dict[str, str], engine_identity: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The pipeline-version hash's parts and the hash over those the policies name."""
+    decoding = {s.stage: s.decoding.model_dump(mode="json") for s in sorted(ws.suites.values(), key=lambda s: s.stage)}
+    parts = pipeline_parts(states, engine_identity, RENDER_MODE, decoding)
+    return parts, pipeline_hash(parts, flags.hash_parts(ws))
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    from_response_cache: bool
+    pipeline_hash: str
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_s: float
+    decode_s: float
+    ttft_s: float
+    messages: list[dict[str, str]]  # the transcript so far, for the next turn's ``history``
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Runtime:
+    def __init__(self, workspace: str | Path | None = None, *, engine: str = "auto", ledger: str | None = None,
+                 response_cache: Path | None = None):
+        from .engines.registry import build_engine
+
+        self.ws = Workspace(workspace)
+        self.ledger_url = ledger or f"sqlite:///{self.ws.ledger_path}"
+        self.flags = {flag: s["state"] for flag, s in flags.states(self.ws, self._ledger(create=False)).items()}
+        self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
+        self.engine = build_engine(self.ws.engine(engine), cache=self.flags.get("prefix_cache") == "on",
+                                   workspace_root=self.ws.root)
+        identity = self.engine.identity()
+        self.model_digest, self.adapter_digest = identity["model_digest"], identity.get("adapter_digest")
+        self.hash_parts, self.pipeline_hash = pipeline_version(self.ws, self.flags, identity)
+        self.responses = ResponseCache(response_cache or home() / "responses.db")
+        self.flushed = self._flush_if_identity_changed()
+        for suite in self.stages.values():
+            prefix = self._static_prefix(suite)
+            if prefix:
+                self.engine.pin(prefix)
+
+    def _ledger(self, *, create: bool) -> Ledger | None:
+        if not create and self.ledger_url.startswith("sqlite:///") and not Path(self.ledger_url[10:]).exists():
+            return None
+        return Ledger(self.ledger_url)
+
+    def _static_prefix(self, suite: Suite) -> list[int]:
+        """The stage's rendered tokens before the first dynamic byte (the same for every call)."""
+        values = {name: "" for name in partition.suite_vars(suite)}
+        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), RENDER_MODE)
+        return rendered.tokens[: rendered.static_tokens]
+
+    def _flush_if_identity_changed(self) -> list[str]:
+        """Compare model/adapter digests with the last ones this workspace saw; purge and record on change."""
+        root = str(self.ws.root)
+        last = self.responses.last_seen(root)
+        self.responses.mark_seen(root, self.model_digest, self.adapter_digest)
+        if last is None or last == (self.model_digest, self.adapter_digest):
+            return []
+        watched = {t for p in self.ws.policies.values() for t in p.flush_on}
+        triggers = [t for t, old, new in (("model", last[0], self.model_digest), ("adapter", last[1], self.adapter_digest))
+                    if t in watched and old != new]
+        if not triggers:
+            return []
+        purged = self.responses.purge(*last)
+        self.engine.reset_cache()
+        with self._ledger(create=True) as ledger:
+            for trigger in triggers:
+                ledger.add_flush(trigger, {"model_digest": last[0], "adapter_digest": last[1]},
+                                 {"model_digest": self.model_digest, "adapter_digest": self.adapter_digest},
+                                 {"responses_purged": purged, "workspace": root})
+        return triggers
+
+    def complete(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]] = ()) -> Completion:
+        """Render the stage's prompt, serve it from the response cache or the engine."""
+        suite = self.stages.get(stage)
+        if suite is None:
+            raise GatekeeperError(f"unknown stage {stage!r}; stages in {self.ws.root / 'assertions'}: {', '.join(self.stages)}")
+        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), RENDER_MODE, history)
+        prompt_digest = sha256_hex(rendered.text.encode())
+        hit = self.responses.get(self.pipeline_hash, stage, prompt_digest)
+        if hit is not None:
+            return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,
+                              [*rendered.messages, {"role": "assistant", "content": hit["text"]}])
+        g = self.engine.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
+        self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
+                           self.model_digest, self.adapter_digest)
+        return Completion(g.text, g.tokens, False, self.pipeline_hash, g.prompt_tokens, g.cached_tokens, g.prefill_s,
+                          g.decode_s, g.ttft_s, [*rendered.messages, {"role": "assistant", "content": g.text}])
+
+    def close(self) -> None:
+        self.responses.close()
+        self.engine.close()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
