@@ -178,8 +178,8 @@ def _run(p: Plan, ledger, engine, evaluation_id: int, shares: dict[str, float], 
     for config, repeat in schedule:
         engine.cache_enabled = config == "on"
         engine.reset_cache()
-        if config == "on":
-            _pin_stage_prefixes(engine, p)
+        # Registered in both configurations: an aligned prefill plan splits at these boundaries either way.
+        _pin_stage_prefixes(engine, p)
         results: dict[str, dict] = {}
         t0 = time.perf_counter()
         for item in p.items:
