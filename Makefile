@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model demo test bench clean
+.PHONY: setup model browser demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -23,7 +23,17 @@ model: setup
 demo: model
 	$(GK) evaluate --flag prefix_cache
 
-test: model
+# The HTML export test renders its page in Debian's headless chromium; install it once if missing.
+# As root (CI) apt-get runs directly; otherwise only through password-less sudo, else a warning.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if ! command -v apt-get >/dev/null 2>&1; then echo "warning: no chromium and no apt-get; install chromium for the HTML export test" >&2; \
+	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "warning: chromium is missing and cannot be installed without root; the HTML export test will fail" >&2; fi; }
+
+test: model browser
 	$(PY) -m pytest
 
 bench: model

@@ -308,6 +308,113 @@ class _sigterm_as_interrupt:
         signal.signal(signal.SIGTERM, self.previous)
 
 
+# --- the prefill tax ---------------------------------------------------------------------------
+
+
+@app.command()
+@reporting
+def measure(
+    ctx: typer.Context,
+    engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
+    flag: Annotated[str, typer.Option(help="The cache flag whose state is set (a policy in policies/).")] = "prefix_cache",
+    flag_state: Annotated[str, typer.Option(help="current (the ledger's), off or on.")] = "current",
+    compare: Annotated[bool, typer.Option("--compare", help="Run off, then on, and print the reduction per stage.")] = False,
+    suite: Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="At most N cases per suite.")] = None,
+    capture: Annotated[Optional[Path], typer.Option(help="Write each rendered prompt to this local JSONL file.")] = None,
+    operator: Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")] = None,
+    json_: Json = False,
+) -> None:
+    """Run the battery's cases through the runtime and print the prefill tax per stage."""
+    import getpass
+
+    from . import measure as measuring
+    from .capture import check_path
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    p = measuring.plan(ws, flag, flag_state, compare, engine, suite, limit)
+    if capture is not None:
+        check_path(capture)
+    with _progress(len(p.items) * len(p.states), enabled=not json_) as advance:
+        m = measuring.measure(p, settings.ledger_url(ws), capture, advance)
+    with settings.open_ledger(ws, create=True) as ledger:  # written only once every run has finished
+        measuring.record(m, p, ledger, operator or getpass.getuser(), capture is not None)
+    emit(json_, m.to_dict(), lambda: _print_measurement(m.to_dict(), capture))
+
+
+def _print_measurement(m: dict, capture: Optional[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for run in m["runs"]:
+        table = Table("stage", "calls", "prompt tok", "cached tok", "computed tok", "prefill s", "decode s",
+                      "prefill share", "wall s", "model s",
+                      title=f"measurement {m['measurement_id']}: {m['flag']} {run['flag_state']}")
+        for name, f in [*run["stages"].items(), ("total", run["total"])]:
+            table.add_row(name, str(f["calls"]), str(f["prompt_tokens"]), str(f["cached_tokens"]), str(f["computed_tokens"]),
+                          f"{f['prefill_s']:.3f}", f"{f['decode_s']:.3f}", f"{f['prefill_share']:.0%}",
+                          f"{f['wall_s']:.3f}", f"{f['prefill_s'] + f['decode_s']:.3f}")
+        console.print(table)
+        console.print(f"end to end {run['wall_s']:.3f} s wall vs {run['total']['model_s']:.3f} s in the model "
+                      f"(overhead {run['overhead_s']:.3f} s); start-up {run['startup_s']:.3f} s")
+    if m["reduction"]:
+        table = Table("stage", "computed tok off", "on", "saved", "reduction", "prefill s off", "on", "reduction",
+                      title="what the flag saves")
+        for name, r in m["reduction"].items():
+            table.add_row(name, str(r["computed_tokens_off"]), str(r["computed_tokens_on"]), str(r["computed_tokens_saved"]),
+                          f"{r['computed_tokens_reduction']:.0%}", f"{r['prefill_s_off']:.3f}", f"{r['prefill_s_on']:.3f}",
+                          f"{r['prefill_s_reduction']:.0%}")
+        console.print(table)
+    if capture is not None:
+        console.print(f"prompts captured to {capture} (local file; read it with 'gatekeeper analyze {capture}')")
+
+
+@app.command()
+@reporting
+def analyze(file: Annotated[Path, typer.Argument(help="A capture: JSONL, one request a line.")],
+            json_: Json = False) -> None:
+    """Read captured prompts and print the cacheable prefix share per stage and between consecutive requests."""
+    from . import analyze as analysis
+    from . import capture
+
+    report = analysis.analyze(capture.read(file))
+    emit(json_, {"file": str(file), **report}, lambda: _print_analysis(report))
+
+
+def _share(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _print_analysis(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .analyze import LONG, SHORT
+
+    console = Console()
+    table = Table("stage", "calls", "mean bytes", "stable bytes", "stable share", "cacheable written", "partitioned",
+                  title=f"{r['requests']} requests, {r['streams']} streams: byte-stable prefix per stage")
+    for name, s in r["stages"].items():
+        c = s["cacheable_share"] or {}
+        table.add_row(name, str(s["calls"]), str(s["mean_prompt_bytes"] or "-"), str(s["stable_prefix_bytes"] or "-"),
+                      _share(s["byte_stable_share"]), _share(c.get("as_written")), _share(c.get("partitioned")))
+    console.print(table)
+    if r["consecutive"] is None:
+        console.print("consecutive requests: some lines carry only tokens and others only text; no common unit")
+        return
+    views = r["consecutive"]
+    table = Table(f"common prefix ({r['unit']})", *(v.replace("_", " ") for v in views),
+                  title="with the previous request (nearest-rank percentiles)")
+    for key in ("pairs", "min", "p10", "p25", "median", "p75", "p90", "max"):
+        table.add_row(key, *(str(c["pairs"] if key == "pairs" else (c["common_prefix"] or {}).get(key, "-")) for c in views.values()))
+    for key, label in ((f"share_under_{SHORT}", f"share < {SHORT}"), (f"share_at_least_{LONG}", f"share >= {LONG}"),
+                       ("reusable_share", "reusable share")):
+        table.add_row(label, *(_share(c[key]) for c in views.values()))
+    console.print(table)
+
+
 # --- the ledger --------------------------------------------------------------------------------
 
 
@@ -376,6 +483,42 @@ def ledger_verify(ctx: typer.Context, json_: Json = False) -> None:
         raise typer.Exit(1)
 
 
+@ledger_app.command("export")
+@reporting
+def ledger_export(
+    ctx: typer.Context,
+    evaluation_id: Annotated[int, typer.Argument(metavar="ID")],
+    format_: Annotated[str, typer.Option("--format", help="md, html (one self-contained page) or json.")] = "md",
+    output: Annotated[Optional[Path], typer.Option(help="Write here instead of stdout.")] = None,
+    json_: Json = False,
+) -> None:
+    """Export one evaluation for a reviewer: verdict, identities, per-stage figures, differing cases."""
+    from .ledger.export import FORMATS, render
+
+    if format_ not in FORMATS:
+        raise GatekeeperError(f"--format must be one of {', '.join(FORMATS)}, not {format_!r}")
+    if output is not None and (output.is_dir() or not output.parent.is_dir()):
+        raise GatekeeperError(f"--output {output}: name a file in an existing folder")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ledger = settings.open_ledger(ws, create=False)
+    record = ledger.evaluation(evaluation_id) if ledger else None
+    if record is None:
+        raise GatekeeperError(f"no evaluation {evaluation_id} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
+    text = render(record, format_)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+    if json_:  # one JSON document on stdout, whatever the format
+        doc = json.loads(text) if format_ == "json" and output is None else {
+            "evaluation": evaluation_id, "format": format_, "output": str(output) if output else None,
+            **({} if output else {"content": text})}
+        typer.echo(json.dumps(doc, indent=2, default=str))
+    elif output is None:
+        typer.echo(text, nl=False)
+    else:
+        typer.echo(f"evaluation {evaluation_id} exported as {format_} to {output}", err=True)
+
+
 # --- commands whose capability comes in later issues -------------------------------------------
 
 
@@ -388,11 +531,8 @@ def _later(name: str, doc: str, target: typer.Typer = app) -> None:
     target.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(reporting(command))
 
 
-_later("measure", "Run the stages and print the prefill tax per stage.")
-_later("analyze", "Read captured prompts and print the cacheable prefix share.")
 _later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
 _later("replay", "Replay a captured trace against an engine.")
-_later("export", "Export one evaluation as md, html or json.", ledger_app)
 
 
 if __name__ == "__main__":

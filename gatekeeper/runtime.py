@@ -8,6 +8,11 @@ The runtime reads flag states from the ledger, builds the engine with its prefix
 if ``prefix_cache`` is on, pins each stage's static prefix, and serves answers from a response
 cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
 answers made under the old one and records the flush in the ledger.
+
+Measurement options: ``flags={"prefix_cache": "on"}`` forces flag states over the ledger's,
+``response_cache=False`` answers every call with the engine (a served answer costs nothing, so it
+would measure nothing), and ``capture="prompts.jsonl"`` writes each rendered prompt to a local
+JSONL file (see ``gatekeeper.capture``). Capture is off unless asked for.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from . import capture as captures
 from . import flags, partition
 from .cache.response import ResponseCache
 from .errors import GatekeeperError
+from .flags import states as flag_states
 from .gate import RENDER_MODE
-from .identity import pipeline_hash, pipeline_parts, sha256_hex
+from .identity import digest, pipeline_hash, pipeline_parts, sha256_hex
 from .ledger import Ledger
 from .models import home
 from .workspace import Suite, Workspace
@@ -52,24 +59,40 @@ class Completion:
 
 class Runtime:
     def __init__(self, workspace: str | Path | None = None, *, engine: str = "auto", ledger: str | None = None,
-                 response_cache: Path | None = None):
+                 response_cache: Path | bool | None = None, flags: Mapping[str, str] | None = None,
+                 capture: str | Path | None = None):
         from .engines.registry import build_engine
 
         self.ws = Workspace(workspace)
         self.ledger_url = ledger or f"sqlite:///{self.ws.ledger_path}"
-        self.flags = {flag: s["state"] for flag, s in flags.states(self.ws, self._ledger(create=False)).items()}
+        self.flags = {flag: s["state"] for flag, s in flag_states(self.ws, self._ledger(create=False)).items()}
+        self.flags.update(self._forced(flags or {}))
+        capture_path = captures.check_path(capture) if capture is not None else None
         self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
         self.engine = build_engine(self.ws.engine(engine), cache=self.flags.get("prefix_cache") == "on",
                                    workspace_root=self.ws.root)
         identity = self.engine.identity()
         self.model_digest, self.adapter_digest = identity["model_digest"], identity.get("adapter_digest")
         self.hash_parts, self.pipeline_hash = pipeline_version(self.ws, self.flags, identity)
-        self.responses = ResponseCache(response_cache or home() / "responses.db")
-        self.flushed = self._flush_if_identity_changed()
+        self.responses = None if response_cache is False else ResponseCache(
+            response_cache if isinstance(response_cache, (str, Path)) else home() / "responses.db")
+        self.flushed = self._flush_if_identity_changed() if self.responses is not None else []
         for suite in self.stages.values():
             prefix = self._static_prefix(suite)
             if prefix:
                 self.engine.pin(prefix)
+        self.capture = captures.CaptureWriter(capture_path) if capture_path else None
+        self._streams: dict[str, str] = {}  # transcript digest -> its stream, so later turns join it
+        self._new_streams = 0
+
+    def _forced(self, forced: Mapping[str, str]) -> dict[str, str]:
+        for flag, state in forced.items():
+            if flag not in self.flags:
+                raise GatekeeperError(f"unknown flag {flag!r}; flags with a policy in {self.ws.root / 'policies'}: "
+                                      f"{', '.join(self.flags) or 'none'}")
+            if state not in ("on", "off"):
+                raise GatekeeperError(f"flag {flag}: state must be 'on' or 'off', not {state!r}")
+        return dict(forced)
 
     def _ledger(self, *, create: bool) -> Ledger | None:
         if not create and self.ledger_url.startswith("sqlite:///") and not Path(self.ledger_url[10:]).exists():
@@ -103,25 +126,52 @@ class Runtime:
                                  {"responses_purged": purged, "workspace": root})
         return triggers
 
-    def complete(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]] = ()) -> Completion:
-        """Render the stage's prompt, serve it from the response cache or the engine."""
+    def complete(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]] = (),
+                 stream: str | None = None) -> Completion:
+        """Render the stage's prompt, serve it from the response cache or the engine.
+
+        ``stream`` names the conversation in a capture; by default a call continuing an earlier
+        completion's ``messages`` joins that call's stream, and any other call starts a new one.
+        """
         suite = self.stages.get(stage)
         if suite is None:
             raise GatekeeperError(f"unknown stage {stage!r}; stages in {self.ws.root / 'assertions'}: {', '.join(self.stages)}")
-        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), RENDER_MODE, history)
+        pieces = partition.pieces(self.ws, suite, values)
+        rendered = partition.render(self.engine, pieces, RENDER_MODE, history)
+        if self.capture is not None:
+            stream = stream or self._stream_of(history)
+            self.capture.write(stage, stream, rendered, captures.segments(
+                self.engine, rendered, partition.order(pieces, RENDER_MODE), first_turn=not history))
+        completion = self._answer(stage, suite, rendered)
+        if self.capture is not None:
+            self._streams[digest(completion.messages)] = stream  # type: ignore[assignment]
+        return completion
+
+    def _stream_of(self, history: Sequence[dict[str, str]]) -> str:
+        known = self._streams.get(digest(list(history))) if history else None
+        if known:
+            return known
+        self._new_streams += 1
+        return f"s{self._new_streams}"
+
+    def _answer(self, stage: str, suite: Suite, rendered: partition.Rendered) -> Completion:
         prompt_digest = sha256_hex(rendered.text.encode())
-        hit = self.responses.get(self.pipeline_hash, stage, prompt_digest)
+        hit = self.responses.get(self.pipeline_hash, stage, prompt_digest) if self.responses is not None else None
         if hit is not None:
             return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,
                               [*rendered.messages, {"role": "assistant", "content": hit["text"]}])
         g = self.engine.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
-        self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
-                           self.model_digest, self.adapter_digest)
+        if self.responses is not None:
+            self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
+                               self.model_digest, self.adapter_digest)
         return Completion(g.text, g.tokens, False, self.pipeline_hash, g.prompt_tokens, g.cached_tokens, g.prefill_s,
                           g.decode_s, g.ttft_s, [*rendered.messages, {"role": "assistant", "content": g.text}])
 
     def close(self) -> None:
-        self.responses.close()
+        if self.capture is not None:
+            self.capture.close()
+        if self.responses is not None:
+            self.responses.close()
         self.engine.close()
 
     def __enter__(self) -> "Runtime":

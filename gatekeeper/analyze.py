@@ -1,0 +1,134 @@
+"""What caching could win on a captured workload, from the prompts alone (no model needed).
+
+Per stage: the byte-stable prefix (the bytes every call of the stage starts with) as a share of the
+mean prompt, the bound on what a pinned stage prefix can serve; and, where the capture marks
+segments, the cacheable share as written (the leading run of static segments) vs after the
+static-first partition (every static segment moved ahead). Across consecutive requests, in the
+whole trace and within each stream: how long a prefix each request shares with the one before it,
+the bound on what a cache holding only the last request could serve.
+
+Percentiles are nearest-rank: of n sorted values, the p-th percentile is the value at rank
+ceil(p/100 * n) (1-based), so every reported figure is a value that occurred; the median is p50.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Sequence
+
+from .capture import Request
+
+SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
+PERCENTILES = (("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90))
+
+
+def percentile(ordered: Sequence[int], p: float) -> int:
+    """Nearest-rank percentile of already sorted values."""
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def distribution(values: Sequence[int]) -> dict[str, int] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"min": ordered[0], **{name: percentile(ordered, p) for name, p in PERCENTILES}, "max": ordered[-1]}
+
+
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def common_prefix_all(seqs: Sequence[Sequence]) -> int:
+    """Length of the prefix every sequence starts with."""
+    n = min(len(s) for s in seqs)
+    for other in seqs[1:]:
+        n = common_prefix(seqs[0][:n], other)
+    return n
+
+
+def _share(part: float, whole: float) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def _cacheable(r: Request) -> tuple[int, int]:
+    """(as written, partitioned) cacheable units of one request; regions no segment covers count as dynamic."""
+    leading = 0
+    for s in sorted(r.segments or [], key=lambda s: s.start):
+        if not s.static or s.start > leading:
+            break
+        leading = max(leading, s.end)
+    return leading, sum(s.end - s.start for s in r.segments or [] if s.static)
+
+
+def stage(requests: Sequence[Request]) -> dict[str, Any]:
+    out: dict[str, Any] = {"calls": len(requests)}
+    if all(r.text is not None for r in requests):
+        texts = [r.text.encode() for r in requests]  # type: ignore[union-attr]
+        mean = sum(map(len, texts)) / len(texts)
+        stable = common_prefix_all(texts)
+        out.update(mean_prompt_bytes=round(mean, 2), stable_prefix_bytes=stable, byte_stable_share=_share(stable, mean))
+    else:
+        out.update(mean_prompt_bytes=None, stable_prefix_bytes=None, byte_stable_share=None)
+    if all(r.tokens is not None for r in requests):
+        tokens = [r.tokens for r in requests]
+        out.update(mean_prompt_tokens=round(sum(map(len, tokens)) / len(tokens), 2),  # type: ignore[arg-type]
+                   stable_prefix_tokens=common_prefix_all(tokens))  # type: ignore[arg-type]
+    if all(r.segments is not None for r in requests):
+        written, partitioned = map(sum, zip(*(_cacheable(r) for r in requests)))
+        total = sum(r.length for r in requests)
+        out["cacheable_share"] = {"as_written": _share(written, total), "partitioned": _share(partitioned, total)}
+    else:
+        out["cacheable_share"] = None
+    return out
+
+
+def _unit(requests: Sequence[Request]) -> str | None:
+    if all(r.tokens is not None for r in requests):
+        return "tokens"
+    if all(r.text is not None for r in requests):
+        return "bytes"
+    return None  # a mix of token-only and text-only lines has no common unit
+
+
+def consecutive(groups: Sequence[Sequence[Request]], unit: str) -> dict[str, Any]:
+    """Each request's common prefix with the one before it in its group; the first of a group reuses nothing."""
+    seq = (lambda r: r.tokens) if unit == "tokens" else (lambda r: r.text.encode())
+    lcps = [common_prefix(seq(a), seq(b)) for g in groups for a, b in zip(g, g[1:])]
+    total = sum(len(seq(r)) for g in groups for r in g)
+    return {
+        "pairs": len(lcps),
+        "common_prefix": distribution(lcps),
+        f"share_under_{SHORT}": _share(sum(n < SHORT for n in lcps), len(lcps)),
+        f"share_at_least_{LONG}": _share(sum(n >= LONG for n in lcps), len(lcps)),
+        "reusable": sum(lcps),
+        "prompt_total": total,
+        "reusable_share": _share(sum(lcps), total),
+    }
+
+
+def analyze(requests: Sequence[Request]) -> dict[str, Any]:
+    """The report for a capture; requests are taken in time order (file order breaks ties)."""
+    ordered = sorted(requests, key=lambda r: (r.t, r.line))
+    by_stage: dict[str, list[Request]] = defaultdict(list)
+    by_stream: dict[str, list[Request]] = defaultdict(list)
+    for r in ordered:
+        by_stage[r.stage].append(r)
+        by_stream[r.stream].append(r)
+    unit = _unit(ordered)
+    return {
+        "requests": len(ordered),
+        "streams": len(by_stream),
+        "stages": {name: stage(rs) for name, rs in by_stage.items()},
+        "unit": unit,
+        "consecutive": None if unit is None else {
+            "global": consecutive([ordered], unit),
+            "per_stream": consecutive(list(by_stream.values()), unit),
+        },
+    }

@@ -1,0 +1,212 @@
+"""Prompt captures: one request a line of local JSONL, written by the runtime, read by analyze and replay.
+
+A line holds ``stage``, ``stream`` (conversation id; the turns of one conversation share it),
+``t`` (seconds since the capture started), ``tokens`` (ids) and/or ``text``, and, where known,
+``segments``: ``[{static, start, end}]``, offsets into ``tokens`` when the line has them, else
+byte offsets into the UTF-8 ``text``. Other keys are kept for later readers and ignored here.
+Nothing is sent anywhere: the file stays where the caller put it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GatekeeperError
+from .partition import Piece, Rendered
+
+
+@dataclass(frozen=True)
+class Segment:
+    static: bool
+    start: int
+    end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"static": self.static, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One captured request; ``line`` is its 1-based line number, for messages."""
+
+    stage: str
+    stream: str
+    t: float
+    tokens: list[int] | None
+    text: str | None
+    segments: list[Segment] | None
+    line: int
+
+    @property
+    def length(self) -> int:
+        """The request's size in the unit its segments use: tokens if present, else text bytes."""
+        return len(self.tokens) if self.tokens is not None else len(self.text.encode())  # type: ignore[union-attr]
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def check_path(path: str | Path) -> Path:
+    """The capture file's path, refused before anything is written if it cannot be created."""
+    p = Path(path)
+    if p.is_dir():
+        raise GatekeeperError(f"capture path {p} is a folder; name a file such as {p / 'capture.jsonl'}")
+    if not p.parent.is_dir():
+        raise GatekeeperError(f"capture path {p}: folder {p.parent} does not exist; create it or pick another path")
+    return p
+
+
+class CaptureWriter:
+    """Appends one JSON line per request and flushes it, so a crash loses at most the call in flight.
+
+    The file is started afresh: ``t`` counts from this writer's creation, and one time base per file
+    is what makes the inter-arrival times of a replay meaningful.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = check_path(path)
+        self._file = self.path.open("w", encoding="utf-8")
+        self._t0 = time.perf_counter()
+
+    def write(self, stage: str, stream: str, rendered: Rendered, segments: Sequence[Segment]) -> None:
+        record = {
+            "stage": stage,
+            "stream": stream,
+            "t": round(time.perf_counter() - self._t0, 6),
+            "tokens": list(rendered.tokens),
+            "text": rendered.text,
+            "segments": [s.to_dict() for s in segments],
+        }
+        self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _token_offset(engine, text: str, tokens: Sequence[int], chars: int) -> int:
+    """How many of ``tokens`` cover exactly ``text[:chars]``: a token merging across the cut stays out."""
+    n = 0
+    for a, b in zip(engine.tokenize(text[:chars]), tokens):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def segments(engine, rendered: Rendered, ordered: Sequence[Piece], first_turn: bool) -> list[Segment]:
+    """Token segments of a rendered prompt, static or dynamic, covering it end to end.
+
+    A segment runs from its piece's first byte to the next piece's first byte, so the chat template's
+    framing between two pieces goes with the one before it, and the framing ahead of the first piece
+    is static: the boundaries fall where ``partition.render`` ends the static prefix. Later turns
+    carry a transcript whose pieces are merged into earlier messages: there only the static prefix
+    is known.
+    """
+    n = len(rendered.tokens)
+    bounds: list[tuple[int, bool]] = []  # (char offset, static) where each piece starts
+    if first_turn:
+        cursor = 0
+        for piece in ordered:
+            if not piece.text:
+                continue
+            at = rendered.text.find(piece.text, cursor)
+            if at < 0:  # a template that rewrites content: fall back to the static prefix alone
+                bounds = []
+                break
+            bounds.append((at, piece.static))
+            cursor = at + len(piece.text)
+    if not bounds:
+        out = [Segment(True, 0, rendered.static_tokens), Segment(False, rendered.static_tokens, n)]
+        return [s for s in out if s.end > s.start]
+    if bounds[0][0] > 0:
+        bounds.insert(0, (0, True))
+    starts = [0] + [_token_offset(engine, rendered.text, rendered.tokens, c) for c, _ in bounds[1:]] + [n]
+    merged: list[Segment] = []
+    for (_, static), start, end in zip(bounds, starts, starts[1:]):
+        if end <= start:
+            continue
+        if merged and merged[-1].static == static:
+            merged[-1] = Segment(static, merged[-1].start, end)
+        else:
+            merged.append(Segment(static, start, end))
+    return merged
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def _bad(path: Path, line: int, field: str, problem: str) -> GatekeeperError:
+    return GatekeeperError(f"{path}:{line}: field '{field}' {problem}; each line needs "
+                           "stage, stream, t and tokens or text (see 'Captures and traces' in the README)")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse(path: Path, n: int, raw: str) -> Request:
+    try:
+        d = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise GatekeeperError(f"{path}:{n}: not JSON ({e.msg} at column {e.colno}); each line is one JSON object") from None
+    if not isinstance(d, dict):
+        raise GatekeeperError(f"{path}:{n}: a line must be a JSON object, not {type(d).__name__}")
+    if not isinstance(d.get("stage"), str) or not d["stage"]:
+        raise _bad(path, n, "stage", "is missing or not a non-empty string")
+    if not (isinstance(d.get("stream"), str) or _int(d.get("stream"))):
+        raise _bad(path, n, "stream", "is missing or not a string or integer")
+    t = d.get("t")
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        raise _bad(path, n, "t", "is missing or not a finite number of seconds")
+    tokens, text = d.get("tokens"), d.get("text")
+    if tokens is None and text is None:
+        raise _bad(path, n, "tokens", "and 'text' are both missing; give at least one")
+    if tokens is not None and (not isinstance(tokens, list) or not all(_int(x) for x in tokens)):
+        raise _bad(path, n, "tokens", "is not a list of integer token ids")
+    if text is not None and not isinstance(text, str):
+        raise _bad(path, n, "text", "is not a string")
+    request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n)
+    raw_segments = d.get("segments")
+    if raw_segments is None:
+        return request
+    if not isinstance(raw_segments, list):
+        raise _bad(path, n, "segments", "is not a list of {static, start, end}")
+    segs = []
+    for i, s in enumerate(raw_segments):
+        where = f"segments[{i}]"
+        if not isinstance(s, dict):
+            raise _bad(path, n, where, "is not an object {static, start, end}")
+        if not isinstance(s.get("static"), bool):
+            raise _bad(path, n, f"{where}.static", "is missing or not true/false")
+        for key in ("start", "end"):
+            if not _int(s.get(key)) or s[key] < 0:
+                raise _bad(path, n, f"{where}.{key}", "is missing or not a non-negative integer")
+        if s["end"] < s["start"] or s["end"] > request.length:
+            raise _bad(path, n, where, f"runs from {s['start']} to {s['end']}, outside the request's {request.length} "
+                       f"{'tokens' if tokens is not None else 'text bytes'}")
+        segs.append(Segment(s["static"], s["start"], s["end"]))
+    return Request(request.stage, request.stream, request.t, tokens, text, segs, n)
+
+
+def read(path: str | Path) -> list[Request]:
+    """Every request in a capture file, in file order; a bad line is an error naming file, line and field."""
+    p = Path(path)
+    if not p.is_file():
+        raise GatekeeperError(f"capture file {p} does not exist; write one with 'gatekeeper measure --capture FILE'")
+    requests = []
+    with p.open(encoding="utf-8", errors="strict") as f:
+        try:
+            for n, raw in enumerate(f, 1):
+                if raw.strip():
+                    requests.append(_parse(p, n, raw))
+        except UnicodeDecodeError as e:
+            raise GatekeeperError(f"{p}: not UTF-8 text ({e.reason}); a capture is JSONL") from None
+    if not requests:
+        raise GatekeeperError(f"{p}: no requests in the file; a capture has one JSON object a line")
+    return requests

@@ -1,0 +1,322 @@
+"""An evaluation as a reviewer reads it: Markdown, a self-contained HTML page, or JSON.
+
+All three render one view of the ledger record: verdict and reasons, both identities, per-stage
+token and time figures, a chart of prompt tokens off vs computed on, and every differing case side
+by side with where the outputs part and the logit margins there. The HTML page loads nothing:
+styles and the chart are inline, a Content-Security-Policy forbids every fetch, and all model
+output is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections import defaultdict
+from typing import Any
+
+FORMATS = ("md", "html", "json")
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be styled)
+
+# --- the view ----------------------------------------------------------------------------------
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        return {k: v for key, value in d.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): d}
+
+
+def _stages(case_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per stage (a case id's suite part) and configuration: first run of each, so off and on compare like for like."""
+    totals: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for r in case_results:
+        if r["repeat"] != 0:
+            continue
+        row = totals[(r["case_id"].split("/", 1)[0], r["config"])]
+        for t in r["result"]["turns"]:
+            row["calls"] += 1
+            for key in ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s"):
+                row[key] += t.get(key) or 0
+    out = []
+    for (stage, config), row in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1] != "off")):
+        out.append({"stage": stage, "config": config, "calls": int(row["calls"]),
+                    "prompt_tokens": int(row["prompt_tokens"]), "cached_tokens": int(row["cached_tokens"]),
+                    "computed_tokens": int(row["prompt_tokens"] - row["cached_tokens"]),
+                    "prefill_s": round(row["prefill_s"], 4), "decode_s": round(row["decode_s"], 4)})
+    return out
+
+
+def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for s in stages:
+        row = rows.setdefault(s["stage"], {"stage": s["stage"], "prompt_off": 0, "computed_on": 0})
+        if s["config"] == "off":
+            row["prompt_off"] = s["prompt_tokens"]
+        elif s["config"] == "on":
+            row["computed_on"] = s["computed_tokens"]
+    return list(rows.values())
+
+
+def _common_chars(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _texts(record: dict[str, Any], case_id: str, pair: str) -> tuple[str, str]:
+    """The final outputs of a compared pair such as 'off#0~on#0', from the case results."""
+    runs = {(r["config"], r["repeat"]): r["result"].get("text", "") for r in record["case_results"] if r["case_id"] == case_id}
+    sides = []
+    for side in pair.split("~"):
+        m = re.fullmatch(r"(\w+)#(\d+)", side)
+        sides.append(runs.get((m.group(1), int(m.group(2))), "") if m else "")
+    return (sides + ["", ""])[0], (sides + ["", ""])[1]
+
+
+def _differences(record: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for c in record["comparisons"]:
+        if c["equal"]:
+            continue
+        d = dict(c["detail"])
+        pair = d.get("pair", "")
+        if "text_a" not in d:  # outcome-only differences carry no texts: take them from the results
+            d["text_a"], d["text_b"] = _texts(record, c["case_id"], pair)
+        left, right = (pair.split("~") + ["a", "b"])[:2] if pair else ("a", "b")
+        out.append({"case_id": c["case_id"], "pair": pair, "label_a": left, "label_b": right,
+                    "turn": d.get("turn"), "first_divergent_position": d.get("first_divergent_position"),
+                    "a": d.get("a"), "b": d.get("b"), "near_tie": d.get("near_tie"),
+                    "text_a": d["text_a"], "text_b": d["text_b"],
+                    "divergent_char": _common_chars(d["text_a"], d["text_b"]),
+                    "outcomes_diff": d.get("outcomes_diff") or {}})
+    return out
+
+
+def view(record: dict[str, Any]) -> dict[str, Any]:
+    """Everything an export shows, as plain JSON-able data."""
+    identity = record.get("identity") or {}
+    off, on = _flatten(identity.get("off", {})), _flatten(identity.get("on", {}))
+    stages = _stages(record["case_results"])
+    verdict = record.get("verdict_record") or {}
+    return {
+        "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
+        "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
+        "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict.get("finished_at"),
+        "aborted": (record.get("aborted_record") or {}).get("reason"),
+        "config": record.get("config") or {},
+        "identities": identity,
+        "identity_rows": [{"part": k, "off": off.get(k), "on": on.get(k), "differs": off.get(k) != on.get(k)}
+                          for k in sorted(set(off) | set(on))],
+        "stages": stages,
+        "chart": _chart(stages),
+        "differences": _differences(record),
+    }
+
+
+def render(record: dict[str, Any], fmt: str) -> str:
+    v = view(record)
+    if fmt == "json":
+        return json.dumps({**v, "record": record}, indent=2, ensure_ascii=False, default=str) + "\n"
+    return markdown(v) if fmt == "md" else page(v)
+
+
+def _value(x: Any) -> str:
+    return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False, default=str)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+# --- Markdown ----------------------------------------------------------------------------------
+
+
+def _md(text: Any) -> str:
+    """Plain text in a table cell or a line: no raw HTML, no table breaks."""
+    return html.escape(_value(text), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    """An inline code span that survives backticks in ``text``."""
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence} {text} {fence}" if text else "(empty)"
+
+
+def _block(text: str) -> str:
+    fence = "`" * max(3, max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    return f"{fence}text\n{text}\n{fence}"
+
+
+def _side_md(side: dict[str, Any] | None) -> str:
+    if not side:
+        return "-"
+    piece = side.get("piece")
+    return (f"token {_fmt(side.get('token'))} "
+            f"{_code(json.dumps(piece, ensure_ascii=False)) if piece is not None else '(none: output ended)'}, "
+            f"margin {_fmt(side.get('margin'))}")
+
+
+def markdown(v: dict[str, Any]) -> str:
+    lines = [f"# Evaluation {v['evaluation']}: {_md(v['flag'])} — {v['verdict'] or v['status']}", ""]
+    lines += [f"- status: **{v['status']}**", f"- gate: {_md(v['gate'])}", f"- operator: {_md(v['operator'])}",
+              f"- started: {v['started_at']}", f"- finished: {v['finished_at'] or '-'}",
+              f"- configuration: {_md(v['config'])}"]
+    if v["aborted"]:
+        lines.append(f"- aborted: {_md(v['aborted'])}")
+    lines += ["", "## Reasons", ""] + ([f"- {_md(r)}" for r in v["reasons"]] or ["- (none recorded)"])
+
+    lines += ["", "## Identities", "", "| part | off | on | |", "|---|---|---|---|"]
+    lines += [f"| {_md(r['part'])} | {_md(r['off'])} | {_md(r['on'])} | {'**differs**' if r['differs'] else ''} |"
+              for r in v["identity_rows"]]
+
+    lines += ["", "## Per stage (first run of each configuration)", "",
+              "| stage | config | calls | prompt tokens | cached tokens | computed tokens | prefill s | decode s |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {_md(s['stage'])} | {s['config']} | {s['calls']} | {s['prompt_tokens']} | {s['cached_tokens']} | "
+              f"{s['computed_tokens']} | {s['prefill_s']:.4f} | {s['decode_s']:.4f} |" for s in v["stages"]]
+
+    lines += ["", "## Prompt tokens per stage: off vs computed on", ""]
+    peak = max([max(c["prompt_off"], c["computed_on"]) for c in v["chart"]] + [1])
+    width = max([len(c["stage"]) for c in v["chart"]] + [5])
+    bars = []
+    for c in v["chart"]:
+        for label, n in ((c["stage"], c["prompt_off"]), ("", c["computed_on"])):
+            which = "off" if label else "on "
+            bars.append(f"{label:<{width}} {which} {'█' * round(40 * n / peak):<40} {n}")
+    lines.append(_block("\n".join(bars)))
+
+    lines += ["", f"## Differing cases ({len(v['differences'])})", ""]
+    if not v["differences"]:
+        lines.append("None: every comparison was equal.")
+    for d in v["differences"]:
+        lines += [f"### {_md(d['case_id'])} ({_md(d['pair'])}{', turn ' + str(d['turn']) if d['turn'] else ''})", ""]
+        if d["first_divergent_position"] is not None:
+            lines += [f"First divergent position: **{d['first_divergent_position']}** (generated tokens, from 0); "
+                      f"near-tie: {'yes' if d['near_tie'] else 'no'}", "",
+                      f"- {_md(d['label_a'])}: {_side_md(d['a'])}", f"- {_md(d['label_b'])}: {_side_md(d['b'])}", ""]
+        else:
+            lines += ["The outputs are identical; the assertion outcomes differ.", ""]
+        k = d["divergent_char"]
+        lines.append(f"{MARK} marks where the texts part (character {k}).")
+        for label, text in ((d["label_a"], d["text_a"]), (d["label_b"], d["text_b"])):
+            lines += ["", f"**{_md(label)}**", "", _block(text[:k] + MARK + text[k:])]
+        if d["outcomes_diff"]:
+            lines += ["", "Assertion outcomes differ:", "", _block(json.dumps(d["outcomes_diff"], indent=2, default=str))]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# --- HTML --------------------------------------------------------------------------------------
+
+STYLE = """
+body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;color:#1b1f24}
+h1{font-size:1.6rem}h2{margin-top:2rem;border-bottom:1px solid #d0d7de}
+table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #d0d7de;padding:.25rem .5rem;vertical-align:top;overflow-wrap:anywhere}
+th[scope=row]{text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}tr.differs{background:#fff8c5}
+.verdict{display:inline-block;padding:.2rem .7rem;border-radius:.3rem;color:#fff;font-weight:700}
+.PASS{background:#1a7f37}.FAIL{background:#cf222e}.INCONCLUSIVE,.running,.aborted{background:#9a6700}
+.pair{display:grid;grid-template-columns:1fr 1fr;gap:1rem}
+pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:.6rem;border:1px solid #d0d7de}
+mark{background:#ffd8d3;outline:1px solid #cf222e}
+code{background:#f6f8fa;padding:0 .2rem}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(_value(x), quote=True)
+
+
+def _table(head: list[str] | None, rows: list[list[str]], classes: list[str] | None = None) -> str:
+    out = ["<table>" + ("<thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead>" if head else "") + "<tbody>"]
+    for n, row in enumerate(rows):
+        cls = f' class="{classes[n]}"' if classes and classes[n] else ""
+        out.append(f"<tr{cls}>" + "".join(row) + "</tr>")
+    return "".join(out) + "</tbody></table>"
+
+
+def _num(x: Any) -> str:
+    return f'<td class="n">{_e(_fmt(x))}</td>'
+
+
+def chart_svg(chart: list[dict[str, Any]]) -> str:
+    """Grouped horizontal bars, two per stage: prompt tokens with the flag off, tokens computed with it on."""
+    label_w, bar_w, bar_h, gap = 160, 440, 16, 14
+    peak = max([max(c["prompt_off"], c["computed_on"]) for c in chart] + [1])
+    height = 30 + len(chart) * (2 * bar_h + gap)
+    parts = [f'<svg role="img" width="{label_w + bar_w + 90}" height="{height}" '
+             f'font-size="12" font-family="system-ui,sans-serif"><title>Prompt tokens off vs computed on, per stage</title>',
+             '<rect x="0" y="4" width="12" height="12" fill="#57606a"/><text x="16" y="14">off: prompt tokens</text>',
+             '<rect x="150" y="4" width="12" height="12" fill="#1a7f37"/><text x="166" y="14">on: prompt tokens computed</text>']
+    y = 30
+    for c in chart:
+        parts.append(f'<text x="0" y="{y + bar_h + 4}">{_e(c["stage"])}</text>')
+        for n, colour in ((c["prompt_off"], "#57606a"), (c["computed_on"], "#1a7f37")):
+            w = round(bar_w * n / peak)
+            parts.append(f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar_h}" fill="{colour}"/>'
+                         f'<text x="{label_w + w + 4}" y="{y + bar_h - 4}">{n}</text>')
+            y += bar_h
+        y += gap
+    return "".join(parts) + "</svg>"
+
+
+def _side_html(label: str, side: dict[str, Any] | None) -> list[str]:
+    side = side or {}
+    piece = side.get("piece")
+    return [f"<td>{_e(label)}</td>", _num(side.get("token")),
+            f"<td><code>{_e(json.dumps(piece, ensure_ascii=False)) if piece is not None else '(output ended)'}</code></td>",
+            _num(side.get("margin"))]
+
+
+def _difference_html(d: dict[str, Any]) -> str:
+    turn = f", turn {d['turn']}" if d["turn"] else ""
+    out = [f'<section class="difference"><h3>{_e(d["case_id"])} <small>({_e(d["pair"])}{turn})</small></h3>']
+    if d["first_divergent_position"] is not None:
+        out.append(f'<p>First divergent position: <strong class="position">{d["first_divergent_position"]}</strong> '
+                   f'(generated tokens, from 0); near-tie: {"yes" if d["near_tie"] else "no"}</p>')
+        out.append(_table(["run", "token", "piece", "top-2 logit margin"],
+                          [_side_html(d["label_a"], d["a"]), _side_html(d["label_b"], d["b"])]))
+    else:
+        out.append("<p>The outputs are identical; the assertion outcomes differ.</p>")
+    k = d["divergent_char"]
+    out.append('<div class="pair">')
+    for label, text in ((d["label_a"], d["text_a"]), (d["label_b"], d["text_b"])):
+        out.append(f'<div><h4>{_e(label)}</h4><pre>{_e(text[:k])}<mark title="the outputs part here">'
+                   f'{_e(text[k:])}</mark></pre></div>')
+    out.append("</div>")
+    if d["outcomes_diff"]:
+        out.append(f"<p>Assertion outcomes differ:</p><pre>{_e(json.dumps(d['outcomes_diff'], indent=2, default=str))}</pre>")
+    return "".join(out) + "</section>"
+
+
+def page(v: dict[str, Any]) -> str:
+    shown = v["verdict"] or v["status"]
+    body = [f"<h1>Evaluation {v['evaluation']}: {_e(v['flag'])}</h1>",
+            f'<p><span class="verdict {_e(shown)}">{_e(shown)}</span></p>',
+            _table(None, [[f'<th scope="row">{k}</th>', f"<td>{_e(val if val is not None else '-')}</td>"] for k, val in (
+                ("status", v["status"]), ("gate", v["gate"]), ("operator", v["operator"]), ("started", v["started_at"]),
+                ("finished", v["finished_at"]), ("aborted", v["aborted"]), ("configuration", v["config"]))]),
+            "<h2>Reasons</h2><ul>" + ("".join(f"<li>{_e(r)}</li>" for r in v["reasons"]) or "<li>(none recorded)</li>") + "</ul>",
+            "<h2>Identities</h2>",
+            _table(["part", "off", "on"], [[f"<td>{_e(r['part'])}</td>", f"<td>{_e(r['off'])}</td>", f"<td>{_e(r['on'])}</td>"]
+                                           for r in v["identity_rows"]],
+                   ["differs" if r["differs"] else "" for r in v["identity_rows"]]),
+            "<h2>Per stage</h2><p>First run of each configuration.</p>",
+            _table(["stage", "config", "calls", "prompt tokens", "cached tokens", "computed tokens", "prefill s", "decode s"],
+                   [[f"<td>{_e(s['stage'])}</td>", f"<td>{_e(s['config'])}</td>"] +
+                    [_num(s[k]) for k in ("calls", "prompt_tokens", "cached_tokens", "computed_tokens", "prefill_s", "decode_s")]
+                    for s in v["stages"]]),
+            "<h2>Prompt tokens per stage: off vs computed on</h2>", chart_svg(v["chart"]),
+            f"<h2>Differing cases ({len(v['differences'])})</h2>"]
+    body += [_difference_html(d) for d in v["differences"]] or ["<p>None: every comparison was equal.</p>"]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            f"<title>gatekeeper evaluation {v['evaluation']}: {_e(v['flag'])} {_e(shown)}</title>"
+            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
