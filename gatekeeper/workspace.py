@@ -40,7 +40,7 @@ class EngineProfile(Strict):
     adapter_path: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    prefill: Literal["monolithic", "aligned"] = "monolithic"
+    prefill: Literal["monolithic", "aligned"] = "aligned"
     chunk: int = Field(256, ge=1)
     cache: CacheLimits = CacheLimits()
     snapshots: str = "boundaries"

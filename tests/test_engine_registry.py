@@ -76,9 +76,10 @@ def test_bad_adapters_are_clear_config_errors(adapter, words):
         build_engine(EngineProfile(adapter=adapter), cache=False)
 
 
-def test_aligned_prefill_is_refused_at_build_time(tiny_llama):
-    with pytest.raises(GatekeeperError, match="prefill: aligned is not built yet; use monolithic"):
-        build_engine(EngineProfile(adapter="torch", model=str(tiny_llama), prefill="aligned"), cache=True)
+def test_both_prefill_plans_build(tiny_llama):
+    for plan in ("aligned", "monolithic"):
+        eng = build_engine(EngineProfile(adapter="torch", model=str(tiny_llama), prefill=plan), cache=True)
+        assert eng.identity()["prefill"] == plan
 
 
 def test_missing_model_directory_is_a_config_error(tmp_path):
@@ -94,7 +95,7 @@ def test_relative_model_path_resolves_against_the_workspace(tiny_llama):
     ident = eng.identity()
     assert ident["engine"] == "torch" and ident["dtype"] == "float32" and ident["device"] == "cpu"
     assert set(ident["libraries"]) == {"torch", "transformers"} and ident["adapter_digest"] is None
-    assert ident["prefill"] == "monolithic" and len(ident["model_digest"]) == 64
+    assert (ident["prefill"], ident["chunk"]) == ("aligned", 256) and len(ident["model_digest"]) == 64
 
 
 def test_lora_without_peft_says_how_to_fix(tiny_llama, tmp_path, monkeypatch):

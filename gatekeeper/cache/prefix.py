@@ -2,11 +2,14 @@
 
 Engine-agnostic: states are opaque and handled through the engine's ``StateOps``. A hit hands out
 ``ops.fork`` of the stored state, so the stored entry is never changed by the call that uses it.
+
+Under an aligned prefill plan an entry also records its ``edges``: the positions where the passes
+that computed it ended (its own length last). A hit then lands only where the query's cold run
+would cut, with every pass before it the same, so the reused positions hold the cold run's bits.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -21,6 +24,7 @@ class Entry:
     state: Any
     nbytes: int
     pinned: bool = False
+    edges: tuple[int, ...] | None = None  # where its prefill passes ended; None: not recorded (monolithic)
 
     @property
     def length(self) -> int:
@@ -64,24 +68,33 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int], *, limit: int | None = None, at: Sequence[int] | None = None) -> Hit | None:
         """The longest stored prefix of ``tokens`` (at most ``limit`` tokens), as a private fork.
 
-        ``at`` (ascending), when given, is where a hit may land: the shared length is rounded down
-        to the last of those positions, so the caller recomputes the rest in its own passes.
+        ``at`` (ascending), when given, is the query's own plan cuts: the hit is the last of them
+        up to which a stored entry was computed in the same passes, and the caller recomputes the
+        rest. Without it the hit is the whole shared prefix.
         """
         limit = len(tokens) if limit is None else min(limit, len(tokens))
-        if at is not None:
-            limit = _floor(at, limit)
         if limit <= 0:
             return None
         shared, entry = self._trie.longest(tokens)
-        use = min(shared, limit) if at is None else _floor(at, min(shared, limit))
-        if entry is not None and use > 0 and (use == entry.length or self.ops.trimmable(entry.state)):
-            return self._restore(entry, use)
-        # A state that cannot be cut back is usable only whole: the longest entry that is itself a
-        # prefix of the query. Snapshots at stage boundaries will widen this later.
+        if entry is not None and (n := self._usable(entry, min(shared, limit), at)):
+            return self._restore(entry, n)
+        # Else the longest entry that is itself a prefix of the query and can serve: a state that
+        # cannot be cut back is usable only whole, and a deeper entry may have other passes.
         for length, whole in reversed(self._trie.prefixes(tokens[:limit])):
-            if at is None or _floor(at, length) == length:
-                return self._restore(whole, length)
+            if n := self._usable(whole, length, at):
+                return self._restore(whole, n)
         return None
+
+    def _usable(self, entry: Entry, n: int, at: Sequence[int] | None) -> int:
+        """How many of ``entry``'s first ``n`` positions (shared with the query) may serve it; 0: none."""
+        if at is not None:
+            agreed = 0
+            for mine, theirs in zip(at, entry.edges or ()):  # passes equal so far, ending at or before n
+                if mine != theirs or mine > n:
+                    break
+                agreed = mine
+            n = agreed
+        return n if n > 0 and (n == entry.length or self.ops.trimmable(entry.state)) else 0
 
     def _restore(self, entry: Entry, n: int) -> Hit:
         """Hand out the first ``n`` positions of ``entry``; the one place a hit touches a state."""
@@ -89,9 +102,11 @@ class PrefixCache:
         return Hit(self.ops.fork(entry.state, n), n)
 
     # --- storing --------------------------------------------------------------------------------
-    def store(self, tokens: Sequence[int], state: Any, *, pinned: bool = False) -> Entry | None:
+    def store(self, tokens: Sequence[int], state: Any, *, pinned: bool = False,
+              edges: Sequence[int] | None = None) -> Entry | None:
         """Keep ``state`` (which covers exactly ``tokens``); returns the entry, or None if not kept.
 
+        ``edges``: where the passes that computed it ended, ``len(tokens)`` last (aligned plans).
         The caller hands the state over: it must not run the model on it afterwards.
         """
         key = tuple(int(t) for t in tokens)
@@ -99,6 +114,9 @@ class PrefixCache:
             return None
         if self.ops.length(state) != len(key):
             raise ValueError(f"state covers {self.ops.length(state)} tokens, not {len(key)}")
+        edges = tuple(edges) if edges is not None else None
+        if edges is not None and (not edges or edges[-1] != len(key)):
+            raise ValueError(f"edges {edges} must end at the state's length {len(key)}")
         old = self._lru.get(key)
         if old is not None:
             old.pinned = old.pinned or pinned
@@ -107,16 +125,16 @@ class PrefixCache:
         trimmable = self.ops.trimmable(state)
         if not pinned and trimmable:
             shared, longer = self._trie.longest(key)
-            if shared == len(key) and longer is not None and self.ops.trimmable(longer.state):
+            if shared == len(key) and longer is not None and self.ops.trimmable(longer.state) and _covers(longer.edges, edges):
                 self._lru.move_to_end(longer.tokens)  # a longer entry already covers these tokens
                 return None
-        entry = Entry(key, state, self.ops.nbytes(state), pinned)
+        entry = Entry(key, state, self.ops.nbytes(state), pinned, edges)
         if not pinned and entry.nbytes + self._pinned_bytes() > self.max_bytes:
             return None  # could never fit beside the pinned entries
         if trimmable:
             # Shorter unpinned entries on the same path are now redundant: this one covers them.
             for _, shorter in self._trie.prefixes(key[:-1]):
-                if not shorter.pinned and self.ops.trimmable(shorter.state):
+                if not shorter.pinned and self.ops.trimmable(shorter.state) and _covers(edges, shorter.edges):
                     self._drop(shorter)
         self._trie.insert(key, entry)
         self._lru[key] = entry
@@ -139,14 +157,15 @@ class PrefixCache:
     def _pinned_bytes(self) -> int:
         return sum(e.nbytes for e in self._lru.values() if e.pinned)
 
-    def drop_extending(self, prefix: Sequence[int]) -> int:
-        """Drop every entry (pinned too) that runs past ``prefix``; how many were dropped.
+    def drop_covering(self, prefix: Sequence[int]) -> int:
+        """Drop every entry (pinned too) that holds all of ``prefix``; how many were dropped.
 
-        A new boundary adds a cut to every prompt that extends it, so states computed before it
-        was known used other passes beyond it and no longer match a cold run there.
+        A new boundary changes the cuts of every prompt that starts with it, so states computed
+        before it was known were cut otherwise: lookups would refuse them anyway, but they would
+        hold memory, and one that equals the boundary would pass for its pinned state.
         """
         key = tuple(int(t) for t in prefix)
-        stale = [e for e in self._lru.values() if e.length > len(key) and e.tokens[: len(key)] == key]
+        stale = [e for e in self._lru.values() if e.length >= len(key) and e.tokens[: len(key)] == key]
         for entry in stale:
             self._drop(entry)
         return len(stale)
@@ -161,7 +180,8 @@ class PrefixCache:
             self._drop(entry)
 
 
-def _floor(positions: Sequence[int], n: int) -> int:
-    """The last of ``positions`` at or below ``n``; 0 when there is none."""
-    i = bisect_right(positions, n)
-    return positions[i - 1] if i else 0
+def _covers(longer: tuple[int, ...] | None, shorter: tuple[int, ...] | None) -> bool:
+    """Whether an entry computed with passes ``longer`` serves every hit one with ``shorter`` would."""
+    if longer is None or shorter is None:
+        return longer is None and shorter is None
+    return longer[: len(shorter)] == shorter

@@ -79,7 +79,8 @@ class Engine(ABC):
         """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string."""
 
     def pin(self, prefix: Sequence[int]) -> None:
-        """Register a stage's static prefix: with the cache on it is computed once and never evicted."""
+        """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
+        or off (call it in both), and with the cache on a state computed once and never evicted."""
 
     def reset_cache(self) -> None:
         """Drop every cached state except pinned prefixes."""

@@ -27,12 +27,13 @@ class GreedyEngine(Engine):
 
     Prefill plans (``profile.prefill``): ``monolithic`` computes what the cache did not serve in one
     pass, and a hit reuses the whole common prefix. ``aligned`` cuts every prefill, cache on or off,
-    at the plan's positions (``plan.splits``: registered boundaries, chunk steps after each); a hit
-    is rounded down to one of them, and the cache stores states only there. After generating, the
-    state's positions past the prompt's last cut were computed in passes a cold run of a longer
-    transcript would not make (the prompt's partial last chunk, then one decode step at a time), so
-    chaining stores the state cut back to that last cut: the next turn recomputes the tail of this
-    prompt and the reply, in the same passes as its own cold run.
+    where ``plan.splits`` says (registered boundaries, ``chunk`` steps after each); states are
+    stored with the cuts that computed them, and a hit lands only on a cut of the query up to which
+    those agree. Chaining under ``aligned``: after generating, the state's positions past the
+    prompt's last cut were computed in passes a cold run of a longer transcript would not make (the
+    prompt's partial last chunk, then one decode step at a time), so what is stored is the state as
+    it stood at that last cut; the next turn recomputes this prompt's tail and the reply, in the
+    passes of its own cold run.
 
     Stop rules: generation ends at an EOS id (kept in ``tokens``, left out of ``text``), or once the
     decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
@@ -97,7 +98,9 @@ class GreedyEngine(Engine):
 
         start = perf_counter()
         state, cached = self._begin(prompt)
-        logits = self._prefill(state, prompt, cached)
+        cuts = self._cuts(prompt)
+        chain_at = cuts[-1] if self.cache_enabled and cuts else None
+        logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
 
         tokens: list[int] = []
@@ -113,7 +116,7 @@ class GreedyEngine(Engine):
         end = perf_counter()
 
         if self.cache_enabled:
-            self._store(prompt, tokens, state)
+            self._store(prompt, tokens, state, kept)
 
         g = Generation(
             tokens=tokens,
@@ -143,22 +146,29 @@ class GreedyEngine(Engine):
                 return hit.state, hit.length
         return self._new_state(), 0
 
-    def _prefill(self, state: Any, prompt: Sequence[int], start: int) -> np.ndarray:
-        """Compute prompt[start:] on top of ``state`` in the plan's passes; the last position's logits."""
-        logits = None
+    def _prefill(self, state: Any, prompt: Sequence[int], start: int, keep: int | None = None) -> tuple[np.ndarray, Any]:
+        """Compute prompt[start:] on top of ``state`` in the plan's passes: the last position's
+        logits, and a private copy of the state as it stood at position ``keep`` (None if not asked)."""
+        logits, kept = None, None
+        if keep == start:
+            kept = self.state_ops.fork(state, keep)
         for a, b in segments(self._cuts(prompt) or [], start, len(prompt)):
             logits = self._forward(state, prompt[a:b])
-        return logits
+            if b == keep:
+                # Taken now, not after decoding: a state that cannot be cut back (recurrent or
+                # sliding-window layers) is copied whole here.
+                kept = self.state_ops.fork(state, keep)
+        return logits, kept
 
-    def _store(self, prompt: list[int], tokens: list[int], state: Any) -> None:
-        """Chaining: keep the state for the next turn of a transcript that extends this one."""
+    def _store(self, prompt: list[int], tokens: list[int], state: Any, kept: Any) -> None:
+        """Chaining: keep a state for the next turn of a transcript that extends this one."""
         cuts = self._cuts(prompt)
         if cuts is None:
             # The state covers prompt + every generated token but the last (never fed back).
             self.prefix_cache.store(prompt + tokens[:-1], state)
-        elif cuts:
+        elif kept is not None:
             # Exact only up to the prompt's last cut (see the class docstring).
-            self.prefix_cache.store(prompt[: cuts[-1]], self.state_ops.fork(state, cuts[-1]))
+            self.prefix_cache.store(prompt[: cuts[-1]], kept, edges=cuts)
 
     def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
         if not stop:
@@ -180,7 +190,7 @@ class GreedyEngine(Engine):
         if key and key not in self._pins:
             self._pins.append(key)
             if self.profile.prefill == "aligned":
-                self.prefix_cache.drop_extending(key)
+                self.prefix_cache.drop_covering(key)
         if self.cache_enabled:
             self._build_pins()
 
@@ -193,7 +203,8 @@ class GreedyEngine(Engine):
                 continue
             state, cached = self._begin(list(key))
             self._prefill(state, key, cached)
-            self.prefix_cache.store(key, state, pinned=True)
+            cuts = self._cuts(key)
+            self.prefix_cache.store(key, state, pinned=True, edges=None if cuts is None else [*cuts, len(key)])
 
     def reset_cache(self) -> None:
         self.prefix_cache.reset()
