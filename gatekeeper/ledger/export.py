@@ -15,6 +15,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from ..analyze import common_prefix
+
 FORMATS = ("md", "html", "json")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be styled)
@@ -59,14 +61,6 @@ def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def _common_chars(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
 
 def _texts(record: dict[str, Any], case_id: str, pair: str) -> tuple[str, str]:
     """The final outputs of a compared pair such as 'off#0~on#0', from the case results."""
@@ -92,7 +86,7 @@ def _differences(record: dict[str, Any]) -> list[dict[str, Any]]:
                     "turn": d.get("turn"), "first_divergent_position": d.get("first_divergent_position"),
                     "a": d.get("a"), "b": d.get("b"), "near_tie": d.get("near_tie"),
                     "text_a": d["text_a"], "text_b": d["text_b"],
-                    "divergent_char": _common_chars(d["text_a"], d["text_b"]),
+                    "divergent_char": common_prefix(d["text_a"], d["text_b"]),
                     "outcomes_diff": d.get("outcomes_diff") or {}})
     return out
 
