@@ -21,6 +21,11 @@ app.add_typer(models_app, name="models")
 app.add_typer(ledger_app, name="ledger")
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+# Options shared by the commands that run the battery.
+EngineName = Annotated[str, typer.Option(help="Engine profile in engines/.")]
+Suites = Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")]
+Limit = Annotated[Optional[int], typer.Option(help="At most N cases per suite.")]
+Operator = Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")]
 
 
 @dataclass
@@ -189,7 +194,7 @@ def flip(
 
 @app.command("hash")
 @reporting
-def hash_(ctx: typer.Context, engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
+def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
     from . import flags
@@ -216,10 +221,10 @@ def hash_(ctx: typer.Context, engine: Annotated[str, typer.Option(help="Engine p
 def evaluate(
     ctx: typer.Context,
     flag: Annotated[str, typer.Option(help="The flag to evaluate (a policy in policies/).")],
-    engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
-    suite: Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="At most N cases per suite.")] = None,
-    operator: Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")] = None,
+    engine: EngineName = "auto",
+    suite: Suites = None,
+    limit: Limit = None,
+    operator: Operator = None,
     json_: Json = False,
 ) -> None:
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
@@ -315,14 +320,14 @@ class _sigterm_as_interrupt:
 @reporting
 def measure(
     ctx: typer.Context,
-    engine: Annotated[str, typer.Option(help="Engine profile in engines/.")] = "auto",
+    engine: EngineName = "auto",
     flag: Annotated[str, typer.Option(help="The cache flag whose state is set (a policy in policies/).")] = "prefix_cache",
     flag_state: Annotated[str, typer.Option(help="current (the ledger's), off or on.")] = "current",
     compare: Annotated[bool, typer.Option("--compare", help="Run off, then on, and print the reduction per stage.")] = False,
-    suite: Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="At most N cases per suite.")] = None,
+    suite: Suites = None,
+    limit: Limit = None,
     capture: Annotated[Optional[Path], typer.Option(help="Write each rendered prompt to this local JSONL file.")] = None,
-    operator: Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")] = None,
+    operator: Operator = None,
     json_: Json = False,
 ) -> None:
     """Run the battery's cases through the runtime and print the prefill tax per stage."""
