@@ -213,6 +213,36 @@ def hash_(ctx: typer.Context, engine: EngineName = "auto",
         f"  {k}: {json.dumps(parts[k], sort_keys=True)}" for k in included)))
 
 
+@app.command()
+@reporting
+def pin(ctx: typer.Context, engine: EngineName = "auto", json_: Json = False) -> None:
+    """Save each stage's static prefix state on this machine and write the recipe to the workspace."""
+    from .runtime import Runtime
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    if "prefix_cache" not in ws.policies:
+        raise GatekeeperError(f"no policy for prefix_cache in {ws.root / 'policies'}; pinned prefixes serve that flag: "
+                              "add policies/prefix_cache.yaml (gatekeeper init writes one)")
+    with Runtime(ws.root, engine=engine, ledger=settings.ledger_url(ws), flags={"prefix_cache": "on"},
+                 response_cache=False, persist=True) as rt:
+        recipe, sources = rt.write_recipe(), rt.prefix_sources
+    rows = [{"stage": stage, **entry, "state": sources.get(stage)} for stage, entry in recipe["stages"].items()]
+    data = {"recipe": str(ws.root / "recipe.json"), "stages": rows}
+
+    def human() -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("stage", "boundary (tokens)", "content hash", "model digest", "state")
+        for r in rows:
+            table.add_row(r["stage"], str(r["boundary"]), r["content_hash"][:16], r["model_digest"][:16], r["state"] or "-")
+        Console().print(table)
+        typer.echo(f"recipe written to {data['recipe']}")
+
+    emit(json_, data, human)
+
+
 # --- evidence ----------------------------------------------------------------------------------
 
 
@@ -536,7 +566,6 @@ def _later(name: str, doc: str, target: typer.Typer = app) -> None:
     target.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(reporting(command))
 
 
-_later("pin", "Write the recipe of pinned stage prefixes to the workspace.")
 _later("replay", "Replay a captured trace against an engine.")
 
 

@@ -32,12 +32,13 @@ def digest(obj: Any) -> str:
 _file_memo: dict[tuple[str, int, int], str] = {}
 
 
-def file_digest(path: str | os.PathLike) -> str:
-    """Streaming SHA-256 of one file, memoized by (path, size, mtime)."""
+def file_digest(path: str | os.PathLike, *, memo: bool = True) -> str:
+    """Streaming SHA-256 of one file, memoized by (path, size, mtime) unless ``memo=False``
+    (a check against tampering must read the bytes: size and mtime can be put back)."""
     p = Path(path).resolve()
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns)
-    if key not in _file_memo:
+    if not memo or key not in _file_memo:
         h = hashlib.sha256()
         with open(p, "rb") as f:
             while chunk := f.read(_CHUNK):

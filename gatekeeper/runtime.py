@@ -7,12 +7,16 @@
 The runtime reads flag states from the ledger, builds the engine with its prefix cache on only
 if ``prefix_cache`` is on, pins each stage's static prefix, and serves answers from a response
 cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
-answers made under the old one and records the flush in the ledger.
+answers and saved prefix states made under the old one and records the flush in the ledger.
+
+When the workspace has a recipe (``gatekeeper pin``), pinned prefix states come from the result
+layer on this machine if their keys match, and are computed and saved there if not.
 
 Measurement options: ``flags={"prefix_cache": "on"}`` forces flag states over the ledger's,
 ``response_cache=False`` answers every call with the engine (a served answer costs nothing, so it
-would measure nothing), and ``capture="prompts.jsonl"`` writes each rendered prompt to a local
-JSONL file (see ``gatekeeper.capture``). Capture is off unless asked for.
+would measure nothing), ``capture="prompts.jsonl"`` writes each rendered prompt to a local
+JSONL file (see ``gatekeeper.capture``; off unless asked for), and ``persist=True`` uses the
+result layer whatever the recipe says (``gatekeeper pin``, which then rewrites the recipe).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from . import capture as captures
 from . import flags, partition
+from .cache import recipe as recipes
+from .cache import results
 from .cache.response import ResponseCache
 from .errors import GatekeeperError
 from .flags import states as flag_states
@@ -31,6 +37,11 @@ from .identity import digest, pipeline_hash, pipeline_parts, sha256_hex
 from .ledger import Ledger
 from .models import home
 from .workspace import Suite, Workspace
+
+
+def results_root() -> Path:
+    """The result layer on this machine: saved prefix states."""
+    return home() / "prefix_states"
 
 
 def pipeline_version(ws: Workspace, states: dict[str, str], engine_identity: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -60,7 +71,7 @@ class Completion:
 class Runtime:
     def __init__(self, workspace: str | Path | None = None, *, engine: str = "auto", ledger: str | None = None,
                  response_cache: Path | bool | None = None, flags: Mapping[str, str] | None = None,
-                 capture: str | Path | None = None):
+                 capture: str | Path | None = None, persist: bool = False):
         from .engines.registry import build_engine
 
         self.ws = Workspace(workspace)
@@ -77,8 +88,13 @@ class Runtime:
         self.responses = None if response_cache is False else ResponseCache(
             response_cache if isinstance(response_cache, (str, Path)) else home() / "responses.db")
         self.flushed = self._flush_if_identity_changed() if self.responses is not None else []
-        for suite in self.stages.values():
-            prefix = self._static_prefix(suite)
+        # Every stage prefix is registered, as the gate did: under the aligned plan it is a cut.
+        self.prefixes = {stage: self._static_prefix(suite) for stage, suite in self.stages.items()}
+        self.recipe = None if persist else recipes.read(self.ws.root)  # persist: about to rewrite it
+        self.recipe_stale = recipes.stale(self.recipe, self.prefixes, identity) if self.recipe else {}
+        if self.engine.cache_enabled and (self.recipe is not None or persist):
+            self.engine.persist(results_root())
+        for prefix in self.prefixes.values():
             if prefix:
                 self.engine.pin(prefix)
         self.capture = captures.CaptureWriter(capture_path) if capture_path else None
@@ -118,13 +134,28 @@ class Runtime:
         if not triggers:
             return []
         purged = self.responses.purge(*last)
+        states_purged = results.purge(results_root(), *last)
         self.engine.reset_cache()
         with self._ledger(create=True) as ledger:
             for trigger in triggers:
                 ledger.add_flush(trigger, {"model_digest": last[0], "adapter_digest": last[1]},
                                  {"model_digest": self.model_digest, "adapter_digest": self.adapter_digest},
-                                 {"responses_purged": purged, "workspace": root})
+                                 {"responses_purged": purged, "prefix_states_purged": states_purged,
+                                  "workspace": root})
         return triggers
+
+    @property
+    def prefix_sources(self) -> dict[str, str]:
+        """Stage -> where its pinned state came from: computed, loaded (result layer) or recomputed
+        (a saved state failed its check); stages without a static prefix or cache are left out."""
+        sources = getattr(self.engine, "pin_sources", {})
+        return {stage: sources[tuple(p)] for stage, p in self.prefixes.items() if tuple(p) in sources}
+
+    def write_recipe(self) -> dict[str, Any]:
+        """Write the workspace's recipe from the stage prefixes as rendered now (``gatekeeper pin``)."""
+        self.recipe = recipes.write(self.ws.root, self.prefixes, self.engine.identity())
+        self.recipe_stale = {}
+        return self.recipe
 
     def complete(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]] = (),
                  stream: str | None = None) -> Completion:

@@ -7,6 +7,7 @@ reusable only at the exact length it was stored at (snapshots at more positions 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -26,3 +27,9 @@ class StateOps(Protocol):
         Running the model on the fork must never change ``state``: share what the model only
         reads, copy what it writes in place.
         """
+
+    def save(self, state: Any, path: Path) -> None:
+        """Write the state to a ``.safetensors`` file (the result layer; trimmable states only)."""
+
+    def load(self, path: Path) -> Any:
+        """A state read back from ``save``'s file, ready to serve like a freshly computed one."""

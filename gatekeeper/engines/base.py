@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..workspace import EngineProfile
@@ -81,6 +82,10 @@ class Engine(ABC):
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
         or off (call it in both), and with the cache on a state computed once and never evicted."""
+
+    def persist(self, root: Path) -> None:
+        """Keep pinned prefix states in the result layer under ``root``: load them from there when
+        their key matches, save what had to be computed. Engines without savable states ignore it."""
 
     def reset_cache(self) -> None:
         """Drop every cached state except pinned prefixes."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import __version__
 from ..cache import PrefixCache, StateOps
+from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..models import resolve_model
@@ -57,6 +58,8 @@ class GreedyEngine(Engine):
         )
         self._pins: list[tuple[int, ...]] = []
         self._identity: dict[str, Any] | None = None
+        self.results: ResultLayer | None = None  # where pinned states are saved and loaded, if anywhere
+        self.pin_sources: dict[tuple[int, ...], str] = {}  # pinned prefix -> computed | loaded | recomputed
 
     # --- what an adapter implements -------------------------------------------------------------
     @abstractmethod
@@ -201,10 +204,22 @@ class GreedyEngine(Engine):
             if entry is not None:
                 entry.pinned = True
                 continue
-            state, cached = self._begin(list(key))
-            self._prefill(state, key, cached)
             cuts = self._cuts(key)
-            self.prefix_cache.store(key, state, pinned=True, edges=None if cuts is None else [*cuts, len(key)])
+            edges = None if cuts is None else [*cuts, len(key)]
+            state, why = self.results.load(key, edges, self.state_ops.load) if self.results else (None, "missing")
+            if state is not None and self.state_ops.length(state) != len(key):
+                state, why = None, "tampered"
+            if state is None:
+                state, cached = self._begin(list(key))
+                self._prefill(state, key, cached)
+                if self.results is not None and self.state_ops.trimmable(state):
+                    self.results.save(key, edges, state, self.state_ops.save)
+            self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
+            self.prefix_cache.store(key, state, pinned=True, edges=edges)
+
+    def persist(self, root: Path) -> None:
+        """Load pinned prefix states from the result layer under ``root``, and save new ones there."""
+        self.results = ResultLayer(root, self.identity())
 
     def reset_cache(self) -> None:
         self.prefix_cache.reset()

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import copy
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx_lm
 import numpy as np
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 
 from ..errors import GatekeeperError
 from .greedy import GreedyEngine
@@ -83,6 +84,14 @@ class MLXKV:
                 f.keys, f.values, f.offset = c.keys[..., :n, :], c.values[..., :n, :], n
             out.append(f)
         return out
+
+    def save(self, state: list[Any], path: Path) -> None:
+        if not self.trimmable(state):
+            raise ValueError("only attention KV states can be saved")
+        save_prompt_cache(str(path), state)
+
+    def load(self, path: Path) -> list[Any]:
+        return load_prompt_cache(str(path))
 
 
 def _device(name: str) -> Any:

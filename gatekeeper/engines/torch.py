@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 import inspect
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.utils import logging as hf_logging
@@ -33,7 +35,7 @@ class TorchEngine(GreedyEngine):
             model = _merge_lora(model, self.adapter_dir)
         self.model = model.to(self.device).eval()
         self.tok = ChatTokenizer(load_tokenizer(self.model_dir), self.model_dir)
-        self.state_ops = TorchKV(self.model.config)
+        self.state_ops = TorchKV(self.model.config, self.device)
         # transformers renamed ``past_key_values`` to ``cache``; accept either release.
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -70,8 +72,8 @@ class TorchKV:
     copying it.
     """
 
-    def __init__(self, config: Any):
-        self.config = config
+    def __init__(self, config: Any, device: torch.device):
+        self.config, self.device = config, device
 
     def length(self, state: DynamicCache) -> int:
         return state.get_seq_length()
@@ -98,6 +100,25 @@ class TorchKV:
                 dst.lazy_initialization(keys, values)
                 dst.keys, dst.values = keys, values
         return fork
+
+    def save(self, state: DynamicCache, path: Path) -> None:
+        if not self.trimmable(state):
+            raise ValueError("only attention KV states can be saved")
+        tensors = {}
+        for i, layer in enumerate(state.layers):
+            if layer.is_initialized:
+                tensors[f"{i}.keys"], tensors[f"{i}.values"] = layer.keys.contiguous(), layer.values.contiguous()
+        save_file(tensors, str(path))
+
+    def load(self, path: Path) -> DynamicCache:
+        tensors = load_file(str(path), device=str(self.device))
+        state = DynamicCache(config=self.config)
+        for i, layer in enumerate(state.layers):
+            if f"{i}.keys" in tensors:
+                keys, values = tensors[f"{i}.keys"], tensors[f"{i}.values"]
+                layer.lazy_initialization(keys, values)
+                layer.keys, layer.values = keys, values
+        return state
 
 
 def _device(name: str) -> torch.device:
