@@ -90,6 +90,9 @@ class Engine(ABC):
     def reset_cache(self) -> None:
         """Drop every cached state except pinned prefixes."""
 
+    def unpin(self) -> None:
+        """Forget every registered prefix and drop every cached state (prompts now render otherwise)."""
+
     @abstractmethod
     def identity(self) -> dict[str, Any]:
         """What makes the outputs what they are: engine name/version, library versions,

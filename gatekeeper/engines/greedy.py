@@ -224,6 +224,10 @@ class GreedyEngine(Engine):
     def reset_cache(self) -> None:
         self.prefix_cache.reset()
 
+    def unpin(self) -> None:
+        self._pins.clear()
+        self.prefix_cache.clear()
+
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         if self._identity is None:
