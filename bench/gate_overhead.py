@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper import gate
+from gatekeeper import gate, pipeline
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.ledger import Ledger
 from gatekeeper.workspace import Workspace
@@ -64,11 +64,11 @@ def main() -> None:
     args = ap.parse_args()
 
     ws = Workspace(ROOT)
-    plan = gate.plan(ws, "prefix_cache", args.engine, None, args.limit)
-    engine = Timed(build_engine(ws.engine(args.engine), cache=False, workspace_root=ws.root))
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/evidence.db") as ledger:
+        plan = gate.plan(ws, "prefix_cache", args.engine, None, args.limit, force=pipeline.in_force(ws, ledger))
+        engine = Timed(build_engine(plan.configs["off"].profile, cache=False, workspace_root=ws.root))
         t0 = time.perf_counter()
-        outcome = gate.evaluate(plan, ledger, engine, "bench")
+        outcome = gate.evaluate(plan, ledger, {"off": engine, "on": engine}, "bench")
         wall = time.perf_counter() - t0
     own = wall - engine.seconds
     print(f"cases: {outcome.cases} x {plan.policy.baseline_repeats + 1} runs   verdict: {outcome.verdict}")

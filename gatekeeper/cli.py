@@ -133,7 +133,7 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
         row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
         if st["state"] == "on" and st["evaluation_id"] is not None:
             evaluation = ledger.evaluation(st["evaluation_id"])
-            problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: gate.identity_now(ws, ev))
+            problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: gate.identity_now(ws, ev, ledger))
             row.update(evidence_current=not problems, evidence_problems=problems)
         rows.append(row)
 
@@ -175,7 +175,7 @@ def flip(
         raise GatekeeperError("--reason is required: say why the flag changes")
     ledger = settings.open_ledger(ws, create=True)
     result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator or getpass.getuser(),
-                        reason=reason, identity_now=lambda ev: gate.identity_now(ws, ev))
+                        reason=reason, identity_now=lambda ev: gate.identity_now(ws, ev, ledger))
 
     def human() -> None:
         if result.action == "refused":
@@ -197,15 +197,14 @@ def flip(
 def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
-    from . import flags
+    from . import flags, pipeline
     from .engines.registry import build_engine
-    from .runtime import pipeline_version
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    states = {f: s["state"] for f, s in flags.states(ws, settings.open_ledger(ws, create=False)).items()}
-    model = build_engine(ws.engine(engine), cache=False, workspace_root=ws.root)
-    parts, digest = pipeline_version(ws, states, model.identity())
+    force = pipeline.in_force(ws, settings.open_ledger(ws, create=False))
+    model = build_engine(pipeline.engine_profile(ws, engine, force), cache=False, workspace_root=ws.root)
+    parts, digest = pipeline.version(ws, force, model.identity())
     model.close()
     included = flags.hash_parts(ws)
     data = {"pipeline_hash": digest, "hash_parts": included, "parts": parts}
@@ -255,23 +254,26 @@ def evaluate(
     suite: Suites = None,
     limit: Limit = None,
     operator: Operator = None,
+    candidate: Annotated[Optional[Path], typer.Option(
+        help="adapter flag: the candidate LoRA adapter directory to compare with the current weights.")] = None,
     json_: Json = False,
 ) -> None:
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
     import getpass
 
-    from . import gate
-    from .engines.registry import build_engine
+    from . import gate, pipeline
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    plan = gate.plan(ws, flag, engine, suite, limit)  # every input checked before anything is written
-    model = build_engine(ws.engine(engine), cache=False, workspace_root=ws.root)
+    force = pipeline.in_force(ws, settings.open_ledger(ws, create=False))
+    # every input is checked before anything is written
+    plan = gate.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate)
+    engines = gate.open_engines(plan)
     ledger = settings.open_ledger(ws, create=True)
     total = len(plan.items) * (plan.policy.baseline_repeats + 1)
     with _progress(total, enabled=not json_) as advance, _sigterm_as_interrupt():
         try:
-            outcome = gate.evaluate(plan, ledger, model, operator or getpass.getuser(), advance)
+            outcome = gate.evaluate(plan, ledger, engines, operator or getpass.getuser(), advance)
         except KeyboardInterrupt:
             typer.echo("interrupted: the evaluation is recorded as aborted (no verdict); the ledger is intact", err=True)
             raise typer.Exit(130) from None
@@ -288,6 +290,7 @@ def _print_outcome(o) -> None:
     rows = [
         ("cases / assertions", f"{o.cases} / {o.assertions}"),
         ("equal off~off / off~on", f"{o.equal['baseline']} / {o.equal['off_on']} (of {o.cases} cases)"),
+        ("assertions passed off / on", f"{o.passes['off']} / {o.passes['on']}"),
         ("prompt tokens off / computed on", f"{o.tokens['prompt_off']} / {o.tokens['computed_on']}"),
         ("cached tokens on", f"{o.tokens['cached_on']} ({o.exercised_share:.0%} of the {o.tokens['stable_prefix_bound']}-token stable-prefix bound)"),
         ("cacheable share as written / partitioned", f"{o.cacheable_share['as_written']:.0%} / {o.cacheable_share['partitioned']:.0%}"),

@@ -26,14 +26,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from . import capture as captures
-from . import flags, partition
+from . import partition, pipeline
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache
 from .errors import GatekeeperError
-from .flags import states as flag_states
-from .gate import RENDER_MODE
-from .identity import digest, pipeline_hash, pipeline_parts, sha256_hex
+from .identity import digest, sha256_hex
 from .ledger import Ledger
 from .models import home
 from .workspace import Suite, Workspace
@@ -42,13 +40,6 @@ from .workspace import Suite, Workspace
 def results_root() -> Path:
     """The result layer on this machine: saved prefix states."""
     return home() / "prefix_states"
-
-
-def pipeline_version(ws: Workspace, states: dict[str, str], engine_identity: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """The pipeline-version hash's parts and the hash over those the policies name."""
-    decoding = {s.stage: s.decoding.model_dump(mode="json") for s in sorted(ws.suites.values(), key=lambda s: s.stage)}
-    parts = pipeline_parts(states, engine_identity, RENDER_MODE, decoding)
-    return parts, pipeline_hash(parts, flags.hash_parts(ws))
 
 
 @dataclass
@@ -76,15 +67,15 @@ class Runtime:
 
         self.ws = Workspace(workspace)
         self.ledger_url = ledger or f"sqlite:///{self.ws.ledger_path}"
-        self.flags = {flag: s["state"] for flag, s in flag_states(self.ws, self._ledger(create=False)).items()}
-        self.flags.update(self._forced(flags or {}))
+        self.force = pipeline.in_force(self.ws, self._ledger(create=False), flags)
+        self.flags, self.render = self.force.states, self.force.render
         capture_path = captures.check_path(capture) if capture is not None else None
         self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
-        self.engine = build_engine(self.ws.engine(engine), cache=self.flags.get("prefix_cache") == "on",
-                                   workspace_root=self.ws.root)
+        self.engine = build_engine(pipeline.engine_profile(self.ws, engine, self.force),
+                                   cache=self.flags.get("prefix_cache") == "on", workspace_root=self.ws.root)
         identity = self.engine.identity()
         self.model_digest, self.adapter_digest = identity["model_digest"], identity.get("adapter_digest")
-        self.hash_parts, self.pipeline_hash = pipeline_version(self.ws, self.flags, identity)
+        self.hash_parts, self.pipeline_hash = pipeline.version(self.ws, self.force, identity)
         self.responses = None if response_cache is False else ResponseCache(
             response_cache if isinstance(response_cache, (str, Path)) else home() / "responses.db")
         self.flushed = self._flush_if_identity_changed() if self.responses is not None else []
@@ -101,15 +92,6 @@ class Runtime:
         self._streams: dict[str, str] = {}  # transcript digest -> its stream, so later turns join it
         self._new_streams = 0
 
-    def _forced(self, forced: Mapping[str, str]) -> dict[str, str]:
-        for flag, state in forced.items():
-            if flag not in self.flags:
-                raise GatekeeperError(f"unknown flag {flag!r}; flags with a policy in {self.ws.root / 'policies'}: "
-                                      f"{', '.join(self.flags) or 'none'}")
-            if state not in ("on", "off"):
-                raise GatekeeperError(f"flag {flag}: state must be 'on' or 'off', not {state!r}")
-        return dict(forced)
-
     def _ledger(self, *, create: bool) -> Ledger | None:
         if not create and self.ledger_url.startswith("sqlite:///") and not Path(self.ledger_url[10:]).exists():
             return None
@@ -118,7 +100,7 @@ class Runtime:
     def _static_prefix(self, suite: Suite) -> list[int]:
         """The stage's rendered tokens before the first dynamic byte (the same for every call)."""
         values = {name: "" for name in partition.suite_vars(suite)}
-        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), RENDER_MODE)
+        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), self.render)
         return rendered.tokens[: rendered.static_tokens]
 
     def _flush_if_identity_changed(self) -> list[str]:
@@ -168,11 +150,11 @@ class Runtime:
         if suite is None:
             raise GatekeeperError(f"unknown stage {stage!r}; stages in {self.ws.root / 'assertions'}: {', '.join(self.stages)}")
         pieces = partition.pieces(self.ws, suite, values)
-        rendered = partition.render(self.engine, pieces, RENDER_MODE, history)
+        rendered = partition.render(self.engine, pieces, self.render, history)
         if self.capture is not None:
             stream = stream or self._stream_of(history)
             self.capture.write(stage, stream, rendered, captures.segments(
-                self.engine, rendered, partition.order(pieces, RENDER_MODE), first_turn=not history))
+                self.engine, rendered, partition.order(pieces, self.render), first_turn=not history))
         completion = self._answer(stage, suite, rendered)
         if self.capture is not None:
             self._streams[digest(completion.messages)] = stream  # type: ignore[assignment]

@@ -45,6 +45,13 @@ class EngineProfile(Strict):
     cache: CacheLimits = CacheLimits()
     snapshots: str = "boundaries"
     options: dict[str, Any] = {}  # free-form settings for plugin adapters
+    # served engines (adapter: http): the flag-off and flag-on deployments, or one server with a
+    # per-request cache switch; requests time out after ``timeout`` s, at most ``concurrency`` in flight
+    url: str | None = None
+    url_on: str | None = None
+    cache_switch: str | None = None
+    timeout: float = Field(60, gt=0)
+    concurrency: int = Field(1, ge=1)
 
     @field_validator("snapshots")
     @classmethod
@@ -52,6 +59,23 @@ class EngineProfile(Strict):
         if v in ("tail", "boundaries") or (v.startswith("interval:") and v[9:].isdigit() and int(v[9:]) > 0):
             return v
         raise ValueError("must be 'tail', 'boundaries' or 'interval:N' with N > 0")
+
+    @field_validator("url", "url_on")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("must be a base URL such as http://127.0.0.1:8080")
+        return v
+
+    @model_validator(mode="after")
+    def _served(self) -> "EngineProfile":
+        if self.adapter == "http":
+            if not self.url:
+                raise ValueError("adapter http needs 'url': the flag-off server's base URL, e.g. http://127.0.0.1:8080")
+            if (self.url_on or self.url).rstrip("/") == self.url.rstrip("/") and not self.cache_switch:
+                raise ValueError("'url_on' is the flag-off server and there is no 'cache_switch', so the flag would change "
+                                 "nothing; set url_on to the flag-on deployment or cache_switch (llama.cpp: cache_prompt)")
+        return self
 
 
 # --- the battery -------------------------------------------------------------------------------
@@ -138,6 +162,9 @@ class Approvals(Strict):
     max_age_hours: float = Field(720, gt=0)
 
 
+KNOWN_GATES = {"prefix_cache": "byte_equivalence", "static_first": "assertion_equivalence", "adapter": "non_inferiority"}
+
+
 class Policy(Strict):
     """``policies/FLAG.yaml``: how a flag is gated and approved."""
 
@@ -150,7 +177,15 @@ class Policy(Strict):
     approvals: Approvals = Approvals()
     hash_parts: list[Literal[HASH_PARTS]] = list(HASH_PARTS)  # type: ignore[valid-type]
     flush_on: list[Literal["model", "adapter"]] = ["model", "adapter"]
-    margin: float = Field(0, ge=0)
+    margin: float = Field(0, ge=0, le=1)  # non_inferiority: the share of passing assertions that may be lost
+
+    @model_validator(mode="after")
+    def _known_flag_gate(self) -> "Policy":
+        # These flags change the pipeline in one way each, so only one gate kind tests them.
+        want = KNOWN_GATES.get(self.flag)
+        if want and self.gate != want:
+            raise ValueError(f"gate: {self.flag} is gated by {want}, not {self.gate}; set gate: {want}")
+        return self
 
     @field_validator("default")
     @classmethod
