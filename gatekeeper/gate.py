@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from deepdiff import DeepDiff
 
@@ -214,7 +215,8 @@ def evaluate(p: Plan, ledger, engines: dict[str, Any], operator: str,
     t_start = time.perf_counter()
     shares = _cacheable_share(engines["off"], p)
     evaluation_id = ledger.start_evaluation(p.flag, operator, p.policy.gate, identities(engines, p),
-                                            {**p.config, "baseline_repeats": p.policy.baseline_repeats})
+                                            {**p.config, "baseline_repeats": p.policy.baseline_repeats,
+                                             "concurrency": {k: _workers(e) for k, e in engines.items()}})
     try:
         return _run(p, ledger, engines, evaluation_id, shares, t_start, progress)
     except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
@@ -240,9 +242,8 @@ def _run(p: Plan, ledger, engines: dict[str, Any], evaluation_id: int, shares: d
         _pin_stage_prefixes(engine, p, c.render)
         results: dict[str, dict] = {}
         t0 = time.perf_counter()
-        for item in p.items:
+        for item, result in _cases(engine, p, c.render):
             progress(f"{config}#{repeat} {item.case_id}")
-            result = run_case(engine, p.ws, item, c.render)
             model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
             ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
             results[item.case_id] = result
@@ -301,6 +302,26 @@ def _run(p: Plan, ledger, engines: dict[str, Any], evaluation_id: int, shares: d
     )
     ledger.finish_evaluation(evaluation_id, verdict, reasons, outcome.to_dict())
     return outcome
+
+
+def _workers(engine) -> int:
+    """Cases in flight at once: a served engine may batch them (recorded, since batching can change outputs)."""
+    return max(1, int(getattr(engine, "concurrency", 1)))
+
+
+def _cases(engine, p: Plan, mode: partition.Mode) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
+    """Each case with its result, in battery order; up to the engine's concurrency run at once."""
+    workers = _workers(engine)
+    if workers == 1:
+        yield from ((item, run_case(engine, p.ws, item, mode)) for item in p.items)
+        return
+    pool = ThreadPoolExecutor(workers)
+    try:
+        futures = [pool.submit(run_case, engine, p.ws, item, mode) for item in p.items]
+        for item, future in zip(p.items, futures):
+            yield item, future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
 
 
 def _passes(results: dict[str, dict]) -> int:

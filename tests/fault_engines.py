@@ -3,6 +3,8 @@
 Each is the real torch adapter with one thing broken, so the gate is shown to say no.
 """
 
+import threading
+import time
 from dataclasses import replace
 
 from gatekeeper.engines.torch import TorchEngine
@@ -49,3 +51,30 @@ class HalfServes(TorchEngine):
         if cached > 1:
             return self.state_ops.fork(state, cached // 2), cached // 2
         return state, cached
+
+
+class Threaded(TorchEngine):
+    """Declares a concurrency of 3, as a served engine would, so the gate runs cases side by side.
+
+    A lock keeps the local model and its cache consistent; ``peak`` counts callers in flight.
+    """
+
+    concurrency = 3
+    lock = threading.Lock()
+    active = peak = 0
+
+    def generate(self, prompt, **kwargs):
+        cls = type(self)
+        with cls.lock:
+            cls.active += 1
+            cls.peak = max(cls.peak, cls.active)
+        time.sleep(0.05)  # let the other workers arrive
+        try:
+            with _model_lock:
+                return super().generate(prompt, **kwargs)
+        finally:
+            with cls.lock:
+                cls.active -= 1
+
+
+_model_lock = threading.Lock()

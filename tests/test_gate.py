@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import evaluate, ledger
+from conftest import evaluate, ledger, profile
 
 TESTS = Path(__file__).resolve().parent
 
@@ -81,6 +81,21 @@ def test_unstable_baseline_is_inconclusive(run_cli, tiny_ws):
     code, out = evaluate(run_cli, tiny_ws, "unstable")
     assert code == 1 and out["verdict"] == "INCONCLUSIVE"
     assert all(r.startswith("baseline_unstable:") for r in out["reasons"]) and len(out["reasons"]) == 4
+
+
+def test_cases_run_side_by_side_up_to_the_engine_concurrency(run_cli, tiny_ws, tiny_llama):
+    from fault_engines import Threaded
+
+    (tiny_ws / "engines" / "threaded.yaml").write_text(profile("fault_engines:Threaded", tiny_llama))
+    sequential = evaluate(run_cli, tiny_ws, "tiny")[1]
+    code, out = evaluate(run_cli, tiny_ws, "threaded")
+    assert code == 0 and out["verdict"] == "PASS" and Threaded.peak >= 2
+    with ledger(tiny_ws) as lg:
+        ev, before = lg.evaluation(out["evaluation_id"]), lg.evaluation(sequential["evaluation_id"])
+        assert ev["config"]["concurrency"] == {"off": 3, "on": 3} and before["config"]["concurrency"] == {"off": 1, "on": 1}
+        # recorded in battery order, and the same answers as one case at a time
+        assert [r["case_id"] for r in ev["case_results"]] == [r["case_id"] for r in before["case_results"]]
+        assert [r["result"]["text"] for r in ev["case_results"]] == [r["result"]["text"] for r in before["case_results"]]
 
 
 def _start_evaluation(ws: Path, engine: str) -> subprocess.Popen:
