@@ -4,9 +4,10 @@
     rt = Runtime("path/to/workspace")
     answer = rt.complete("router", {"session": "user=ana", "query": "What is 2+2?"})
 
-The runtime reads flag states from the ledger, builds the engine with its prefix cache on only
-if ``prefix_cache`` is on, pins each stage's static prefix, and serves answers from a response
-cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
+The runtime reads flag states from the ledger and builds the pipeline they describe (see
+``gatekeeper.pipeline``): the prefix cache on only if ``prefix_cache`` is, prompts partitioned or
+as written per ``static_first``, the adapter ``adapter`` approved. It pins each stage's static
+prefix and serves answers from a response cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
 answers and saved prefix states made under the old one and records the flush in the ledger.
 
 When the workspace has a recipe (``gatekeeper pin``), pinned prefix states come from the result
