@@ -56,9 +56,9 @@ class EngineProfile(Strict):
     @field_validator("snapshots")
     @classmethod
     def _snapshots(cls, v: str) -> str:
-        if v in ("tail", "boundaries") or (v.startswith("interval:") and v[9:].isdigit() and int(v[9:]) > 0):
-            return v
-        raise ValueError("must be 'tail', 'boundaries' or 'interval:N' with N > 0")
+        from .cache.snapshots import parse  # one grammar for profiles and replay's --policy
+
+        return parse(v).spec
 
     @field_validator("url", "url_on")
     @classmethod

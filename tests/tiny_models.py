@@ -98,3 +98,11 @@ def build_tiny_llama(
 def tiny_llama(tmp_path_factory) -> Path:
     """A directory holding a tiny random llama and its tokenizer (HF format)."""
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_hybrid(tmp_path_factory) -> Path:
+    """A directory holding a tiny random hybrid model (Gated DeltaNet + attention, Qwen3.5 layout)."""
+    from gatekeeper.tiny_hybrid import build
+
+    return build(tmp_path_factory.mktemp("tiny-hybrid"))

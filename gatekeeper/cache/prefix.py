@@ -170,6 +170,16 @@ class PrefixCache:
             self._drop(entry)
         return len(stale)
 
+    def drop_longer(self, n: int) -> int:
+        """Drop every unpinned entry holding more than ``n`` tokens; how many were dropped.
+
+        The single-slot erase rule of snapshot stores (``snapshots.SnapshotStore.erase_above``).
+        """
+        stale = [e for e in self._lru.values() if not e.pinned and e.length > n]
+        for entry in stale:
+            self._drop(entry)
+        return len(stale)
+
     def reset(self) -> None:
         """Drop every entry except pinned ones."""
         for entry in [e for e in self._lru.values() if not e.pinned]:

@@ -2,7 +2,8 @@
 
 Each engine supplies one ``StateOps``; the cache never looks inside a state. Attention KV can be
 cut back to any shorter length ("trimmable"); recurrent layers cannot, so a state holding them is
-reusable only at the exact length it was stored at (snapshots at more positions come later).
+reusable only at the exact length it was stored at: such engines keep snapshots at chosen positions
+(``snapshots.py``), and ``fork(state, length(state))`` is then a full private copy.
 """
 
 from __future__ import annotations

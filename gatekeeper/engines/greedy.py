@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import __version__
-from ..cache import PrefixCache, StateOps
+from ..cache import PrefixCache, StateOps, snapshots
 from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
 from ..identity import directory_digest
@@ -40,6 +40,12 @@ class GreedyEngine(Engine):
     decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
     that completed it, and ``text`` is cut just before the stop string. Token ids are what the gate
     compares, so they record what the model actually produced.
+
+    Hybrid models (a state that cannot be cut back: recurrent or linear-attention layers) reuse a
+    prefix only through snapshots (``cache/snapshots.py``): the profile's ``snapshots`` policy
+    places them, each prefill is cut where one is taken, and a hit restores the deepest one on the
+    prompt and computes the rest. Their pins are lazy: a stage boundary's snapshot is taken, pinned,
+    by the first prefill that passes it, so nothing is prefilled outside a request.
     """
 
     # set by ``_load``
@@ -50,18 +56,25 @@ class GreedyEngine(Engine):
 
     def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
         super().__init__(profile, cache=cache)
-        self.model_dir = resolve_model(profile.model, workspace_root)
-        self.adapter_dir = _local_dir(profile.adapter_path, workspace_root) if profile.adapter_path else None
+        self._locate(workspace_root)
         self._load()
         self.prefix_cache = PrefixCache(
             self.state_ops, max_entries=profile.cache.max_entries, max_bytes=profile.cache.max_bytes
         )
+        # A fresh state tells whether this model's state can be cut back (attention only) or not.
+        self.hybrid = not self.state_ops.trimmable(self._new_state())
+        self.snapshots = snapshots.SnapshotStore(self.prefix_cache, snapshots.parse(profile.snapshots))
         self._pins: list[tuple[int, ...]] = []
         self._identity: dict[str, Any] | None = None
         self.results: ResultLayer | None = None  # where pinned states are saved and loaded, if anywhere
         self.pin_sources: dict[tuple[int, ...], str] = {}  # pinned prefix -> computed | loaded | recomputed
 
     # --- what an adapter implements -------------------------------------------------------------
+    def _locate(self, workspace_root: Path | None) -> None:
+        """Find the model (and LoRA) directories the profile names."""
+        self.model_dir = resolve_model(self.profile.model, workspace_root)
+        self.adapter_dir = _local_dir(self.profile.adapter_path, workspace_root) if self.profile.adapter_path else None
+
     @abstractmethod
     def _load(self) -> None:
         """Load model and tokenizer; set ``tok``, ``state_ops``, ``dtype_name``, ``device_name``."""
@@ -102,7 +115,8 @@ class GreedyEngine(Engine):
         start = perf_counter()
         state, cached = self._begin(prompt)
         cuts = self._cuts(prompt)
-        chain_at = cuts[-1] if self.cache_enabled and cuts else None
+        # Hybrid states are kept as snapshots during the prefill instead (the end is one of them).
+        chain_at = cuts[-1] if self.cache_enabled and cuts and not self.hybrid else None
         logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
 
@@ -118,7 +132,7 @@ class GreedyEngine(Engine):
             logits = self._forward(state, tokens[-1:])
         end = perf_counter()
 
-        if self.cache_enabled:
+        if self.cache_enabled and not self.hybrid:
             self._store(prompt, tokens, state, kept)
 
         g = Generation(
@@ -136,15 +150,25 @@ class GreedyEngine(Engine):
 
     def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
         """Where this prompt's prefill is cut; None under the monolithic plan (one pass, hit anywhere)."""
+        if self.hybrid:
+            return self._layout(prompt).cuts
         if self.profile.prefill != "aligned":
             return None
         return splits(prompt, self._pins, self.profile.chunk)
+
+    def _layout(self, prompt: Sequence[int]) -> snapshots.Layout:
+        """A hybrid prompt's cuts and snapshot positions (the policy's, from the prompt alone)."""
+        aligned = splits(prompt, self._pins, self.profile.chunk) if self.profile.prefill == "aligned" else None
+        head = tuple(prompt)
+        bounds = [len(b) for b in self._pins if head[: len(b)] == b]
+        return snapshots.layout(self.snapshots.policy, prompt, bounds, chunk=self.profile.chunk, aligned_cuts=aligned)
 
     def _begin(self, prompt: list[int]) -> tuple[Any, int]:
         """A working state and how many prompt tokens it already holds."""
         if self.cache_enabled:
             # Keep at least the last prompt token to compute: its logits start the decoding.
-            hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1, at=self._cuts(prompt))
+            find = self.snapshots.restore if self.hybrid else self.prefix_cache.lookup
+            hit = find(prompt, limit=len(prompt) - 1, at=self._cuts(prompt))
             if hit is not None:
                 return hit.state, hit.length
         return self._new_state(), 0
@@ -155,12 +179,18 @@ class GreedyEngine(Engine):
         logits, kept = None, None
         if keep == start:
             kept = self.state_ops.fork(state, keep)
-        for a, b in segments(self._cuts(prompt) or [], start, len(prompt)):
+        cuts, layout = self._cuts(prompt) or [], None
+        if self.hybrid and self.cache_enabled:
+            layout = self._layout(prompt)
+            cuts = layout.passes(cache=True)  # a snapshot needs a pass to end where it is taken
+        for a, b in segments(cuts, start, len(prompt)):
             logits = self._forward(state, prompt[a:b])
             if b == keep:
                 # Taken now, not after decoding: a state that cannot be cut back (recurrent or
                 # sliding-window layers) is copied whole here.
                 kept = self.state_ops.fork(state, keep)
+            if layout is not None and b in layout.snaps:
+                self.snapshots.take(prompt[:b], state, pinned=layout.snaps[b], edges=layout.edges(b))
         return logits, kept
 
     def _store(self, prompt: list[int], tokens: list[int], state: Any, kept: Any) -> None:
@@ -199,6 +229,8 @@ class GreedyEngine(Engine):
 
     def _build_pins(self) -> None:
         """Compute each registered prefix once (reusing what is stored) and keep it pinned."""
+        if self.hybrid:
+            return  # lazy: a boundary's snapshot is taken by the first prefill that passes it
         for key in sorted(self._pins, key=len):  # shorter first: a longer one reuses it
             entry = self.prefix_cache.get(key)
             if entry is not None:
@@ -243,6 +275,8 @@ class GreedyEngine(Engine):
             }
             if self.profile.prefill == "aligned":
                 self._identity["chunk"] = self.profile.chunk
+            if self.hybrid:  # the policy places pass edges (and interval ones are cold-plan cuts)
+                self._identity["snapshots"] = self.snapshots.policy.spec
         return dict(self._identity)
 
     def close(self) -> None:

@@ -79,8 +79,7 @@ class TorchKV:
         return state.get_seq_length()
 
     def nbytes(self, state: DynamicCache) -> int:
-        tensors = [t for layer in state.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
-        return sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
+        return sum(t.untyped_storage().nbytes() for layer in state.layers for t in _tensors(layer))
 
     def trimmable(self, state: DynamicCache) -> bool:
         # Plain attention layers only: sliding windows and recurrent layers cannot be cut back.
@@ -88,9 +87,11 @@ class TorchKV:
 
     def fork(self, state: DynamicCache, n: int) -> DynamicCache:
         if not self.trimmable(state):
+            # A snapshot: linear-attention layers overwrite their conv and recurrent states in
+            # place (``copy_``), so only a full copy stays as it was.
             if n != self.length(state):
                 raise ValueError("a state with non-attention layers can only be reused whole")
-            return copy.deepcopy(state)  # recurrent states are updated in place: copy them
+            return copy.deepcopy(state)
         fork = DynamicCache(config=self.config)
         with torch.inference_mode():
             for src, dst in zip(state.layers, fork.layers):
@@ -119,6 +120,14 @@ class TorchKV:
                 layer.lazy_initialization(keys, values)
                 layer.keys, layer.values = keys, values
         return state
+
+
+def _tensors(layer: Any) -> list[torch.Tensor]:
+    """Every tensor a cache layer holds: attention keys/values, linear-attention conv/recurrent states."""
+    out = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+    for states in ("conv_states", "recurrent_states"):
+        out.extend((getattr(layer, states, None) or {}).values())
+    return [t for t in out if isinstance(t, torch.Tensor)]
 
 
 def _device(name: str) -> torch.device:
