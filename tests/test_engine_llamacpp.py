@@ -1,0 +1,110 @@
+"""The llamacpp adapter on the default model's GGUF, in-process: llama.cpp's own prefix reuse and
+pinned states give the same tokens as cold prefills (PASS through the CLI), llama.cpp's counters
+give the figures, and a planted fault in the restore is caught (FAIL)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SUITE, evaluate, ledger
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.identity import file_digest
+from gatekeeper.models import find_gguf
+from gatekeeper.workspace import EngineProfile
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="install the extra: pip install -e '.[llamacpp]'")
+pytestmark = pytest.mark.slow
+
+from gatekeeper.engines.llamacpp import LlamaCppEngine, resolve_gguf  # noqa: E402
+
+
+class ShortRestore(LlamaCppEngine):
+    """A cache that restores one position short and fills it with the token before it: the context
+    has the right length, so nothing downstream notices, but its last reused position is wrong."""
+
+    def _restore(self, prompt):
+        super()._restore(prompt)
+        n = self.llm.n_tokens
+        if n > 1:
+            self.llm.n_tokens = n - 1
+            self.llm.eval([prompt[n - 2]])
+            self.llm.input_ids[n - 1] = prompt[n - 1]  # claim the right token
+
+
+def llama_ws(workspace):
+    (workspace / "assertions" / "assistant.yaml").unlink()
+    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    for name, body in {
+        "gguf": "adapter: llamacpp\nmodel: default\n",
+        "gguf_mono": "adapter: llamacpp\nmodel: default\nprefill: monolithic\n",
+        "gguf_short": "adapter: test_engine_llamacpp:ShortRestore\nmodel: default\nprefill: monolithic\n",
+    }.items():
+        (workspace / "engines" / f"{name}.yaml").write_text(body)
+    return workspace
+
+
+@pytest.mark.parametrize("profile", ["gguf", "gguf_mono"])
+def test_pass_on_the_default_gguf(workspace, run_cli, profile):
+    ws = llama_ws(workspace)
+    code, out = evaluate(run_cli, ws, profile)
+    assert code == 0, out
+    assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
+    assert out["tokens"]["cached_on"] >= out["tokens"]["stable_prefix_bound"] // 2
+    lg = ledger(ws)
+    assert lg.verify().ok
+    ident = lg.evaluation(out["evaluation_id"])["identity"]["off"]["engine"]
+    assert ident["engine"] == "llamacpp" and ident["model_digest"] == file_digest(find_gguf())
+    assert ident["libraries"]["llama-cpp-python"] == llama_cpp.__version__
+
+
+def test_planted_restore_fault_fails(workspace, run_cli):
+    ws = llama_ws(workspace)
+    code, out = evaluate(run_cli, ws, "gguf_short")
+    assert code == 1, out
+    assert out["verdict"] == "FAIL" and out["differing_cases"]
+    assert ledger(ws).verify().ok
+
+
+def chat(e, system: str, user: str) -> list[int]:
+    return e.tokenize(e.render([{"role": "system", "content": system}, {"role": "user", "content": user}]))
+
+
+def test_figures_pins_and_saved_states(tmp_path):
+    system = "You answer in one short line. " * 30
+    off = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=False)
+    prompts = [chat(off, system, q) for q in ("Name a fruit.", "Name a city.")]
+    cold = [off.generate(p, max_tokens=8, top2=True) for p in prompts]
+    assert all(g.cached_tokens == 0 and g.prompt_tokens == len(p) for g, p in zip(cold, prompts))
+    assert all(g.prefill_s > 0 and len(g.top2) == len(g.tokens) for g in cold)
+    static = len(chat(off, system, ""))  - 4  # the rendered system turn, before the user's
+    off.close()
+
+    on = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=True)
+    on.persist(tmp_path)
+    on.pin(prompts[0][:static])
+    assert list(on.pin_sources.values()) == ["computed"]
+    warm = [on.generate(p, max_tokens=8, top2=True) for p in prompts]
+    assert [g.tokens for g in warm] == [g.tokens for g in cold] and [g.text for g in warm] == [g.text for g in cold]
+    assert warm[0].cached_tokens == static  # from the pinned state
+    assert warm[1].cached_tokens >= static  # from the context llama.cpp kept
+    on.close()
+
+    again = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=True)
+    again.persist(tmp_path)
+    again.pin(prompts[0][:static])
+    assert list(again.pin_sources.values()) == ["loaded"]
+    g = again.generate(prompts[1], max_tokens=8)
+    assert g.tokens == cold[1].tokens and g.cached_tokens == static
+    again.close()
+
+
+def test_model_paths(tmp_path):
+    assert resolve_gguf("default") == find_gguf()
+    (tmp_path / "m.gguf").symlink_to(find_gguf())
+    assert resolve_gguf("m.gguf", tmp_path) == tmp_path / "m.gguf"
+    assert resolve_gguf(str(tmp_path)) == tmp_path / "m.gguf"
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(GatekeeperError, match="not a .gguf file"):
+        resolve_gguf(str(tmp_path / "config.json"))
+    with pytest.raises(GatekeeperError, match="field 'dtype'"):
+        LlamaCppEngine(EngineProfile(name="x", adapter="llamacpp", dtype="float32"))
