@@ -164,3 +164,22 @@ def test_a_snapshot_recorded_at_the_wrong_position_is_caught_by_the_parity_compa
     faulty = True
     bad = replay.replay(trace, ["boundaries"], make, parity=True, max_tokens=6)["policies"][0]["traces"]["t"]
     assert bad["restores"] == 2 and bad["identical"] is False and bad["differing"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_mlx_restores_hybrid_snapshots_with_the_bits_of_a_full_recompute(tiny_hybrid):
+    """mlx-lm's caches for the same weights: ``ArraysCache`` recurrent layers, snapshots copied whole."""
+    off, on = (build_engine(profile(tiny_hybrid, adapter="mlx", chunk=16), cache=c) for c in (False, True))
+    assert on.hybrid
+    rng = random.Random(4)
+    stage = ids(rng, 48)
+    for e in (off, on):
+        e.pin(stage)
+    for i in range(3):
+        p = stage + ids(rng, 12)
+        cold, warm = off.generate(p, max_tokens=4, top2=True), on.generate(p, max_tokens=4, top2=True)
+        assert warm.tokens == cold.tokens and warm.top2 == cold.top2
+        assert warm.cached_tokens == (48 if i else 0)
+    torch_engine = build_engine(profile(tiny_hybrid, chunk=16), cache=False)
+    torch_engine.pin(stage)
+    assert torch_engine.generate(p, max_tokens=4).tokens == cold.tokens  # one set of weights, two runtimes

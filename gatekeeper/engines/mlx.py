@@ -6,6 +6,7 @@ Metal on Apple Silicon; elsewhere mlx's CPU backend (correct but slow: tests use
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,7 +30,9 @@ class MLXEngine(GreedyEngine):
         self.device_name = "cpu" if on_cpu else ("metal" if sys.platform == "darwin" else "gpu")
         self.dtype_name = self.profile.dtype if self.profile.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
         adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
-        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter)
+        model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type")
+        override = {"model_type": _MLX_TYPES[model_type]} if model_type in _MLX_TYPES else None
+        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)
         model.set_dtype(getattr(mx, self.dtype_name))
         mx.eval(model.parameters())
         self.model = model
@@ -55,6 +58,11 @@ class MLXEngine(GreedyEngine):
         self.model = None
 
 
+# transformers saves the text-only Qwen3.5 models under a ``*_text`` model type; mlx-lm reads the
+# same weights and config under the family's name.
+_MLX_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+
+
 class MLXKV:
     """``StateOps`` for mlx-lm's per-layer cache list.
 
@@ -64,7 +72,8 @@ class MLXKV:
     """
 
     def length(self, state: list[Any]) -> int:
-        return state[0].size() if state else 0
+        # Recurrent layers (``ArraysCache``) report no size; the attention layers carry the length.
+        return max((c.size() for c in state), default=0)
 
     def nbytes(self, state: list[Any]) -> int:
         return sum(c.nbytes for c in state)  # whole buffers, spare capacity included
@@ -76,7 +85,7 @@ class MLXKV:
         if not self.trimmable(state):
             if n != self.length(state):
                 raise ValueError("a state with non-attention layers can only be reused whole")
-            return copy.deepcopy(state)
+            return copy.deepcopy(state)  # a snapshot: recurrent layers are replaced step by step
         out = []
         for c in state:
             f = KVCache()
