@@ -605,8 +605,12 @@ def replay(
     if scenario is not None:
         traces = replaying.scenario(scenario, scale=scale, requests=requests)
     else:
-        tokenize = None if simulate else make(specs[0], False).tokenize
-        traces = {trace.name: replaying.from_capture(trace, tokenize)}
+        reader = None if simulate else make(specs[0], False)  # text lines need the model's tokenizer
+        try:
+            traces = {trace.name: replaying.from_capture(trace, reader.tokenize if reader else None)}
+        finally:
+            if reader is not None:
+                reader.close()
     runs = len(specs) * (1 if simulate else 2) * sum(len(t) for t in traces.values())
     with _progress(runs, enabled=not json_) as advance:
         report = replaying.replay(traces, specs, make, parity=not simulate, max_tokens=max_tokens,
@@ -627,12 +631,11 @@ def _print_replay(r: dict) -> None:
             same = "-" if t["identical"] is None else ("yes" if t["identical"] else f"NO: {t['differing']}")
             table.add_row(p["policy"], name, str(t["requests"]), str(t["bound"]), str(t["reused"]), str(t["redone"]),
                           _share(t["realized_share"]), str(t["restores"]), str(t["forced_full"]),
-                          str(t["snapshots_held"]), str(t["snapshot_bytes"]), same)
+                          *("-" if t[k] is None else str(t[k]) for k in ("snapshots_held", "snapshot_bytes")), same)
     Console().print(table)
     if r.get("hybrid") is False:
         Console().print("this model's state can be cut back (attention only): the prefix cache serves it, "
                         "and snapshot policies do not apply")
-
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def serve(engine: Any, items: Sequence[Item], max_tokens: int, after: Callable[[
             engine.pin(item.tokens[: item.boundary])
         g = engine.generate(list(item.tokens), max_tokens=max_tokens)
         out.append(Served(g.tokens, g.text, g.cached_tokens))
-        peak = max(peak, engine.prefix_cache.nbytes if hasattr(engine, "prefix_cache") else 0)
+        peak = max(peak, _held(engine)[1] or 0)
         if after:
             after()
     return out, peak
@@ -198,6 +198,7 @@ def serve(engine: Any, items: Sequence[Item], max_tokens: int, after: Callable[[
 def _report(items: Sequence[Item], bound: list[int], served: list[Served], engine: Any, peak: int,
             cold: list[Served] | None) -> dict[str, Any]:
     reused = [s.reused for s in served]
+    held, nbytes = _held(engine)
     total_bound = sum(bound)
     stats = engine.snapshots.stats.to_dict() if getattr(engine, "hybrid", False) else None
     differing = None if cold is None else [i for i, (a, b) in enumerate(zip(cold, served))
@@ -211,8 +212,8 @@ def _report(items: Sequence[Item], bound: list[int], served: list[Served], engin
         "realized_share": sum(reused) / total_bound if total_bound else None,
         "restores": sum(1 for r in reused if r > 0),
         "forced_full": sum(1 for r, b in zip(reused, bound) if r == 0 and b >= FORCED_MIN),
-        "snapshots_held": len(engine.prefix_cache),
-        "snapshot_bytes": engine.prefix_cache.nbytes,
+        "snapshots_held": held,
+        "snapshot_bytes": nbytes,
         "peak_snapshot_bytes": peak,
         "snapshots": stats,
         "identical": None if differing is None else not differing,
@@ -255,6 +256,12 @@ def replay(traces: dict[str, list[Item]], specs: Sequence[str], make: Callable[[
         report["policies"].append({"policy": spec, "traces": rows, "total": _total(rows)})
     report["hybrid"] = hybrid
     return report
+
+
+def _held(engine: Any) -> tuple[int | None, int | None]:
+    """States held and their bytes; None for engines whose cache lives elsewhere (a server)."""
+    cache = getattr(engine, "prefix_cache", None)
+    return (None, None) if cache is None else (len(cache), cache.nbytes)
 
 
 def _cold_key(engine: Any, spec: str) -> tuple:
