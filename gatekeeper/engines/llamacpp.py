@@ -198,7 +198,7 @@ class LlamaCppEngine(Engine):
     def _restore(self, prompt: list[int]) -> None:
         """Leave the context holding the longest reusable prefix of ``prompt``: its own, or a pin's."""
         keep = self._reusable(prompt)
-        pins = [k for k in self._pinned if len(k) > keep and len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
+        pins = [k for k in self._pinned if self.cache_enabled and keep < len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
         if pins:
             key = max(pins, key=len)
             self._load(self._pinned[key])

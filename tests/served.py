@@ -1,0 +1,110 @@
+"""Servers on loopback for the http adapter's tests: real llama-servers on the default model's GGUF,
+and a tiny stdlib server in front of one that answers completions late or with garbage."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def llama_server(gguf: Path, *extra: str, log: Path):
+    """A real llama-server (built once by gatekeeper.llama_build) on a free loopback port."""
+    from gatekeeper.llama_build import build_server
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # One slot and a fixed context: requests run one at a time in the order they come.
+    cmd = [str(build_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+           "-np", "1", "-c", "4096", "-t", "2", *extra]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not come up in 120 s; see {log}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def faulty_front(upstream: str, mode: str, delay: float = 0.0):
+    """Forwards every request to ``upstream`` except POST /v1/completions, which it answers with
+    ``mode``: ``garbage`` (200 with a body that is not JSON), ``wrong`` (JSON, not a completion) or
+    ``slow`` (forwards after ``delay`` seconds)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _forward(self, body: bytes | None):
+            req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    self._send(r.status, r.read())
+            except urllib.error.HTTPError as e:
+                self._send(e.code, e.read())
+
+        def _send(self, status: int, payload: bytes):
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (its timeout): nothing to answer
+
+        def do_GET(self):
+            self._forward(None)
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path != "/v1/completions":
+                return self._forward(body)
+            if mode == "garbage":
+                return self._send(200, b"<html>502 bad gateway</html>")
+            if mode == "wrong":
+                return self._send(200, json.dumps({"choices": [{"message": "hi"}]}).encode())
+            time.sleep(delay)
+            self._forward(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
