@@ -9,9 +9,11 @@
              bytes modelled from the tiny model's measured state sizes.
 Per policy: tokens re-done (reusable but recomputed), the share of the reusable bound realized,
 restores, forced full re-prefills, snapshots and bytes held. ``+erase`` reproduces the single-slot
-server rule (a request erases every snapshot above its re-entry point).
+server rule (a request erases every snapshot above its re-entry point). ``--peers`` then runs the
+scenario as chat requests on llama-server and mlx-lm's server with the same weights
+(``bench/hybrid_peers.py``), beside gatekeeper.
 
-    python bench/hybrid_replay.py [--requests 1000] [--scale 1.0] [--chunk 256] [--prefill aligned]
+    python bench/hybrid_replay.py [--requests 1000] [--scale 1.0] [--chunk 256] [--prefill aligned] [--peers]
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--prefill", default="aligned", choices=["aligned", "monolithic"])
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--peers", action="store_true", help="also llama-server and mlx_lm.server (bench/hybrid_peers.py)")
     args = ap.parse_args()
 
     model = build(Path(tempfile.mkdtemp(prefix="tiny-hybrid-")))
@@ -100,6 +103,10 @@ def main() -> None:
         table(f"synthetic interleaved trace ({label}): {t['requests']} requests, {t['prompt_tokens']:,} prompt tokens, "
               f"bound {t['bound']:,} (simulator, {time.perf_counter() - start:.1f} s; state {fixed} B + {per} B/token)",
               big, ["synthetic"])
+    if args.peers:
+        from hybrid_peers import run as peers
+
+        peers(args.scale, model, args.chunk)
 
 
 if __name__ == "__main__":

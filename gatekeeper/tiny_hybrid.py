@@ -59,7 +59,12 @@ def build(path: Path, *, seed: int = 0, hidden: int = 64, init_std: float = 0.25
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     config = Qwen3_5TextConfig(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=len(LAYER_TYPES),
-        layer_types=LAYER_TYPES, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        layer_types=LAYER_TYPES, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        # Rotary on a quarter of each head (8 dims, 4 pairs); llama.cpp needs the multimodal
+        # sections to fit them (its default [11, 11, 10] is for 256-dim heads). Text positions are
+        # the same on every axis, so the sections do not change the model's outputs.
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
         linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
         max_position_embeddings=16384, initializer_range=init_std, tie_word_embeddings=True,
         bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"), eos_token_id=eos, pad_token_id=eos,
