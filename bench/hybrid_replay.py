@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--prefill", default="aligned", choices=["aligned", "monolithic"])
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--peers", action="store_true", help="also llama-server and mlx_lm.server (bench/hybrid_peers.py)")
+    ap.add_argument("--peer-requests", type=int, default=300, help="synthetic requests replayed on llama-server")
     args = ap.parse_args()
 
     model = build(Path(tempfile.mkdtemp(prefix="tiny-hybrid-")))
@@ -106,7 +107,7 @@ def main() -> None:
     if args.peers:
         from hybrid_peers import run as peers
 
-        peers(args.scale, model, args.chunk)
+        peers(args.scale, model, args.chunk, args.peer_requests)
 
 
 if __name__ == "__main__":
