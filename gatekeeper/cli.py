@@ -605,11 +605,17 @@ def replay(
     if scenario is not None:
         traces = replaying.scenario(scenario, scale=scale, requests=requests)
     else:
-        reader = None if simulate else make(specs[0], False)  # text lines need the model's tokenizer
+        readers: list = []  # text lines need the model's tokenizer: loaded on the first one
+
+        def tokenize(text: str) -> list[int]:
+            if not readers:
+                readers.append(make(specs[0], False))
+            return readers[0].tokenize(text)
+
         try:
-            traces = {trace.name: replaying.from_capture(trace, reader.tokenize if reader else None)}
+            traces = {trace.name: replaying.from_capture(trace, None if simulate else tokenize)}
         finally:
-            if reader is not None:
+            for reader in readers:
                 reader.close()
     runs = len(specs) * (1 if simulate else 2) * sum(len(t) for t in traces.values())
     with _progress(runs, enabled=not json_) as advance:

@@ -112,9 +112,9 @@ def test_missing_workspace_folder(run_cli, tmp_path):
     assert code == 2 and "not a directory" in json.loads(out)["error"]
 
 
-def test_commands_of_later_issues_say_so(run_cli, workspace):
+def test_replay_of_a_missing_trace_is_bad_input(run_cli, workspace):
     code, out, _ = run_cli("--workspace", workspace, "replay", "trace.jsonl", "--json")
-    assert code == 2 and "not built yet" in json.loads(out)["error"]
+    assert code == 2 and "trace.jsonl does not exist" in json.loads(out)["error"]
 
 
 @pytest.mark.slow
