@@ -70,7 +70,10 @@ def source_dir(ver: str | None = None) -> Path:
                                   "check the package registry is reachable or set GATEKEEPER_LLAMA_VERSION")
         (archive,) = Path(tmp).glob("*.tar.gz")
         with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):  # refuses links and paths that leave the folder
+                tar.extractall(tmp, filter="data")
+            else:  # Python releases before the filter existed
+                tar.extractall(tmp)
         vendored = next(Path(tmp).glob("*/vendor/llama.cpp"))
         # Rename into place at the end, so an interrupted unpack leaves nothing half-done.
         if target.exists():

@@ -14,6 +14,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
+def evaluate(run_cli, ws, engine, *extra, operator="ci"):
+    """``gatekeeper evaluate --flag prefix_cache --json`` through the CLI; returns (exit code, JSON),
+    with the raw output in the failure message when it is not one JSON document."""
+    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", engine,
+                             "--operator", operator, *extra, "--json")
+    try:
+        return code, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"exit {code}, stdout not JSON: {out[:2000]!r}; stderr: {err[-2000:]!r}") from None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -27,9 +38,10 @@ def llama_server(gguf: Path, *extra: str, log: Path):
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    # One slot and a fixed context: requests run one at a time in the order they come.
+    # One slot and a fixed context: requests run one at a time in the order they come. One thread:
+    # on a small shared machine, threads that wait on each other at every op are far slower.
     cmd = [str(build_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-           "-np", "1", "-c", "4096", "-t", "2", *extra]
+           "-np", "1", "-c", "4096", "-t", "1", *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import SUITE, evaluate, ledger
-from served import faulty_front, free_port, llama_server
+from conftest import SUITE, ledger
+from served import evaluate, faulty_front, free_port, llama_server
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models import find_gguf
@@ -17,7 +17,7 @@ from gatekeeper.workspace import EngineProfile, Workspace
 pytestmark = pytest.mark.slow
 
 
-# Flash attention off: with it on (llama-server's default on CPU), cache_prompt true changed greedy
+# Flash attention off: left at its default (auto), cache_prompt true changed greedy
 # tokens at near-ties (margins ~0.03) on this battery, a real FAIL; with it off the hit is exact.
 EXACT = ("-fa", "off")
 
@@ -44,7 +44,9 @@ def served_ws(workspace, **profiles: str):
 
 
 def http_profile(url: str, *extra: str) -> str:
-    return "\n".join([f"adapter: http", f"url: {url}", "cache_switch: cache_prompt", *extra]) + "\n"
+    # A generous timeout unless a test sets one: queued requests on a busy machine wait their turn.
+    extra = extra if any(e.startswith("timeout:") for e in extra) else (*extra, "timeout: 600")
+    return "\n".join(["adapter: http", f"url: {url}", "cache_switch: cache_prompt", *extra]) + "\n"
 
 
 def engine(url: str, **fields):
@@ -159,3 +161,17 @@ def test_bad_profiles_name_the_file_and_field(workspace, body, field):
     with pytest.raises(GatekeeperError) as err:
         Workspace(workspace).engine("bad")
     assert "engines/bad.yaml: invalid" in str(err.value) and field in str(err.value)
+
+
+def test_llama_server_is_built_once_into_the_user_cache():
+    from time import perf_counter
+
+    from gatekeeper import llama_build
+    from gatekeeper.models import home
+
+    first = llama_build.build_server()  # built by `make test` (or by the first server fixture)
+    start = perf_counter()
+    assert llama_build.build_server() == first == llama_build.server_binary()
+    assert perf_counter() - start < 1  # reused, not rebuilt
+    assert first.is_relative_to(home() / "llama.cpp" / llama_build.version())
+    assert (llama_build.source_dir() / "convert_hf_to_gguf.py").is_file()  # the vendored tree stays for converters

@@ -5,7 +5,8 @@ give the figures, and a planted fault in the restore is caught (FAIL)."""
 from __future__ import annotations
 
 import pytest
-from conftest import SUITE, evaluate, ledger
+from conftest import SUITE, ledger
+from served import evaluate
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import file_digest
@@ -31,13 +32,18 @@ class ShortRestore(LlamaCppEngine):
             self.llm.input_ids[n - 1] = prompt[n - 1]  # claim the right token
 
 
+# One thread: on a small shared machine, threads that wait on each other at every op are far slower.
+ONE_THREAD = "options: {n_threads: 1}\n"
+MONO = EngineProfile(adapter="llamacpp", prefill="monolithic", options={"n_threads": 1})
+
+
 def llama_ws(workspace):
     (workspace / "assertions" / "assistant.yaml").unlink()
     (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
     for name, body in {
-        "gguf": "adapter: llamacpp\nmodel: default\n",
-        "gguf_mono": "adapter: llamacpp\nmodel: default\nprefill: monolithic\n",
-        "gguf_short": "adapter: test_engine_llamacpp:ShortRestore\nmodel: default\nprefill: monolithic\n",
+        "gguf": f"adapter: llamacpp\nmodel: default\n{ONE_THREAD}",
+        "gguf_mono": f"adapter: llamacpp\nmodel: default\nprefill: monolithic\n{ONE_THREAD}",
+        "gguf_short": f"adapter: test_engine_llamacpp:ShortRestore\nmodel: default\nprefill: monolithic\n{ONE_THREAD}",
     }.items():
         (workspace / "engines" / f"{name}.yaml").write_text(body)
     return workspace
@@ -71,7 +77,7 @@ def chat(e, system: str, user: str) -> list[int]:
 
 def test_figures_pins_and_saved_states(tmp_path):
     system = "You answer in one short line. " * 30
-    off = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=False)
+    off = LlamaCppEngine(MONO, cache=False)
     prompts = [chat(off, system, q) for q in ("Name a fruit.", "Name a city.")]
     cold = [off.generate(p, max_tokens=8, top2=True) for p in prompts]
     assert all(g.cached_tokens == 0 and g.prompt_tokens == len(p) for g, p in zip(cold, prompts))
@@ -79,7 +85,7 @@ def test_figures_pins_and_saved_states(tmp_path):
     static = len(chat(off, system, ""))  - 4  # the rendered system turn, before the user's
     off.close()
 
-    on = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=True)
+    on = LlamaCppEngine(MONO, cache=True)
     on.persist(tmp_path)
     on.pin(prompts[0][:static])
     assert list(on.pin_sources.values()) == ["computed"]
@@ -89,7 +95,7 @@ def test_figures_pins_and_saved_states(tmp_path):
     assert warm[1].cached_tokens >= static  # from the context llama.cpp kept
     on.close()
 
-    again = LlamaCppEngine(EngineProfile(adapter="llamacpp", prefill="monolithic"), cache=True)
+    again = LlamaCppEngine(MONO, cache=True)
     again.persist(tmp_path)
     again.pin(prompts[0][:static])
     assert list(again.pin_sources.values()) == ["loaded"]

@@ -4,7 +4,7 @@
 4-bit file itself, not the converted directory the torch and mlx adapters load, so its tokens
 differ from theirs: compare within one engine, never across); otherwise a path to a ``.gguf`` file,
 or to a directory holding exactly one. ``options``: ``n_ctx`` (default 4096) and ``n_threads``
-(default: llama.cpp's choice).
+(default: every core).
 
 Cache off: every call starts from an empty context. Cache on: llama.cpp's own prefix reuse (the
 context keeps the last call's tokens and a new prompt recomputes only what differs), plus a saved
@@ -17,6 +17,7 @@ from llama.cpp's own performance counters.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,11 +89,13 @@ class LlamaCppEngine(Engine):
                                   f"{'; ' if unknown and bad else ''}{', '.join(bad) + ' must be a positive integer' if bad else ''}; "
                                   "the llamacpp adapter takes n_ctx and n_threads")
         self.n_ctx = int(opts.get("n_ctx", 4096))
+        # Every core by default (llama-cpp-python would take half of them).
+        self.n_threads = int(opts.get("n_threads") or os.cpu_count() or 1)
         gpu = profile.device != "cpu" and llama_cpp.llama_supports_gpu_offload()
         # One batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
         self.llm = llama_cpp.Llama(
             str(self.gguf), n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
-            n_threads=opts.get("n_threads"), n_gpu_layers=-1 if gpu else 0, verbose=False,
+            n_threads=self.n_threads, n_threads_batch=self.n_threads, n_gpu_layers=-1 if gpu else 0, verbose=False,
         )
         self.device_name = "gpu" if gpu else "cpu"
         vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
@@ -307,6 +310,7 @@ class LlamaCppEngine(Engine):
                 "device": self.device_name,
                 "prefill": self.profile.prefill,
                 "n_ctx": self.n_ctx,
+                "n_threads": self.n_threads,
                 "system": self.lib.llama_print_system_info().decode(errors="replace").strip(),
             }
             if self.profile.prefill == "aligned":
