@@ -86,10 +86,6 @@ def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:
         human()
 
 
-def not_built(what: str) -> None:
-    raise GatekeeperError(f"'{what}' is not built yet in this version of gatekeeper")
-
-
 # --- set-up ------------------------------------------------------------------------------------
 
 
@@ -557,16 +553,7 @@ def ledger_export(
         typer.echo(f"evaluation {evaluation_id} exported as {format_} to {output}", err=True)
 
 
-# --- commands whose capability comes in later issues -------------------------------------------
-
-
-def _later(name: str, doc: str, target: typer.Typer = app) -> None:
-    def command(args: Annotated[Optional[list[str]], typer.Argument(hidden=True)] = None,
-                json_: Json = False) -> None:
-        not_built(name)
-
-    command.__doc__ = doc
-    target.command(name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(reporting(command))
+# --- hybrid models --------------------------------------------------------------------------------
 
 
 @app.command()

@@ -65,7 +65,7 @@ def test_plugin_builds_and_runs():
 @pytest.mark.parametrize(
     "adapter, words",
     [
-        ("llamacpp", "unknown engine adapter"),
+        ("vllm", "unknown engine adapter"),
         ("no_such_package.module:Engine", "cannot import no_such_package.module"),
         (f"{__name__}:Missing", "has no Missing"),
         (f"{__name__}:NotAnEngine", "is not a subclass"),
