@@ -65,7 +65,7 @@ def source_dir(ver: str | None = None) -> Path:
     with tempfile.TemporaryDirectory(prefix=".sdist-", dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
                f"llama-cpp-python=={ver}", "-d", tmp]
-        if subprocess.run(cmd).returncode != 0:
+        if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
             raise GatekeeperError(f"could not download the llama-cpp-python {ver} source distribution; "
                                   "check the package registry is reachable or set GATEKEEPER_LLAMA_VERSION")
         (archive,) = Path(tmp).glob("*.tar.gz")
@@ -97,7 +97,7 @@ def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     for cmd in (["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS],
                 ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)]):
-        if subprocess.run(cmd).returncode != 0:
+        if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:  # stdout is for the path alone
             raise GatekeeperError(f"llama-server build failed ({' '.join(cmd[:3])} ...); see the output above")
     binary = next(build.rglob("bin/llama-server"))
     target = root(ver) / "bin" / "llama-server"

@@ -51,7 +51,8 @@ class HTTPEngine(Engine):
         self._memo: dict[tuple, Any] = {}
         # Ask both deployments what they serve now: a server that is down fails here, before the
         # gate writes anything, and the answers are the identity.
-        self.servers = {cfg: self._describe(url) for cfg, url in self.urls.items()}
+        described = {url: self._describe(url) for url in dict.fromkeys(self.urls.values())}
+        self.servers = {cfg: described[url] for cfg, url in self.urls.items()}
         self.model_ids = {cfg: (s["models"][0]["id"] if s["models"] else None) for cfg, s in self.servers.items()}
 
     @property
