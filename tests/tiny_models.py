@@ -11,14 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from gatekeeper.tiny_hybrid import CHAT_TEMPLATE, SPECIAL  # the same chat format for every tiny model
 
 # A fixed training text: the tokenizer (and so every test's token ids) is the same on every run.
 CORPUS = [

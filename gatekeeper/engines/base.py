@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..errors import GatekeeperError
 from ..workspace import EngineProfile
 
 
@@ -44,6 +45,15 @@ class EngineStats:
         self.cached_tokens += g.cached_tokens
         self.prefill_s += g.prefill_s
         self.decode_s += g.decode_s
+
+
+def checked_request(prompt: Sequence[int], max_tokens: int) -> list[int]:
+    """The prompt as plain ints, once it is known that there is something to generate."""
+    if not prompt:
+        raise GatekeeperError("empty prompt: there is nothing to generate from")
+    if max_tokens < 1:
+        raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+    return [int(t) for t in prompt]
 
 
 class Engine(ABC):

@@ -18,7 +18,7 @@ from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..models import resolve_model
 from ..workspace import EngineProfile
-from .base import Engine, Generation
+from .base import Engine, Generation, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -104,11 +104,7 @@ class GreedyEngine(Engine):
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
     ) -> Generation:
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise GatekeeperError("empty prompt: there is nothing to generate from")
-        if max_tokens < 1:
-            raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+        prompt = checked_request(prompt, max_tokens)
         if self.cache_enabled:
             self._build_pins()
 
@@ -124,7 +120,7 @@ class GreedyEngine(Engine):
         margins: list[list[list[float]]] | None = [] if top2 else None
         first = prefill_end
         while True:
-            tokens.append(_pick(logits, margins))
+            tokens.append(pick(logits, margins))
             if len(tokens) == 1:
                 first = perf_counter()
             if tokens[-1] in self.tok.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
@@ -283,7 +279,7 @@ class GreedyEngine(Engine):
         self.prefix_cache.clear()
 
 
-def _pick(logits: np.ndarray, margins: list | None) -> int:
+def pick(logits: np.ndarray, margins: list | None) -> int:
     """Argmax (lowest id on a tie, the same rule for every adapter); optionally record the top two."""
     best = int(np.argmax(logits))
     if margins is not None:

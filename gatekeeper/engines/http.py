@@ -29,7 +29,7 @@ from .. import __version__
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import EngineProfile
-from .base import Engine, Generation
+from .base import Engine, Generation, checked_request
 
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
 _PROPS = ("model_path", "build_info", "chat_template", "total_slots", "modalities", "model_alias")
@@ -133,11 +133,7 @@ class HTTPEngine(Engine):
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
     ) -> Generation:
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise GatekeeperError("empty prompt: there is nothing to generate from")
-        if max_tokens < 1:
-            raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+        prompt = checked_request(prompt, max_tokens)
         config = "on" if self.cache_enabled else "off"
         url = self.urls[config]
         body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False,

@@ -31,7 +31,8 @@ from ..errors import GatekeeperError
 from ..identity import file_digest
 from ..models import find_gguf
 from ..workspace import EngineProfile
-from .base import Engine, Generation
+from .base import Engine, Generation, checked_request
+from .greedy import pick
 from .plan import segments, splits
 
 _INSTALL = "pip install -e '.[llamacpp]' (or: pip install llama-cpp-python)"
@@ -131,11 +132,7 @@ class LlamaCppEngine(Engine):
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
     ) -> Generation:
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise GatekeeperError("empty prompt: there is nothing to generate from")
-        if max_tokens < 1:
-            raise GatekeeperError(f"max_tokens is {max_tokens}; it must be at least 1")
+        prompt = checked_request(prompt, max_tokens)
         if len(prompt) + max_tokens > self.n_ctx:
             raise GatekeeperError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the context "
                                   f"({self.n_ctx}); raise options.n_ctx in engines/{self.profile.name}.yaml")
@@ -155,7 +152,7 @@ class LlamaCppEngine(Engine):
         tokens: list[int] = []
         margins: list[list[list[float]]] | None = [] if top2 else None
         while True:
-            tokens.append(_pick(logits, margins))
+            tokens.append(pick(logits, margins))
             if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
                 break
             logits = self._eval(tokens[-1:])
@@ -346,15 +343,3 @@ def _counters(perf: Any) -> tuple[int, float]:
     """
     n = (perf.n_p_eval if perf.t_p_eval_ms > 0 else 0) + (perf.n_eval if perf.t_eval_ms > 0 else 0)
     return n, (perf.t_p_eval_ms + perf.t_eval_ms) / 1000
-
-
-def _pick(logits: np.ndarray, margins: list | None) -> int:
-    """Argmax, lowest id on a tie (the rule every adapter uses); optionally the top two."""
-    best = int(np.argmax(logits))
-    if margins is not None:
-        rest = logits.copy()
-        rest[best] = -np.inf
-        second = int(np.argmax(rest))
-        margins.append([[best, float(logits[best])], [second, float(logits[second])]])
-    return best
-
