@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from .capture import Request
+from .partition import common_prefix
 
 SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
 PERCENTILES = (("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90))
@@ -34,15 +35,6 @@ def distribution(values: Sequence[int]) -> dict[str, int] | None:
         return None
     ordered = sorted(values)
     return {"min": ordered[0], **{name: percentile(ordered, p) for name, p in PERCENTILES}, "max": ordered[-1]}
-
-
-def common_prefix(a: Sequence, b: Sequence) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def common_prefix_all(seqs: Sequence[Sequence]) -> int:

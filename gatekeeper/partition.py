@@ -125,8 +125,15 @@ def render(engine, items: Sequence[Piece], mode: Mode, history: Sequence[dict[st
     n = 0
     if prefix_text and text.startswith(prefix_text):
         # the prefix's last token may merge with the text after it: count only tokens both agree on
-        for a, b in zip(engine.tokenize(prefix_text), tokens):
-            if a != b:
-                break
-            n += 1
+        n = common_prefix(engine.tokenize(prefix_text), tokens)
     return Rendered(msgs, text, tokens, n, prefix_text)
+
+
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items two sequences (token ids, text) share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -24,6 +24,7 @@ from . import capture
 from .cache.snapshots import SnapshotStats, parse
 from .cache.trie import TokenTrie
 from .errors import GatekeeperError
+from .partition import common_prefix
 
 SCENARIOS = ("interleave", "synthetic")
 DEFAULT_POLICIES = ("tail+erase", "interval:1024+erase", "boundaries+erase", "tail", "interval:1024", "boundaries")
@@ -69,19 +70,12 @@ def from_capture(path: str | Path, tokenize: Callable[[str], list[int]] | None) 
             tokens = tokenize(r.text)  # type: ignore[arg-type]
             if end:  # a byte offset into the text: the tokens covering exactly those bytes
                 head = r.text.encode()[:end].decode("utf-8", errors="ignore")  # type: ignore[union-attr]
-                end = sum(1 for _ in _shared(tokenize(head), tokens))
+                end = common_prefix(tokenize(head), tokens)
         if len(tokens) < 2:
             raise GatekeeperError(f"{path}:{r.line}: a prompt of {len(tokens)} token(s) cannot be replayed; "
                                   "each request needs at least 2 tokens")
         items.append(Item(r.stage, r.stream, tuple(tokens), end))
     return items
-
-
-def _shared(a: Sequence[int], b: Sequence[int]):
-    for x, y in zip(a, b):
-        if x != y:
-            return
-        yield x
 
 
 def _ids(rng: random.Random, n: int) -> tuple[int, ...]:

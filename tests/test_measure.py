@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gatekeeper.analyze import common_prefix
+from gatekeeper.partition import common_prefix
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.runtime import Runtime
 

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from ..analyze import common_prefix
+from ..partition import common_prefix
 
 FORMATS = ("md", "html", "json")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
