@@ -89,6 +89,23 @@ class Engine(ABC):
     ) -> Generation:
         """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string."""
 
+    # --- stop rules, for adapters that decode token by token --------------------------------------
+    eos_ids: frozenset[int] = frozenset()
+
+    def stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
+        """Whether the decoded text now contains a stop string."""
+        if not stop:
+            return False
+        text = self.detokenize(tokens)
+        return any(s and s in text for s in stop)
+
+    def final_text(self, tokens: list[int], stop: Sequence[str]) -> str:
+        """The answer's text: an ending EOS left out (its id stays in ``tokens``), cut before a stop string."""
+        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+        text = self.detokenize(body)
+        cuts = [text.find(s) for s in stop if s and s in text]
+        return text[: min(cuts)] if cuts else text
+
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
         or off (call it in both), and with the cache on a state computed once and never evicted."""

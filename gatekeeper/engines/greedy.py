@@ -123,7 +123,7 @@ class GreedyEngine(Engine):
             tokens.append(pick(logits, margins))
             if len(tokens) == 1:
                 first = perf_counter()
-            if tokens[-1] in self.tok.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
+            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop):
                 break
             logits = self._forward(state, tokens[-1:])
         end = perf_counter()
@@ -133,7 +133,7 @@ class GreedyEngine(Engine):
 
         g = Generation(
             tokens=tokens,
-            text=self._text(tokens, stop),
+            text=self.final_text(tokens, stop),
             prompt_tokens=len(prompt),
             cached_tokens=cached,
             prefill_s=prefill_end - start,
@@ -199,17 +199,9 @@ class GreedyEngine(Engine):
             # Exact only up to the prompt's last cut (see the class docstring).
             self.prefix_cache.store(prompt[: cuts[-1]], kept, edges=cuts)
 
-    def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
-        if not stop:
-            return False
-        text = self.tok.detokenize(tokens)
-        return any(s and s in text for s in stop)
-
-    def _text(self, tokens: list[int], stop: Sequence[str]) -> str:
-        body = tokens[:-1] if tokens and tokens[-1] in self.tok.eos_ids else tokens
-        text = self.tok.detokenize(body)
-        cuts = [text.find(s) for s in stop if s and s in text]
-        return text[: min(cuts)] if cuts else text
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.tok.eos_ids
 
     # --- the prefix cache -----------------------------------------------------------------------
     def pin(self, prefix: Sequence[int]) -> None:

@@ -20,6 +20,7 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +31,7 @@ from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
 from ..identity import file_digest
 from ..models import find_gguf
+from ..partition import common_prefix
 from ..workspace import EngineProfile
 from .base import Engine, Generation, checked_request
 from .greedy import pick
@@ -111,16 +113,21 @@ class LlamaCppEngine(Engine):
 
     # --- text <-> tokens ------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, str]]) -> str:
+        template, bos, eos = self._template
+        return template.render(messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos)
+
+    @cached_property
+    def _template(self) -> tuple[Any, str, str]:
+        """The GGUF's chat template, compiled once (every prompt renders through it, some twice)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        template = self.llm.metadata.get("tokenizer.chat_template")
-        if not template:
+        source = self.llm.metadata.get("tokenizer.chat_template")
+        if not source:
             raise GatekeeperError(f"{self.gguf}: the GGUF has no chat template (tokenizer.chat_template); use a chat model's GGUF")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         bos = self.llm.detokenize([self.llm.token_bos()], special=True).decode(errors="replace")
         eos = self.llm.detokenize([self.llm.token_eos()], special=True).decode(errors="replace")
-        return env.from_string(template).render(messages=list(messages), add_generation_prompt=True,
-                                                bos_token=bos, eos_token=eos)
+        return env.from_string(source), bos, eos
 
     def tokenize(self, text: str) -> list[int]:
         return self.llm.tokenize(text.encode(), add_bos=False, special=True)
@@ -153,7 +160,7 @@ class LlamaCppEngine(Engine):
         margins: list[list[list[float]]] | None = [] if top2 else None
         while True:
             tokens.append(pick(logits, margins))
-            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self._stopped(tokens, stop):
+            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop):
                 break
             logits = self._eval(tokens[-1:])
         done = self.lib.llama_perf_context(ctx)
@@ -162,7 +169,7 @@ class LlamaCppEngine(Engine):
 
         computed, prefill_s = _counters(after_prefill)
         decode_s = _counters(done)[1] - prefill_s
-        g = Generation(tokens=tokens, text=self._text(tokens, stop), prompt_tokens=len(prompt),
+        g = Generation(tokens=tokens, text=self.final_text(tokens, stop), prompt_tokens=len(prompt),
                        cached_tokens=len(prompt) - computed, prefill_s=prefill_s, decode_s=decode_s,
                        ttft_s=prefill_s, top2=margins)
         self.stats.add(g)
@@ -178,11 +185,7 @@ class LlamaCppEngine(Engine):
         if not self.cache_enabled:
             return 0
         held = self.llm.input_ids[: self.llm.n_tokens].tolist()
-        common = 0
-        for a, b in zip(held, prompt[: len(prompt) - 1]):  # keep the last prompt token to compute
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(held, prompt[: len(prompt) - 1])  # keep the last prompt token to compute
         cuts = self._cuts(prompt)
         if cuts is None:
             return common
@@ -218,19 +221,6 @@ class LlamaCppEngine(Engine):
         self.llm.eval(list(tokens))
         ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
-
-    def _stopped(self, tokens: list[int], stop: Sequence[str]) -> bool:
-        if not stop:
-            return False
-        text = self.detokenize(tokens)
-        return any(s and s in text for s in stop)
-
-    def _text(self, tokens: list[int], stop: Sequence[str]) -> str:
-        # Same rules as the built-in greedy loop: EOS kept in ids, out of text; text cut before a stop.
-        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
-        text = self.detokenize(body)
-        cuts = [text.find(s) for s in stop if s and s in text]
-        return text[: min(cuts)] if cuts else text
 
     # --- pinned prefixes ------------------------------------------------------------------------
     def pin(self, prefix: Sequence[int]) -> None:
