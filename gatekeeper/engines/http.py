@@ -32,6 +32,7 @@ from ..workspace import EngineProfile
 from .base import Engine, Generation, checked_request
 
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
+_MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 _PROPS = ("model_path", "build_info", "chat_template", "total_slots", "modalities", "model_alias")
 
 
@@ -117,6 +118,8 @@ class HTTPEngine(Engine):
                                   "tokenizes through llama.cpp's /apply-template, /tokenize and /detokenize")
         with self._lock:
             self._memo[key] = out[field]
+            if len(self._memo) > _MEMO:  # a long-running pipeline sees endless texts: forget the oldest
+                del self._memo[next(iter(self._memo))]
         return out[field]
 
     def render(self, messages: Sequence[dict[str, str]]) -> str:
