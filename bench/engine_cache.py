@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from gatekeeper.engines.greedy import _pick  # noqa: E402
+from gatekeeper.engines.greedy import pick  # noqa: E402
 from gatekeeper.engines.registry import build_engine  # noqa: E402
 from gatekeeper.models import is_prepared, prepare_default_model  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
@@ -84,7 +84,7 @@ def measure(label: str, engine, prefix_tokens: int, reps: int) -> None:
 
         held = engine.state_ops.fork(pinned.state, shared)  # in hand before the clock starts
         start = perf_counter()
-        _pick(engine._forward(held, prompt[shared:]), None)
+        pick(engine._forward(held, prompt[shared:]), None)
         floor.append(perf_counter() - start)
 
     m, h, f = (statistics.median(x) for x in (miss, hit, floor))

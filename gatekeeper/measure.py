@@ -108,11 +108,11 @@ def plan(ws: Workspace, flag: str = "prefix_cache", flag_state: str = "current",
     return Plan(ws, flag, ["off", "on"] if compare else [flag_state], engine, items, config)
 
 
-def _warm_up(engine) -> None:
-    """One untimed call: a framework's first forward pays one-off set-up (kernels, allocators) that
-    would otherwise be charged to whichever run came first. Its cache entry is dropped; pins stay."""
-    engine.generate(engine.tokenize(engine.render([{"role": "user", "content": "warm up"}])), max_tokens=1)
-    engine.reset_cache()
+def _warm_up(model) -> None:
+    """One untimed call on a throwaway session: a framework's first forward pays one-off set-up
+    (kernels, allocators) that would otherwise be charged to whichever run came first."""
+    with model.session(cache=False) as session:
+        session.generate(model.tokenize(model.render([{"role": "user", "content": "warm up"}])), max_tokens=1)
 
 
 def run(p: Plan, state: str, ledger_url: str | None, capture: Path | None = None,
@@ -124,7 +124,7 @@ def run(p: Plan, state: str, ledger_url: str | None, capture: Path | None = None
     t0 = time.perf_counter()
     rt = Runtime(p.ws.root, engine=p.engine, ledger=ledger_url, response_cache=False, flags=forced, capture=capture)
     try:
-        _warm_up(rt.engine)
+        _warm_up(rt.model)
         result = Run(rt.flags[p.flag], dict(rt.flags), rt.pipeline_hash, time.perf_counter() - t0)
         t_pass = time.perf_counter()
         for item in p.items:

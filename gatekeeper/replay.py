@@ -172,29 +172,29 @@ class Served:
     reused: int
 
 
-def serve(engine: Any, items: Sequence[Item], max_tokens: int, after: Callable[[], None] | None = None) -> tuple[list[Served], int]:
-    """Run one trace from an empty cache; the outputs and the peak snapshot bytes held."""
-    engine.unpin()
-    if hasattr(engine, "snapshots"):
-        engine.snapshots.stats = SnapshotStats()
+def serve(model: Any, items: Sequence[Item], max_tokens: int, cache: bool,
+          after: Callable[[], None] | None = None) -> tuple[list[Served], int, Any]:
+    """Run one trace on a fresh session: the outputs, the peak snapshot bytes held, and the session
+    (closed: its figures stay readable)."""
     out, peak = [], 0
-    for item in items:
-        if item.boundary:
-            engine.pin(item.tokens[: item.boundary])
-        g = engine.generate(list(item.tokens), max_tokens=max_tokens)
-        out.append(Served(g.tokens, g.text, g.cached_tokens))
-        peak = max(peak, _held(engine)[1] or 0)
-        if after:
-            after()
-    return out, peak
+    with model.session(cache=cache) as session:
+        for item in items:
+            if item.boundary:
+                session.pin(item.tokens[: item.boundary])
+            g = session.generate(list(item.tokens), max_tokens=max_tokens)
+            out.append(Served(g.tokens, g.text, g.cached_tokens))
+            peak = max(peak, session.held()[1] or 0)
+            if after:
+                after()
+        held = session.held()
+    return out, peak, (held, session.snapshot_stats())
 
 
-def _report(items: Sequence[Item], bound: list[int], served: list[Served], engine: Any, peak: int,
+def _report(items: Sequence[Item], bound: list[int], served: list[Served], figures: Any, peak: int,
             cold: list[Served] | None) -> dict[str, Any]:
     reused = [s.reused for s in served]
-    held, nbytes = _held(engine)
+    (held, nbytes), stats = figures
     total_bound = sum(bound)
-    stats = engine.snapshots.stats.to_dict() if getattr(engine, "hybrid", False) else None
     differing = None if cold is None else [i for i, (a, b) in enumerate(zip(cold, served))
                                            if a.tokens != b.tokens or a.text != b.text]
     row = {
@@ -219,10 +219,10 @@ def _report(items: Sequence[Item], bound: list[int], served: list[Served], engin
     return row
 
 
-def replay(traces: dict[str, list[Item]], specs: Sequence[str], make: Callable[[str, bool], Any], *,
+def replay(traces: dict[str, list[Item]], specs: Sequence[str], make: Callable[[str], Any], *,
            parity: bool, max_tokens: int = 8, advance: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Every trace under every policy. ``make(spec, cache)`` builds an engine whose profile uses that
-    policy; with ``parity`` each policy's outputs are compared with the cache-off run of the same
+    """Every trace under every policy. ``make(spec)`` loads a model whose profile uses that policy;
+    each trace runs on a fresh session of it; with ``parity`` each policy's outputs are compared with the cache-off run of the same
     profile (one cold run per distinct cold plan: the erase rule never changes it)."""
     colds: dict[tuple, dict[str, list[Served]]] = {}
     report: dict[str, Any] = {"traces": {}, "policies": []}
@@ -232,37 +232,29 @@ def replay(traces: dict[str, list[Item]], specs: Sequence[str], make: Callable[[
                                   "bound": sum(b)}
     hybrid = None
     for spec in specs:
-        engine = make(spec, True)
-        hybrid = getattr(engine, "hybrid", False)
+        model = make(spec)
+        hybrid = model.hybrid
         cold = None
         if parity:
-            key = _cold_key(engine, spec)
+            key = _cold_key(model, spec)
             if key not in colds:
-                off = make(spec, False)
-                colds[key] = {name: serve(off, items, max_tokens, advance)[0] for name, items in traces.items()}
-                off.close()
+                colds[key] = {name: serve(model, items, max_tokens, False, advance)[0] for name, items in traces.items()}
             cold = colds[key]
         rows = {}
         for name, items in traces.items():
-            served, peak = serve(engine, items, max_tokens, advance)
-            rows[name] = _report(items, bounds(items), served, engine, peak, cold[name] if cold else None)
-        engine.close()
+            served, peak, figures = serve(model, items, max_tokens, True, advance)
+            rows[name] = _report(items, bounds(items), served, figures, peak, cold[name] if cold else None)
+        model.close()
         report["policies"].append({"policy": spec, "traces": rows, "total": _total(rows)})
     report["hybrid"] = hybrid
     return report
 
 
-def _held(engine: Any) -> tuple[int | None, int | None]:
-    """States held and their bytes; None for engines whose cache lives elsewhere (a server)."""
-    cache = getattr(engine, "prefix_cache", None)
-    return (None, None) if cache is None else (len(cache), cache.nbytes)
-
-
-def _cold_key(engine: Any, spec: str) -> tuple:
+def _cold_key(model: Any, spec: str) -> tuple:
     """What the cache-off run depends on: the plan; under aligned, interval cuts are part of it."""
     p = parse(spec)
-    aligned = engine.profile.prefill == "aligned"
-    return (aligned, p.every if aligned and getattr(engine, "hybrid", False) else None)
+    aligned = model.profile.prefill == "aligned"
+    return (aligned, p.every if aligned and model.hybrid else None)
 
 
 def _total(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -277,18 +269,18 @@ def _total(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # --- engines -------------------------------------------------------------------------------------
 
 
-def maker(profile: Any, root: Path | None, *, simulate: bool, state_bytes: tuple[int, int] = (0, 0)) -> Callable[[str, bool], Any]:
-    """``make(spec, cache)``: an engine of ``profile`` with its ``snapshots`` policy set to ``spec``;
-    the simulator (same plan, policy and limits, no model) when ``simulate``."""
+def maker(profile: Any, root: Path | None, *, simulate: bool, state_bytes: tuple[int, int] = (0, 0)) -> Callable[[str], Any]:
+    """``make(spec)``: a model of ``profile`` with its ``snapshots`` policy set to ``spec``; the
+    simulator (same plan, policy and limits, no model) when ``simulate``."""
 
-    def make(spec: str, cache: bool) -> Any:
+    def make(spec: str) -> Any:
         p = profile.model_copy(update={"snapshots": spec})
         if simulate:
             from .engines.sim import SimEngine
 
-            return SimEngine(p, cache=cache, state_bytes=state_bytes)
+            return SimEngine(p, state_bytes=state_bytes)
         from .engines.registry import build_engine
 
-        return build_engine(p, cache=cache, workspace_root=root)
+        return build_engine(p, workspace_root=root)
 
     return make

@@ -22,6 +22,7 @@ result layer whatever the recipe says (``gatekeeper pin``, which then rewrites t
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -33,7 +34,7 @@ from .cache import results
 from .cache.response import ResponseCache
 from .errors import GatekeeperError
 from .identity import digest, sha256_hex
-from .ledger import Ledger
+from .ledger import open_ledger
 from .models import home
 from .workspace import Suite, Workspace
 
@@ -68,13 +69,13 @@ class Runtime:
 
         self.ws = Workspace(workspace)
         self.ledger_url = ledger or f"sqlite:///{self.ws.ledger_path}"
-        self.force = pipeline.in_force(self.ws, self._ledger(create=False), flags)
+        with self._ledger(create=False) as led:
+            self.force = pipeline.in_force(self.ws, led, flags)
         self.flags, self.render = self.force.states, self.force.render
         capture_path = captures.check_path(capture) if capture is not None else None
         self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
-        self.engine = build_engine(pipeline.engine_profile(self.ws, engine, self.force),
-                                   cache=self.flags.get("prefix_cache") == "on", workspace_root=self.ws.root)
-        identity = self.engine.identity()
+        self.model = build_engine(pipeline.engine_profile(self.ws, engine, self.force), workspace_root=self.ws.root)
+        identity = self.model.identity()
         self.model_digest, self.adapter_digest = identity["model_digest"], identity.get("adapter_digest")
         self.hash_parts, self.pipeline_hash = pipeline.version(self.ws, self.force, identity)
         self.responses = None if response_cache is False else ResponseCache(
@@ -84,24 +85,24 @@ class Runtime:
         self.prefixes = {stage: self._static_prefix(suite) for stage, suite in self.stages.items()}
         self.recipe = None if persist else recipes.read(self.ws.root)  # persist: about to rewrite it
         self.recipe_stale = recipes.stale(self.recipe, self.prefixes, identity) if self.recipe else {}
-        if self.engine.cache_enabled and (self.recipe is not None or persist):
-            self.engine.persist(results_root())
+        self.session = self.model.session(
+            cache=self.force.cache, results=results_root() if self.recipe is not None or persist else None)
         for prefix in self.prefixes.values():
             if prefix:
-                self.engine.pin(prefix)
+                self.session.pin(prefix)
         self.capture = captures.CaptureWriter(capture_path) if capture_path else None
         self._streams: dict[str, str] = {}  # transcript digest -> its stream, so later turns join it
         self._new_streams = 0
 
-    def _ledger(self, *, create: bool) -> Ledger | None:
-        if not create and self.ledger_url.startswith("sqlite:///") and not Path(self.ledger_url[10:]).exists():
-            return None
-        return Ledger(self.ledger_url)
+    def _ledger(self, *, create: bool):
+        """The ledger (closed by ``with``); with ``create=False`` and no ledger yet, a context of None."""
+        led = open_ledger(self.ledger_url, create=create)
+        return nullcontext(None) if led is None else led
 
     def _static_prefix(self, suite: Suite) -> list[int]:
         """The stage's rendered tokens before the first dynamic byte (the same for every call)."""
         values = {name: "" for name in partition.suite_vars(suite)}
-        rendered = partition.render(self.engine, partition.pieces(self.ws, suite, values), self.render)
+        rendered = partition.render(self.model, partition.pieces(self.ws, suite, values), self.render)
         return rendered.tokens[: rendered.static_tokens]
 
     def _flush_if_identity_changed(self) -> list[str]:
@@ -118,7 +119,6 @@ class Runtime:
             return []
         purged = self.responses.purge(*last)
         states_purged = results.purge(results_root(), *last)
-        self.engine.reset_cache()
         with self._ledger(create=True) as ledger:
             for trigger in triggers:
                 ledger.add_flush(trigger, {"model_digest": last[0], "adapter_digest": last[1]},
@@ -131,12 +131,12 @@ class Runtime:
     def prefix_sources(self) -> dict[str, str]:
         """Stage -> where its pinned state came from: computed, loaded (result layer) or recomputed
         (a saved state failed its check); stages without a static prefix or cache are left out."""
-        sources = getattr(self.engine, "pin_sources", {})
+        sources = self.session.pin_sources
         return {stage: sources[tuple(p)] for stage, p in self.prefixes.items() if tuple(p) in sources}
 
     def write_recipe(self) -> dict[str, Any]:
         """Write the workspace's recipe from the stage prefixes as rendered now (``gatekeeper pin``)."""
-        self.recipe = recipes.write(self.ws.root, self.prefixes, self.engine.identity())
+        self.recipe = recipes.write(self.ws.root, self.prefixes, self.model.identity())
         self.recipe_stale = {}
         return self.recipe
 
@@ -151,11 +151,11 @@ class Runtime:
         if suite is None:
             raise GatekeeperError(f"unknown stage {stage!r}; stages in {self.ws.root / 'assertions'}: {', '.join(self.stages)}")
         pieces = partition.pieces(self.ws, suite, values)
-        rendered = partition.render(self.engine, pieces, self.render, history)
+        rendered = partition.render(self.model, pieces, self.render, history)
         if self.capture is not None:
             stream = stream or self._stream_of(history)
             self.capture.write(stage, stream, rendered, captures.segments(
-                self.engine, rendered, partition.order(pieces, self.render), first_turn=not history))
+                self.model, rendered, partition.order(pieces, self.render), first_turn=not history))
         completion = self._answer(stage, suite, rendered)
         if self.capture is not None:
             self._streams[digest(completion.messages)] = stream  # type: ignore[assignment]
@@ -174,7 +174,7 @@ class Runtime:
         if hit is not None:
             return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,
                               [*rendered.messages, {"role": "assistant", "content": hit["text"]}])
-        g = self.engine.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
+        g = self.session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
         if self.responses is not None:
             self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
                                self.model_digest, self.adapter_digest)
@@ -186,7 +186,8 @@ class Runtime:
             self.capture.close()
         if self.responses is not None:
             self.responses.close()
-        self.engine.close()
+        self.session.close()
+        self.model.close()
 
     def __enter__(self) -> "Runtime":
         return self

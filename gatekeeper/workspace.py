@@ -35,6 +35,7 @@ class EngineProfile(Strict):
     """``engines/NAME.yaml``: which adapter runs which model, and how."""
 
     name: str = Field("", exclude=True)  # the file stem, filled in by the loader
+    changed_by: tuple[str, ...] = Field((), exclude=True)  # flags whose declared changes were applied
     adapter: str
     model: str = "default"
     adapter_path: str | None = None
@@ -52,6 +53,14 @@ class EngineProfile(Strict):
     cache_switch: str | None = None
     timeout: float = Field(60, gt=0)
     concurrency: int = Field(1, ge=1)
+
+    @property
+    def where(self) -> str:
+        """The profile's file, and the policies whose changes it carries, for error messages."""
+        where = f"engines/{self.name or '<profile>'}.yaml"
+        if self.changed_by:
+            where += " as changed by " + ", ".join(f"policies/{f}.yaml" for f in self.changed_by)
+        return where
 
     @field_validator("snapshots")
     @classmethod
@@ -163,6 +172,43 @@ class Approvals(Strict):
 
 
 KNOWN_GATES = {"prefix_cache": "byte_equivalence", "static_first": "assertion_equivalence", "adapter": "non_inferiority"}
+# What each built-in flag changes; any other flag declares its change in its policy.
+BUILTIN_CHANGES = {"prefix_cache": "the engine's prefix cache", "static_first": "how prompts render",
+                   "adapter": "the LoRA adapter installed (evaluate --candidate DIR)"}
+
+
+class Change(Strict):
+    """``change:`` a declared flag's on side, relative to the pipeline in force: overrides merged
+    into the engine profile in force, or another engine profile (a runtime migration)."""
+
+    profile: dict[str, Any] | None = None
+    engine: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "Change":
+        if (self.profile is None) == (self.engine is None):
+            raise ValueError("give exactly one of 'profile' (overrides of the engine profile in force) "
+                             "or 'engine' (another engine profile in engines/)")
+        if self.profile is not None:
+            if not self.profile:
+                raise ValueError("'profile' is empty: name the profile fields the flag changes")
+            known = set(EngineProfile.model_fields) - {"name", "changed_by"}
+            unknown = sorted(set(self.profile) - known)
+            if unknown:
+                raise ValueError(f"profile: {unknown[0]!r} is not an engine profile field; use one of: {', '.join(sorted(known))}")
+        return self
+
+    def fields(self) -> list[str]:
+        """The dotted profile fields this change sets (``engine`` for a migration)."""
+        if self.engine is not None:
+            return ["engine"]
+
+        def walk(prefix: str, value: Any) -> list[str]:
+            if isinstance(value, dict) and value:
+                return [p for k, v in sorted(value.items()) for p in walk(f"{prefix}.{k}", v)]
+            return [prefix]
+
+        return [p for k, v in sorted(self.profile.items()) for p in walk(k, v)]
 
 
 class Policy(Strict):
@@ -178,6 +224,7 @@ class Policy(Strict):
     hash_parts: list[Literal[HASH_PARTS]] = list(HASH_PARTS)  # type: ignore[valid-type]
     flush_on: list[Literal["model", "adapter"]] = ["model", "adapter"]
     margin: float = Field(0, ge=0, le=1)  # non_inferiority: the share of passing assertions that may be lost
+    change: Change | None = None  # what the flag changes; built-in flags have theirs implied
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":
@@ -185,6 +232,12 @@ class Policy(Strict):
         want = KNOWN_GATES.get(self.flag)
         if want and self.gate != want:
             raise ValueError(f"gate: {self.flag} is gated by {want}, not {self.gate}; set gate: {want}")
+        if want and self.change is not None:
+            raise ValueError(f"change: {self.flag} is built in (it changes {BUILTIN_CHANGES[self.flag]}); remove 'change'")
+        if not want and self.change is None:
+            raise ValueError(f"change: required: gatekeeper does not know what {self.flag!r} changes; declare it, e.g. "
+                             "change: {profile: {options: {type_k: q8_0}}} (overrides of the engine profile in force) "
+                             "or change: {engine: NAME} (another engine profile: a runtime migration)")
         return self
 
     @field_validator("default")
@@ -206,9 +259,17 @@ def _explain(path: Path, err: ValidationError) -> str:
             lines.append(f"  field '{field}': unknown key; remove it or check its spelling")
         elif e["type"] == "missing":
             lines.append(f"  field '{field}': required; add it")
+        elif e["type"] == "value_error" and not e["loc"] and _named(e["msg"]):  # a model check naming its field
+            name, _, rest = e["msg"].removeprefix("Value error, ").partition(": ")
+            lines.append(f"  field '{name}': {rest}")
         else:
             lines.append(f"  field '{field}': {e['msg']}")
     return "\n".join(lines)
+
+
+def _named(msg: str) -> bool:
+    head, sep, _ = msg.removeprefix("Value error, ").partition(": ")
+    return bool(sep) and head.isidentifier()
 
 
 def read_yaml(path: Path) -> Any:

@@ -1,70 +1,78 @@
 """Plugin engines with planted faults, loaded by profiles as ``fault_engines:Class``.
 
-Each is the real torch adapter with one thing broken, so the gate is shown to say no.
+Each is the real torch adapter whose sessions have one thing broken, so the gate is shown to say no.
 """
 
 import threading
 import time
 from dataclasses import replace
 
+from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.torch import TorchEngine
 
 
-class ShortRestore(TorchEngine):
+class ShortRestoreSession(GreedySession):
     """A cache that restores one position short and pads with the token before it: the state has
     the right length, so nothing downstream notices, but its last restored position is shifted."""
 
     def _begin(self, prompt):
         state, cached = super()._begin(prompt)
         if cached > 1:
-            state = self.state_ops.fork(state, cached - 1)
-            self._forward(state, [prompt[cached - 2]])
+            state = self.ops.fork(state, cached - 1)
+            self.model._forward(state, [prompt[cached - 2]])
         return state, cached
 
 
-class NeverServes(TorchEngine):
+class ShortRestore(TorchEngine):
+    session_class = ShortRestoreSession
+
+
+class NeverServesSession(GreedySession):
     """A cache that never serves a token: every call prefills from scratch."""
 
     def _begin(self, prompt):
-        return self._new_state(), 0
+        return self.model._new_state(), 0
 
 
-class Unstable(TorchEngine):
-    """An engine that answers a prompt differently the second time it sees it with the cache off."""
+class NeverServes(TorchEngine):
+    session_class = NeverServesSession
+
+
+class UnstableSession(GreedySession):
+    """Answers a prompt differently the second time its model sees it with the cache off."""
 
     def generate(self, prompt, **kwargs):
         g = super().generate(prompt, **kwargs)
-        seen = self.__dict__.setdefault("_seen", set())
+        seen = self.model.__dict__.setdefault("_seen", set())  # on the model: sessions are fresh per run
         key = tuple(prompt)
-        if not self.cache_enabled and key in seen:
+        if not self.cache and key in seen:
             tokens = [*g.tokens[:-1], (g.tokens[-1] + 1) % 256]
-            g = replace(g, tokens=tokens, text=self.detokenize(tokens))
+            g = replace(g, tokens=tokens, text=self.model.detokenize(tokens))
         seen.add(key)
         return g
 
 
-class HalfServes(TorchEngine):
+class Unstable(TorchEngine):
+    session_class = UnstableSession
+
+
+class HalfServesSession(GreedySession):
     """An honest cache that serves only half of each hit (outputs stay right, savings do not)."""
 
     def _begin(self, prompt):
         state, cached = super()._begin(prompt)
         if cached > 1:
-            return self.state_ops.fork(state, cached // 2), cached // 2
+            return self.ops.fork(state, cached // 2), cached // 2
         return state, cached
 
 
-class Threaded(TorchEngine):
-    """Declares a concurrency of 3, as a served engine would, so the gate runs cases side by side.
+class HalfServes(TorchEngine):
+    session_class = HalfServesSession
 
-    A lock keeps the local model and its cache consistent; ``peak`` counts callers in flight.
-    """
 
-    concurrency = 3
-    lock = threading.Lock()
-    active = peak = 0
-
+class ThreadedSession(GreedySession):
     def generate(self, prompt, **kwargs):
-        cls = type(self)
+        cls = type(self.model)
         with cls.lock:
             cls.active += 1
             cls.peak = max(cls.peak, cls.active)
@@ -77,4 +85,50 @@ class Threaded(TorchEngine):
                 cls.active -= 1
 
 
+class Threaded(TorchEngine):
+    """Declares a concurrency of 3, as a served engine would, so the gate runs cases side by side.
+
+    A lock keeps the local model and its cache consistent; ``peak`` counts callers in flight.
+    """
+
+    session_class = ThreadedSession
+    concurrency = 3
+    lock = threading.Lock()
+    active = peak = 0
+
+
+class Blind(TorchEngine):
+    """The real torch adapter, declared as a meter that reports no prompt or cached-token figures
+    (as some servers do), so the gate's ``telemetry_blind:`` call-out is shown."""
+
+    observes = frozenset({"prefill_s", "decode_s"})
+
+
 _model_lock = threading.Lock()
+
+
+class OneTokenOffSession(GreedySession):
+    """A planted change that alters one generated token (the third) of every answer."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        if len(g.tokens) > 2:
+            tokens = [*g.tokens[:2], (g.tokens[2] + 1) % 256, *g.tokens[3:]]
+            g = replace(g, tokens=tokens, text=self.model.detokenize(tokens))
+        return g
+
+
+class OneTokenOff(TorchEngine):
+    session_class = OneTokenOffSession
+
+
+class LossySession(GreedySession):
+    """A lossy planted change: every answer ends with ' zebra' (a not-contains assertion breaks)."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        return replace(g, text=g.text + " zebra")
+
+
+class Lossy(TorchEngine):
+    session_class = LossySession

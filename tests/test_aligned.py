@@ -13,7 +13,7 @@ import pytest
 from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 from gatekeeper.cache import PrefixCache
-from gatekeeper.engines.greedy import GreedyEngine
+from gatekeeper.engines.greedy import GreedyEngine, GreedySession
 from gatekeeper.engines.plan import segments, splits
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.engines.torch import TorchEngine
@@ -44,14 +44,14 @@ def profile(model_dir, adapter, prefill="aligned", **over) -> EngineProfile:
     return EngineProfile(**{**fields, **over})
 
 
-def chat(engine, question: str, history=()) -> list[int]:
+def chat(model, question: str, history=()) -> list[int]:
     msgs = [{"role": "system", "content": SYSTEM}, *history, {"role": "user", "content": question}]
-    return engine.tokenize(engine.render(msgs))
+    return model.tokenize(model.render(msgs))
 
 
-def system_turn(engine) -> list[int]:
+def system_turn(model) -> list[int]:
     """The tokens every prompt shares: the stage boundary a pipeline would pin."""
-    a, b = chat(engine, "x"), chat(engine, "y")
+    a, b = chat(model, "x"), chat(model, "y")
     n = 0
     while a[n] == b[n]:
         n += 1
@@ -67,9 +67,10 @@ def run_chains(off, on, turns: int = 3) -> list[tuple]:
     """Each question as a stream of ``turns`` turns, each extending the last at the token level
     (prompt + the reply's tokens + a new user turn), so a chained hit could reuse decoded positions."""
     out = []
-    follow_up = off.tokenize("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
+    model = off.model
+    follow_up = model.tokenize("<|im_end|>\n<|im_start|>user\nAnd then?<|im_end|>\n<|im_start|>assistant\n")
     for q in QUESTIONS:
-        p = chat(off, q)
+        p = chat(model, q)
         for _ in range(turns):
             (p, a, b), = run_pair(off, on, [p])
             out.append((p, a, b))
@@ -180,15 +181,17 @@ def pass_engines(tmp_path):
     (tmp_path / "config.json").write_text("{}")
 
     def make(prefill, chunk, engine=PassEngine):
+        """A cache-off and a cache-on session of one stand-in model."""
         prof = EngineProfile(adapter="passes", model=str(tmp_path), prefill=prefill, chunk=chunk)
-        return engine(prof, cache=False), engine(prof, cache=True)
+        model = engine(prof)
+        return model.session(cache=False), model.session(cache=True)
 
     return make
 
 
 def random_workload(off, on, seed: int) -> list[tuple]:
     """Streams over a 3-token alphabet that share prefixes, boundaries registered along the way
-    (on both engines), chained turns extending a reply; (prompt, off, on) per call."""
+    (in both sessions), chained turns extending a reply; (prompt, off, on) per call."""
     rng = random.Random(seed)
     base = [rng.randrange(3) for _ in range(60)]
     out = []
@@ -232,7 +235,7 @@ class Misaligned(PrefixCache):
 
 def test_a_cache_that_ignores_the_cuts_is_caught(pass_engines):
     off, bad = pass_engines("aligned", chunk=4)
-    bad.prefix_cache = Misaligned(bad.state_ops, max_entries=64, max_bytes=1 << 30)
+    bad.prefix_cache = Misaligned(bad.ops, max_entries=64, max_bytes=1 << 30)
     results = random_workload(off, bad, 1)
     assert any(b.cached_tokens not in (bad._cuts(p) or []) for p, _, b in results)
     assert any(a.top2 != b.top2 for _, a, b in results)
@@ -247,18 +250,19 @@ def adapter(request):
 
 
 def test_aligned_cache_on_logits_equal_cache_off_bit_for_bit(tiny_llama, adapter):
-    off = build_engine(profile(tiny_llama, adapter), cache=False)
-    on = build_engine(profile(tiny_llama, adapter), cache=True)
-    boundary = system_turn(off)
-    off.pin(boundary)  # the cache-off engine registers the cut and stores nothing
+    model = build_engine(profile(tiny_llama, adapter))
+    off, on = model.session(cache=False), model.session(cache=True)
+    boundary = system_turn(model)
+    off.pin(boundary)  # the cache-off session registers the cut and stores nothing
     on.pin(boundary)
-    assert len(off.prefix_cache) == 0 and len(boundary) in off._cuts(chat(off, "x"))
+    assert len(off.prefix_cache) == 0 and len(boundary) in off._cuts(chat(model, "x"))
+    assert len(on.prefix_cache) == 1 and on.prefix_cache.get(boundary).pinned
 
     results = run_chains(off, on)
-    results += run_pair(off, on, [chat(off, QUESTIONS[0])])  # a repeated prompt
+    results += run_pair(off, on, [chat(model, QUESTIONS[0])])  # a repeated prompt
     # a later turn as the gate renders it: the reply's text, re-tokenized with the new turn
     history = [{"role": "user", "content": QUESTIONS[2]}, {"role": "assistant", "content": results[6][2].text}]
-    results += run_pair(off, on, [chat(off, "And the fastest train?", history)])
+    results += run_pair(off, on, [chat(model, "And the fastest train?", history)])
 
     for p, a, b in results:
         assert b.cached_tokens in on._cuts(p) and b.cached_tokens >= len(boundary)
@@ -274,11 +278,11 @@ def test_aligned_cache_on_logits_equal_cache_off_bit_for_bit(tiny_llama, adapter
 def test_monolithic_plan_documents_its_difference(tiny_llama, adapter, record_property):
     """One pass cold, the common prefix on a hit: logits may differ in the last bits (torch's bf16
     CPU matmuls do; mlx's CPU backend has not so far). Recorded, never asserted equal."""
-    off = build_engine(profile(tiny_llama, adapter, "monolithic"), cache=False)
-    on = build_engine(profile(tiny_llama, adapter, "monolithic"), cache=True)
-    on.pin(system_turn(on))
-    results = run_pair(off, on, [chat(off, q) for q in QUESTIONS])
-    assert all(b.cached_tokens >= len(system_turn(on)) for _, _, b in results)
+    model = build_engine(profile(tiny_llama, adapter, "monolithic"))
+    off, on = model.session(cache=False), model.session(cache=True)
+    on.pin(system_turn(model))
+    results = run_pair(off, on, [chat(model, q) for q in QUESTIONS])
+    assert all(b.cached_tokens >= len(system_turn(model)) for _, _, b in results)
     differ = sum(a.top2 != b.top2 for _, a, b in results)
     flipped = sum(a.tokens != b.tokens for _, a, b in results)
     record_property("monolithic_logits_differ", f"{differ}/{len(results)}")
@@ -289,24 +293,29 @@ def test_monolithic_plan_documents_its_difference(tiny_llama, adapter, record_pr
 # --- a planted fault: hits that land between cuts ----------------------------------------------
 
 
-class WholeChainAligned(TorchEngine):
+class WholeChainAlignedSession(GreedySession):
     """Prefills by the aligned plan but keeps each turn's state whole and serves the whole common
     prefix, as a monolithic cache does: a chained hit lands past the prompt's last cut, on positions
     decoded one at a time that the cold run prefills in a chunk."""
 
     def _begin(self, prompt):
-        hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1)  # the plan's cuts ignored
-        return (hit.state, hit.length) if hit else (self._new_state(), 0)
+        hit = self.prefix_cache.lookup(prompt, limit=len(prompt) - 1) if self.cache else None  # the plan's cuts ignored
+        return (hit.state, hit.length) if hit else (self.model._new_state(), 0)
 
     def _store(self, prompt, tokens, state, kept):
         self.prefix_cache.store(prompt + tokens[:-1], state)
 
 
+class WholeChainAligned(TorchEngine):
+    session_class = WholeChainAlignedSession
+
+
 def test_bit_exact_comparison_catches_a_hit_between_cuts(tiny_llama):
-    off = build_engine(profile(tiny_llama, "torch", chunk=64), cache=False)
-    bad = WholeChainAligned(profile(tiny_llama, "torch", chunk=64), cache=True)
-    for e in (off, bad):
-        e.pin(system_turn(off))
+    honest = build_engine(profile(tiny_llama, "torch", chunk=64))
+    planted = WholeChainAligned(profile(tiny_llama, "torch", chunk=64))
+    off, bad = honest.session(cache=False), planted.session(cache=True)
+    for s in (off, bad):
+        s.pin(system_turn(honest))
     results = run_chains(off, bad)
     between = [(a, b) for p, a, b in results if b.cached_tokens not in bad._cuts(p)]
     assert between  # the fault was exercised ...
@@ -317,8 +326,10 @@ def test_bit_exact_comparison_catches_a_hit_between_cuts(tiny_llama):
 
 
 def test_identity_records_the_plan(tiny_llama):
-    aligned = build_engine(profile(tiny_llama, "torch", chunk=64), cache=False).identity()
-    mono = build_engine(profile(tiny_llama, "torch", "monolithic"), cache=False).identity()
+    with build_engine(profile(tiny_llama, "torch", chunk=64)) as m:
+        aligned = m.identity()
+    with build_engine(profile(tiny_llama, "torch", "monolithic")) as m:
+        mono = m.identity()
     assert (aligned["prefill"], aligned["chunk"]) == ("aligned", 64)
     assert mono["prefill"] == "monolithic" and "chunk" not in mono
     assert EngineProfile(adapter="torch").prefill == "aligned"

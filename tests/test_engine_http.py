@@ -50,6 +50,7 @@ def http_profile(url: str, *extra: str) -> str:
 
 
 def engine(url: str, **fields):
+    """The http adapter's model on ``url``; its sessions send the requests."""
     from gatekeeper.engines.http import HTTPEngine
 
     return HTTPEngine(EngineProfile(name="t", adapter="http", url=url, cache_switch="cache_prompt", **fields))
@@ -122,31 +123,40 @@ def test_bad_answers_abort_the_evaluation_and_keep_the_ledger(server, workspace,
 
 def test_figures_and_tokens_come_from_the_server(server):
     e = engine(server)
+    off, on = e.session(cache=False), e.session(cache=True)
     prompt = e.tokenize(e.render([{"role": "system", "content": "You are terse. " * 40},
                                   {"role": "user", "content": "Name a colour."}]))
     assert e.detokenize(prompt).startswith("<|im_start|>system")
-    cold = e.generate(prompt, max_tokens=8, top2=True)
+    cold = off.generate(prompt, max_tokens=8, top2=True)
     assert cold.cached_tokens == 0 and cold.prompt_tokens == len(prompt)
-    e.cache_enabled = True
-    e.generate(prompt, max_tokens=8)
-    warm = e.generate(prompt, max_tokens=8, top2=True)
+    first = on.generate(prompt, max_tokens=8)
+    warm = on.generate(prompt, max_tokens=8, top2=True)
     assert warm.cached_tokens >= len(prompt) - 2
     assert warm.tokens == cold.tokens and warm.text == cold.text
     assert e.detokenize(cold.tokens).startswith(cold.text)
     # margins are logprob differences: the chosen token is the best, by a non-negative margin
     assert all(step[0][0] == tok and step[0][1] >= step[1][1] for step, tok in zip(cold.top2, cold.tokens))
-    assert e.stats.calls == 3
+    # with the switch off the server reuses nothing, even right after the same prompt with it on
+    assert off.generate(prompt, max_tokens=8).cached_tokens == 0
+    assert (off.stats.calls, on.stats.calls) == (2, 2) and off.stats.cached_tokens == 0
+    assert on.stats.cached_tokens == first.cached_tokens + warm.cached_tokens
+    assert on.held() == (None, None)  # the server holds the cache, not the session
+    off.close()
+    on.close()
+    e.close()
 
 
 def test_generate_is_thread_safe_up_to_the_concurrency_limit(server):
     e = engine(server, concurrency=3)
     assert e.concurrency == 3 and e.identity()["concurrency"] == 3
+    session = e.session(cache=False)
     prompts = [e.tokenize(e.render([{"role": "user", "content": f"Count to {n}."}])) for n in range(2, 8)]
-    alone = [e.generate(p, max_tokens=6).tokens for p in prompts]
+    alone = [session.generate(p, max_tokens=6).tokens for p in prompts]
     with ThreadPoolExecutor(e.concurrency) as pool:
-        together = list(pool.map(lambda p: e.generate(p, max_tokens=6).tokens, prompts))
+        together = list(pool.map(lambda p: session.generate(p, max_tokens=6).tokens, prompts))
     assert together == alone
-    assert e.stats.calls == 2 * len(prompts)
+    assert session.stats.calls == 2 * len(prompts)
+    e.close()
 
 
 @pytest.mark.parametrize("body, field", [

@@ -16,10 +16,10 @@ from gatekeeper.workspace import EngineProfile
 llama_cpp = pytest.importorskip("llama_cpp", reason="install the extra: pip install -e '.[llamacpp]'")
 pytestmark = pytest.mark.slow
 
-from gatekeeper.engines.llamacpp import LlamaCppEngine, resolve_gguf  # noqa: E402
+from gatekeeper.engines.llamacpp import LlamaCppEngine, LlamaCppSession, resolve_gguf  # noqa: E402
 
 
-class ShortRestore(LlamaCppEngine):
+class ShortRestoreSession(LlamaCppSession):
     """A cache that restores one position short and fills it with the token before it: the context
     has the right length, so nothing downstream notices, but its last reused position is wrong."""
 
@@ -30,6 +30,10 @@ class ShortRestore(LlamaCppEngine):
             self.llm.n_tokens = n - 1
             self.llm.eval([prompt[n - 2]])
             self.llm.input_ids[n - 1] = prompt[n - 1]  # claim the right token
+
+
+class ShortRestore(LlamaCppEngine):
+    session_class = ShortRestoreSession
 
 
 # One thread: on a small shared machine, threads that wait on each other at every op are far slower.
@@ -77,31 +81,55 @@ def chat(e, system: str, user: str) -> list[int]:
 
 def test_figures_pins_and_saved_states(tmp_path):
     system = "You answer in one short line. " * 30
-    off = LlamaCppEngine(MONO, cache=False)
-    prompts = [chat(off, system, q) for q in ("Name a fruit.", "Name a city.")]
+    model = LlamaCppEngine(MONO)
+    off = model.session(cache=False)
+    prompts = [chat(model, system, q) for q in ("Name a fruit.", "Name a city.")]
     cold = [off.generate(p, max_tokens=8, top2=True) for p in prompts]
     assert all(g.cached_tokens == 0 and g.prompt_tokens == len(p) for g, p in zip(cold, prompts))
     assert all(g.prefill_s > 0 and len(g.top2) == len(g.tokens) for g in cold)
-    static = len(chat(off, system, ""))  - 4  # the rendered system turn, before the user's
+    static = len(chat(model, system, ""))  - 4  # the rendered system turn, before the user's
+    off.pin(prompts[0][:static])  # with the cache off a boundary computes and keeps nothing
+    assert off.pin_sources == {} and off.held() == (0, 0)
+    assert off.generate(prompts[1], max_tokens=8).cached_tokens == 0
     off.close()
 
-    on = LlamaCppEngine(MONO, cache=True)
-    on.persist(tmp_path)
+    on = model.session(cache=True, results=tmp_path)
     on.pin(prompts[0][:static])
     assert list(on.pin_sources.values()) == ["computed"]
+    assert on.held()[0] == 1 and on.held()[1] > 0
     warm = [on.generate(p, max_tokens=8, top2=True) for p in prompts]
     assert [g.tokens for g in warm] == [g.tokens for g in cold] and [g.text for g in warm] == [g.text for g in cold]
     assert warm[0].cached_tokens == static  # from the pinned state
     assert warm[1].cached_tokens >= static  # from the context llama.cpp kept
     on.close()
 
-    again = LlamaCppEngine(MONO, cache=True)
-    again.persist(tmp_path)
+    # A fresh session (on a freshly loaded model) finds the pinned state in the result layer.
+    model.close()
+    model = LlamaCppEngine(MONO)
+    again = model.session(cache=True, results=tmp_path)
     again.pin(prompts[0][:static])
     assert list(again.pin_sources.values()) == ["loaded"]
     g = again.generate(prompts[1], max_tokens=8)
     assert g.tokens == cold[1].tokens and g.cached_tokens == static
     again.close()
+    model.close()
+
+
+def test_sessions_of_one_model_share_nothing_but_the_model():
+    """The single llama.cpp context changes hands: a session never reuses another's tokens."""
+    system = "You answer in one short line. " * 30
+    with LlamaCppEngine(MONO) as model:
+        a, b, off = model.session(cache=True), model.session(cache=True), model.session(cache=False)
+        p = chat(model, system, "Name a fruit.")
+        first = a.generate(p, max_tokens=6)
+        assert first.cached_tokens == 0
+        assert a.generate(p, max_tokens=6).cached_tokens == len(p) - 1  # its own context, kept
+        ref = off.generate(p, max_tokens=6)  # takes the context: a's tokens are gone
+        assert ref.cached_tokens == 0 and ref.tokens == first.tokens
+        assert b.generate(p, max_tokens=6).cached_tokens == 0  # another session: starts empty
+        assert a.generate(p, max_tokens=6).cached_tokens == 0  # the context changed hands since
+        for s in (a, b, off):
+            s.close()
 
 
 def test_model_paths(tmp_path):

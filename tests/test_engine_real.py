@@ -49,16 +49,19 @@ def default_model():
 @pytest.mark.slow
 def test_prefix_cache_is_exact_on_the_default_model(default_model):
     profile = EngineProfile(adapter="torch", model=default_model, dtype="float32", device="cpu", prefill="monolithic")
-    off = build_engine(profile, cache=False)
-    on = build_engine(profile, cache=True)
+    model = build_engine(profile)
+    off, on = model.session(cache=False), model.session(cache=True)
     system = static_prefix()
-    prompts = [off.tokenize(off.render([{"role": "system", "content": system}, {"role": "user", "content": q}])) for q in QUESTIONS]
+    prompts = [model.tokenize(model.render([{"role": "system", "content": system}, {"role": "user", "content": q}]))
+               for q in QUESTIONS]
     shared = 0
     while all(p[shared] == prompts[0][shared] for p in prompts):
         shared += 1
     assert shared >= 1000
 
+    off.pin(prompts[0][:shared])  # a stage boundary in both sessions; with the cache off nothing is kept
     on.pin(prompts[0][:shared])  # the stage's static prefix, computed once
+    assert on.pin_sources == {tuple(prompts[0][:shared]): "computed"} and off.pin_sources == {}
     for ids in prompts:
         g_off = off.generate(ids, max_tokens=10)
         g_on = on.generate(ids, max_tokens=10)
@@ -66,3 +69,7 @@ def test_prefix_cache_is_exact_on_the_default_model(default_model):
         assert g_on.cached_tokens >= 0.9 * shared
         assert g_off.cached_tokens == 0
     assert on.stats.cached_tokens >= 0.9 * shared * len(prompts)
+    assert off.stats.cached_tokens == 0 and len(off.prefix_cache) == 0
+    off.close()
+    on.close()
+    model.close()

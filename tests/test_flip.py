@@ -71,7 +71,8 @@ def test_refused_on_failed_evaluation(run_cli, tiny_ws):
 
 
 def test_refused_on_evaluation_of_another_flag(run_cli, tiny_ws):
-    (tiny_ws / "policies" / "other_cache.yaml").write_text("flag: other_cache\ngate: byte_equivalence\n")
+    (tiny_ws / "policies" / "other_cache.yaml").write_text(
+        "flag: other_cache\ngate: byte_equivalence\nchange: {profile: {cache: {max_entries: 8}}}\n")
     code, out, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "other_cache", "--engine", "tiny",
                            "--limit", "1", "--operator", "ci", "--json")
     assert json.loads(out)["verdict"] == "PASS"

@@ -104,7 +104,13 @@ def _start_evaluation(ws: Path, engine: str) -> subprocess.Popen:
         [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", "prefix_cache",
          "--engine", engine, "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        # a child of a background job inherits SIGINT ignored, and Python keeps it so: restore the default
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_case_results(ws: Path, n: int, timeout: float = 120) -> int:

@@ -12,8 +12,10 @@ from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 from gatekeeper import replay
 from gatekeeper.cache import Hit, PrefixCache
 from gatekeeper.cache.snapshots import Policy, SnapshotStore, layout, parse
+from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.engines.sim import Count, CountOps
+from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.workspace import EngineProfile
 
 
@@ -90,28 +92,30 @@ def test_snapshots_are_evicted_lru_but_pinned_ones_stay():
 
 
 @pytest.fixture(scope="module")
-def hybrid_engines(tiny_hybrid):
-    return {cache: build_engine(profile(tiny_hybrid), cache=cache) for cache in (False, True)}
+def hybrid_model(tiny_hybrid):
+    model = build_engine(profile(tiny_hybrid))
+    yield model
+    model.close()
 
 
-def test_the_tiny_model_is_hybrid_and_its_snapshots_count_recurrent_state(hybrid_engines):
-    on = hybrid_engines[True]
-    assert on.hybrid and on.identity()["snapshots"] == "boundaries"
-    state = on._new_state()
-    on._forward(state, [40, 41, 42])
+def test_the_tiny_model_is_hybrid_and_its_snapshots_count_recurrent_state(hybrid_model):
+    model = hybrid_model
+    assert model.hybrid and model.identity()["snapshots"] == "boundaries"
+    state = model._new_state()
+    model._forward(state, [40, 41, 42])
     kv_only = sum(t.untyped_storage().nbytes() for layer in state.layers
                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
-    assert on.state_ops.nbytes(state) > kv_only > 0
+    assert model.state_ops.nbytes(state) > kv_only > 0
 
 
 @pytest.mark.slow
-def test_restore_then_continue_is_bit_identical_to_a_full_recompute(hybrid_engines):
-    off, on = hybrid_engines[False], hybrid_engines[True]
-    on.unpin()
+def test_restore_then_continue_is_bit_identical_to_a_full_recompute(hybrid_model):
+    off, on = hybrid_model.session(cache=False), hybrid_model.session(cache=True)
     rng = random.Random(1)
     stage = ids(rng, 150)
     for e in (off, on):
         e.pin(stage)
+    assert len(on.prefix_cache) == 0  # hybrid pins are lazy: nothing is prefilled outside a request
     prompts = [stage + ids(rng, 60), stage + ids(rng, 45), stage + ids(rng, 70)]
     prompts.append(prompts[0] + ids(rng, 40))  # a later turn extends the first prompt
     for i, p in enumerate(prompts):
@@ -123,8 +127,12 @@ def test_restore_then_continue_is_bit_identical_to_a_full_recompute(hybrid_engin
         assert warm.cached_tokens == [0, 150, 150, 182][i]
     stats = on.snapshots.stats
     assert stats.restored == 3 and stats.taken == 5 and stats.bytes_taken > 0 and stats.take_s > 0
+    assert on.snapshot_stats() == stats.to_dict() and off.snapshot_stats()["taken"] == 0
     pinned = [e.length for e in on.prefix_cache.entries if e.pinned]
     assert pinned == [150]
+    assert len(off.prefix_cache) == 0
+    off.close()
+    on.close()
 
 
 class Stale(SnapshotStore):
@@ -146,17 +154,28 @@ class Stale(SnapshotStore):
         return entry
 
 
+class StaleSession(GreedySession):
+    """Sessions with the cache on keep their snapshots in a ``Stale`` store."""
+
+    def __init__(self, model, *, cache=False, results=None):
+        super().__init__(model, cache=cache, results=results)
+        if cache:
+            self.snapshots = Stale(self.prefix_cache, self.snapshots.policy)
+
+
+class StaleEngine(TorchEngine):
+    session_class = StaleSession
+
+
 @pytest.mark.slow
 def test_a_snapshot_recorded_at_the_wrong_position_is_caught_by_the_parity_comparison(tiny_hybrid):
     rng = random.Random(2)
     stage = tuple(ids(rng, 96))
     trace = {"t": [replay.Item("s", f"r{i}", stage + tuple(ids(rng, 40)), len(stage)) for i in range(3)]}
 
-    def make(spec, cache):
-        engine = build_engine(profile(tiny_hybrid, snapshots=spec), cache=cache)
-        if cache and faulty:
-            engine.snapshots = Stale(engine.prefix_cache, engine.snapshots.policy)
-        return engine
+    def make(spec):
+        p = profile(tiny_hybrid, snapshots=spec)
+        return StaleEngine(p) if faulty else build_engine(p)
 
     faulty = False
     good = replay.replay(trace, ["boundaries"], make, parity=True, max_tokens=6)["policies"][0]["traces"]["t"]
@@ -169,8 +188,9 @@ def test_a_snapshot_recorded_at_the_wrong_position_is_caught_by_the_parity_compa
 @pytest.mark.slow
 def test_mlx_restores_hybrid_snapshots_with_the_bits_of_a_full_recompute(tiny_hybrid):
     """mlx-lm's caches for the same weights: ``ArraysCache`` recurrent layers, snapshots copied whole."""
-    off, on = (build_engine(profile(tiny_hybrid, adapter="mlx", chunk=16), cache=c) for c in (False, True))
-    assert on.hybrid
+    model = build_engine(profile(tiny_hybrid, adapter="mlx", chunk=16))
+    assert model.hybrid
+    off, on = model.session(cache=False), model.session(cache=True)
     rng = random.Random(4)
     stage = ids(rng, 48)
     for e in (off, on):
@@ -180,6 +200,6 @@ def test_mlx_restores_hybrid_snapshots_with_the_bits_of_a_full_recompute(tiny_hy
         cold, warm = off.generate(p, max_tokens=4, top2=True), on.generate(p, max_tokens=4, top2=True)
         assert warm.tokens == cold.tokens and warm.top2 == cold.top2
         assert warm.cached_tokens == (48 if i else 0)
-    torch_engine = build_engine(profile(tiny_hybrid, chunk=16), cache=False)
-    torch_engine.pin(stage)
-    assert torch_engine.generate(p, max_tokens=4).tokens == cold.tokens  # one set of weights, two runtimes
+    with build_engine(profile(tiny_hybrid, chunk=16)) as torch_model, torch_model.session(cache=False) as torch_off:
+        torch_off.pin(stage)
+        assert torch_off.generate(p, max_tokens=4).tokens == cold.tokens  # one set of weights, two runtimes

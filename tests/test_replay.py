@@ -26,7 +26,7 @@ def profile(model="default", **over) -> EngineProfile:
 
 
 def sim(base: EngineProfile):
-    return lambda spec, cache: SimEngine(base.model_copy(update={"snapshots": spec}), cache=cache)
+    return lambda spec: SimEngine(base.model_copy(update={"snapshots": spec}))
 
 
 def reused(report, policy, trace):

@@ -39,9 +39,6 @@ class ResponseCache:
         self.db.execute("INSERT OR REPLACE INTO response VALUES (?, ?, ?, ?, ?, ?)",
                         (pipeline_hash, stage, prompt_digest, model_digest, adapter_digest, json.dumps(result)))
 
-    def hashes(self) -> set[str]:
-        return {r[0] for r in self.db.execute("SELECT DISTINCT pipeline_hash FROM response")}
-
     def last_seen(self, workspace: str) -> tuple[str | None, str | None] | None:
         row = self.db.execute("SELECT model_digest, adapter_digest FROM seen WHERE workspace=?", (workspace,)).fetchone()
         return (row[0], row[1]) if row else None

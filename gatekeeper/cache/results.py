@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from safetensors import SafetensorError
+
 from ..identity import digest, file_digest
 
 
@@ -40,11 +42,24 @@ class ResultLayer:
             return None, "missing"
         try:
             record = json.loads(meta.read_text())
-            if file_digest(data, memo=False) != record["sha256"]:
-                return None, "tampered"
-            return read(data), "loaded"
-        except Exception:  # an unreadable record or file is as good as altered
+        except (OSError, ValueError):  # unreadable, not UTF-8, not JSON: as good as altered
             return None, "tampered"
+        if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+            return None, "tampered"
+        if file_digest(data, memo=False) != record["sha256"]:
+            return None, "tampered"
+        # A file its reader cannot parse is recomputed; a bug in the reader surfaces. Parse failures:
+        # a key the file lacks, safetensors' own error on a header or buffer, and mlx's loader errors
+        # (mx.load, under load_prompt_cache, raises RuntimeError named by its C++ source:
+        # "[load_safetensors] ...", "[read] ...", "[json.exception.parse_error.101] ...").
+        try:
+            return read(data), "loaded"
+        except (KeyError, SafetensorError):
+            return None, "tampered"
+        except RuntimeError as e:
+            if type(e) is RuntimeError and str(e).startswith("["):
+                return None, "tampered"
+            raise
 
     def save(self, tokens: Sequence[int], edges: Sequence[int] | None, state: Any,
              write: Callable[[Any, Path], None]) -> Path:

@@ -1,14 +1,23 @@
-"""The engine adapter contract every built-in and plugin engine implements."""
+"""The engine contract: a loaded **model** (weights, tokenizer, forward, identity) and the
+**sessions** it opens, one per configuration (cache on or off, registered stage boundaries, the
+prefix cache or snapshots, the result layer, figures).
+
+What callers need to know about an engine is declared here, with safe defaults, so the gate, the
+runtime, ``measure`` and ``replay`` never probe an adapter's internals.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import GatekeeperError
 from ..workspace import EngineProfile
+
+# The per-call figures an engine may report; ``Engine.observes`` says which it really measures.
+FIGURES = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
 
 
 @dataclass
@@ -31,7 +40,7 @@ class Generation:
 
 @dataclass
 class EngineStats:
-    """Running totals over an engine instance's life."""
+    """Running totals over a session's life."""
 
     calls: int = 0
     prompt_tokens: int = 0
@@ -56,19 +65,83 @@ def checked_request(prompt: Sequence[int], max_tokens: int) -> list[int]:
     return [int(t) for t in prompt]
 
 
-class Engine(ABC):
-    """A model behind a greedy ``generate``; the prefix cache belongs to the instance.
+class Session(ABC):
+    """One configuration's run on a loaded model.
 
-    ``cache=False`` means every call starts from a fresh state; ``cache=True`` means the
-    instance's prefix cache serves whatever prefix it holds.
+    ``cache=False``: every call starts from a fresh state. ``cache=True``: the session's prefix
+    cache serves whatever prefix it holds. ``results``: the result layer's folder, where pinned
+    prefix states are loaded from and saved to (engines that declare ``persists``). Sessions of
+    one model share nothing but the model.
     """
 
-    name: str = "engine"
-
-    def __init__(self, profile: EngineProfile, *, cache: bool = False):
-        self.profile = profile
-        self.cache_enabled = cache
+    def __init__(self, model: "Engine", *, cache: bool = False, results: Path | None = None):
+        self.model = model
+        self.cache = cache
         self.stats = EngineStats()
+        # pinned prefix -> where its state came from: computed | loaded | recomputed
+        self.pin_sources: dict[tuple[int, ...], str] = {}
+
+    @abstractmethod
+    def generate(
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+    ) -> Generation:
+        """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string."""
+
+    def pin(self, prefix: Sequence[int]) -> None:
+        """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
+        or off (call it in both), and with the cache on a state computed once and never evicted."""
+
+    def held(self) -> tuple[int | None, int | None]:
+        """States this session holds and their bytes; None where the cache lives elsewhere (a server)."""
+        return None, None
+
+    def snapshot_stats(self) -> dict[str, Any] | None:
+        """Snapshots taken, restored and erased (hybrid models); None where there are none."""
+        return None
+
+    def close(self) -> None:
+        """Drop every state this session holds."""
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Engine(ABC):
+    """A loaded model behind a chat template and a tokenizer; ``session()`` runs it.
+
+    Subclasses set ``session_class`` and may override the declarations below.
+    """
+
+    name: ClassVar[str] = "engine"
+    session_class: ClassVar[type[Session]]
+    concurrency: int = 1  # calls a session may have in flight at once (the gate runs that many cases)
+    hybrid: bool = False  # a state that cannot be cut back: prefixes are reused through snapshots
+    persists: bool = False  # pinned prefix states can be saved to and loaded from the result layer
+    observes: ClassVar[frozenset[str]] = frozenset(FIGURES)  # the figures its calls really measure
+    # profile ``options`` the adapter understands (name -> what it does); None: any (a plugin's own)
+    options: ClassVar[Mapping[str, str] | None] = None
+
+    def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
+        self.profile = profile
+        self.workspace_root = workspace_root
+
+    @classmethod
+    def check(cls, profile: EngineProfile) -> None:
+        """Refuse, before anything is loaded, a profile this adapter cannot honour."""
+        if cls.options is None:
+            return
+        unknown = sorted(set(profile.options) - set(cls.options))
+        if unknown:
+            accepts = "; ".join(f"{k} ({v})" for k, v in cls.options.items()) or "no options"
+            raise GatekeeperError(f"{profile.where}: field 'options.{unknown[0]}': the {cls.name} adapter does not "
+                                  f"understand it; it accepts: {accepts}")
+
+    def session(self, *, cache: bool = False, results: Path | None = None) -> Session:
+        """A fresh session: nothing cached, nothing registered."""
+        return self.session_class(self, cache=cache, results=results if self.persists else None)
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @abstractmethod
@@ -81,13 +154,6 @@ class Engine(ABC):
 
     @abstractmethod
     def detokenize(self, tokens: Sequence[int]) -> str: ...
-
-    # --- generation -----------------------------------------------------------------------------
-    @abstractmethod
-    def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
-    ) -> Generation:
-        """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string."""
 
     # --- stop rules, for adapters that decode token by token --------------------------------------
     eos_ids: frozenset[int] = frozenset()
@@ -106,20 +172,6 @@ class Engine(ABC):
         cuts = [text.find(s) for s in stop if s and s in text]
         return text[: min(cuts)] if cuts else text
 
-    def pin(self, prefix: Sequence[int]) -> None:
-        """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
-        or off (call it in both), and with the cache on a state computed once and never evicted."""
-
-    def persist(self, root: Path) -> None:
-        """Keep pinned prefix states in the result layer under ``root``: load them from there when
-        their key matches, save what had to be computed. Engines without savable states ignore it."""
-
-    def reset_cache(self) -> None:
-        """Drop every cached state except pinned prefixes."""
-
-    def unpin(self) -> None:
-        """Forget every registered prefix and drop every cached state (prompts now render otherwise)."""
-
     @abstractmethod
     def identity(self) -> dict[str, Any]:
         """What makes the outputs what they are: engine name/version, library versions,
@@ -127,3 +179,9 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release the model."""
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

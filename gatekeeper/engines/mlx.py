@@ -95,12 +95,15 @@ class MLXKV:
         return out
 
     def save(self, state: list[Any], path: Path) -> None:
-        if not self.trimmable(state):
-            raise ValueError("only attention KV states can be saved")
+        # Every layer's ``state``: a ``KVCache``'s keys, values and offset, an ``ArraysCache``'s
+        # conv and recurrent arrays; ``load_prompt_cache`` rebuilds each class from it.
         save_prompt_cache(str(path), state)
 
     def load(self, path: Path) -> list[Any]:
-        return load_prompt_cache(str(path))
+        state = load_prompt_cache(str(path))
+        # ``mx.load`` is lazy: read the file now, while it is the one the result layer checked.
+        mx.eval([c.state for c in state])
+        return state
 
 
 def _device(name: str) -> Any:

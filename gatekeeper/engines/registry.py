@@ -61,11 +61,18 @@ def engine_class(adapter: str) -> type[Engine]:
     return cls
 
 
-def build_engine(profile: EngineProfile, *, cache: bool, workspace_root: Path | None = None) -> Engine:
-    """The engine a profile describes, with its prefix cache switched on or off."""
+def check_profile(profile: EngineProfile) -> type[Engine]:
+    """The adapter class a profile names, once it has accepted the profile (nothing is loaded)."""
+    cls = engine_class(resolve_profile(profile).adapter)
+    cls.check(profile)
+    return cls
+
+
+def build_engine(profile: EngineProfile, *, workspace_root: Path | None = None) -> Engine:
+    """The model a profile describes, loaded once; open a session per configuration on it."""
     profile = resolve_profile(profile)
-    cls = engine_class(profile.adapter)
+    cls = check_profile(profile)
     # Built-ins resolve relative model paths against the workspace; a plugin gets the root if it asks.
     if "workspace_root" in inspect.signature(cls).parameters:
-        return cls(profile, cache=cache, workspace_root=workspace_root)
-    return cls(profile, cache=cache)
+        return cls(profile, workspace_root=workspace_root)
+    return cls(profile)

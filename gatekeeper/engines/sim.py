@@ -73,10 +73,12 @@ class _NoText:
 class SimEngine(GreedyEngine):
     name = "sim"
 
-    def __init__(self, profile: EngineProfile, *, cache: bool = True, state_bytes: tuple[int, int] = (0, 0)):
+    persists = False
+
+    def __init__(self, profile: EngineProfile, *, state_bytes: tuple[int, int] = (0, 0)):
         self._state_bytes = state_bytes
         self.computed = 0  # prompt and decode tokens run through the (absent) model
-        super().__init__(profile, cache=cache)
+        super().__init__(profile)
 
     def _locate(self, workspace_root: Path | None) -> None:
         self.model_dir = self.adapter_dir = None

@@ -5,49 +5,139 @@ from __future__ import annotations
 import copy
 import inspect
 from contextlib import contextmanager
+from time import perf_counter
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 from transformers.utils import logging as hf_logging
 
 from ..errors import GatekeeperError
-from .greedy import GreedyEngine
+from ..identity import directory_digest
+from ..models import resolve_model
+from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
 
 class TorchEngine(GreedyEngine):
+    """A transformers causal LM. ``options``: ``attn_implementation`` (transformers' attention
+    kernel: eager, sdpa, ...), and ``draft_model`` (a local model directory with the same
+    vocabulary) for assisted greedy decoding: the draft proposes ``draft_tokens`` tokens, the
+    model checks them in one forward pass and keeps the longest run it agrees with, plus its own
+    next token. In exact arithmetic that is plain greedy decoding; in floating point the checking
+    pass has another shape, which is what a gate on it measures."""
+
     name = "torch"
+    options = {"attn_implementation": "transformers' attention kernel (eager, sdpa, flash_attention_2, ...)",
+               "draft_model": "a local model directory (or 'default') that drafts tokens for assisted greedy decoding",
+               "draft_tokens": "tokens the draft proposes per step (default 4)"}
+
+    @classmethod
+    def check(cls, profile) -> None:
+        super().check(profile)
+        opts = profile.options
+        if "draft_tokens" in opts and not (isinstance(opts["draft_tokens"], int) and opts["draft_tokens"] > 0):
+            raise GatekeeperError(f"{profile.where}: field 'options.draft_tokens': must be a positive integer")
+        for key in ("attn_implementation", "draft_model"):
+            if key in opts and not (isinstance(opts[key], str) and opts[key]):
+                raise GatekeeperError(f"{profile.where}: field 'options.{key}': must be a non-empty string")
 
     def _load(self) -> None:
         self.device = _device(self.profile.device)
         self.dtype = _dtype(self.profile.dtype, self.device)
         self.device_name = self.device.type
         self.dtype_name = str(self.dtype).removeprefix("torch.")
-        with _no_progress_bars():
-            model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype, local_files_only=True)
+        opts = self.profile.options
+        self.model = self._from_pretrained(self.model_dir)
         if self.adapter_dir is not None:
-            model = _merge_lora(model, self.adapter_dir)
-        self.model = model.to(self.device).eval()
+            self.model = _merge_lora(self.model, self.adapter_dir)
         self.tok = ChatTokenizer(load_tokenizer(self.model_dir), self.model_dir)
         self.state_ops = TorchKV(self.model.config, self.device)
         # transformers renamed ``past_key_values`` to ``cache``; accept either release.
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.draft, self.draft_dir = None, None
+        if opts.get("draft_model"):
+            self.draft_dir = resolve_model(opts["draft_model"], self.workspace_root)
+            self.draft = self._from_pretrained(self.draft_dir)
+            if self.draft.config.vocab_size != self.model.config.vocab_size:
+                raise GatekeeperError(
+                    f"{self.profile.where}: field 'options.draft_model': {self.draft_dir} has a vocabulary of "
+                    f"{self.draft.config.vocab_size} tokens, the model {self.model.config.vocab_size}; a draft must share "
+                    "the model's tokenizer")
+        self.draft_tokens = int(opts.get("draft_tokens", 4))
 
-    def _new_state(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+    def _from_pretrained(self, path: Path) -> Any:
+        kwargs = {"attn_implementation": self.profile.options["attn_implementation"]} \
+            if "attn_implementation" in self.profile.options else {}
+        try:
+            with _no_progress_bars():
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=self.dtype, local_files_only=True, **kwargs)
+        except (ValueError, ImportError) as e:
+            if not kwargs:
+                raise
+            raise GatekeeperError(f"{self.profile.where}: field 'options.attn_implementation': transformers refused "
+                                  f"{kwargs['attn_implementation']!r} ({str(e).splitlines()[0]}); use eager or sdpa") from None
+        return model.to(self.device).eval()
 
-    def _forward(self, state: DynamicCache, tokens: Sequence[int]) -> np.ndarray:
+    def _new_state(self, model: Any = None) -> DynamicCache:
+        return DynamicCache(config=(model or self.model).config)
+
+    def _logits(self, model: Any, state: DynamicCache, tokens: Sequence[int], keep: int) -> torch.Tensor:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
-            out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_arg: state})
-            return out.logits[0, -1].float().cpu().numpy()
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: state})
+            return out.logits[0].float().cpu()
+
+    def _forward(self, state: DynamicCache, tokens: Sequence[int]) -> np.ndarray:
+        return self._logits(self.model, state, tokens, 1)[-1].numpy()
+
+    def _decode(self, prompt, state, logits, max_tokens, stop, margins):
+        if self.draft is None:
+            return super()._decode(prompt, state, logits, max_tokens, stop, margins)
+        if self.hybrid:
+            raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding needs a state "
+                                  "that can be cut back; this model has recurrent layers")
+        tokens = [pick(logits, margins)]
+        first = perf_counter()
+        drafted = self._new_state(self.draft)
+        while not self._done(tokens, max_tokens, stop):
+            # The draft catches up on what it has not seen, then proposes k tokens greedily.
+            seq = [*prompt, *tokens]
+            k = min(self.draft_tokens, max_tokens - len(tokens))
+            d = self._logits(self.draft, drafted, seq[drafted.get_seq_length():], 1)[-1].numpy()
+            proposals = []
+            for j in range(k):
+                proposals.append(int(np.argmax(d)))
+                if j < k - 1:
+                    d = self._logits(self.draft, drafted, proposals[-1:], 1)[-1].numpy()
+            # One checking pass: the model's logits after the last token and after each proposal.
+            checked = self._logits(self.model, state, [tokens[-1], *proposals], k + 1).numpy()
+            for i in range(k + 1):
+                tokens.append(pick(checked[i], margins))
+                if i == k or tokens[-1] != proposals[i] or self._done(tokens, max_tokens, stop):
+                    break
+            # Keep only what holds: every token but the last is in the model's state.
+            keep = len(prompt) + len(tokens) - 1
+            state.crop(keep - state.get_seq_length())
+            if drafted.get_seq_length() > keep:
+                drafted.crop(keep - drafted.get_seq_length())
+        return tokens, first
+
+    def _identity_extra(self) -> dict[str, Any]:
+        opts = self.profile.options
+        extra: dict[str, Any] = {}
+        if "attn_implementation" in opts:
+            extra["attn_implementation"] = opts["attn_implementation"]
+        if self.draft_dir is not None:
+            extra["draft"] = {"model_digest": directory_digest(self.draft_dir), "tokens": self.draft_tokens}
+        return extra
 
     def _libraries(self) -> dict[str, str]:
         libs = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -59,7 +149,7 @@ class TorchEngine(GreedyEngine):
 
     def close(self) -> None:
         super().close()
-        self.model = None
+        self.model = self.draft = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -70,6 +160,11 @@ class TorchKV:
     A fork's layers point at slices of the stored tensors; ``DynamicLayer.update`` concatenates
     into new tensors rather than writing in place, so the stored entry stays as it was without
     copying it.
+
+    ``save`` writes every layer's state: attention keys and values (with a sliding window's
+    position count and an indexer's keys), and a linear-attention layer's conv and recurrent
+    states with whether it has seen tokens. ``load`` fills a cache built from the config with them,
+    so a loaded hybrid snapshot serves like the one computed.
     """
 
     def __init__(self, config: Any, device: torch.device):
@@ -103,23 +198,64 @@ class TorchKV:
         return fork
 
     def save(self, state: DynamicCache, path: Path) -> None:
-        if not self.trimmable(state):
-            raise ValueError("only attention KV states can be saved")
-        tensors = {}
+        tensors: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(state.layers):
-            if layer.is_initialized:
+            for name, value in vars(layer).items():  # a layer kind this does not know is refused, not half saved
+                if name not in _SAVED and (isinstance(value, torch.Tensor) or isinstance(value, dict)
+                                           and any(isinstance(v, torch.Tensor) for v in value.values())):
+                    raise ValueError(f"cannot save a {type(layer).__name__} cache layer: its {name!r} is not handled")
+            if getattr(layer, "record_past", False):
+                raise ValueError(f"cannot save a {type(layer).__name__} cache layer that records its past")
+            if getattr(layer, "is_initialized", False) and layer.keys is not None:
                 tensors[f"{i}.keys"], tensors[f"{i}.values"] = layer.keys.contiguous(), layer.values.contiguous()
+                if isinstance(layer, DynamicSlidingWindowLayer):
+                    tensors[f"{i}.cumulative_length"] = torch.tensor(layer.cumulative_length)
+            for name in ("indexer_keys", "indexer_position_ids"):
+                if getattr(layer, name, None) is not None:
+                    tensors[f"{i}.{name}"] = getattr(layer, name).contiguous()
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                for j in range(layer.number_of_states):
+                    for kind in ("conv_states", "recurrent_states"):
+                        if getattr(layer, f"is_{kind}_initialized")[j]:
+                            tensors[f"{i}.{kind}.{j}"] = getattr(layer, kind)[j].contiguous()
+                tensors[f"{i}.has_previous_state"] = torch.tensor(
+                    [layer.has_previous_state[j] for j in range(layer.number_of_states)])
         save_file(tensors, str(path))
 
     def load(self, path: Path) -> DynamicCache:
-        tensors = load_file(str(path), device=str(self.device))
+        # From bytes, not ``load_file``: its CPU tensors map the file, so an edit made after the
+        # result layer checked it would reach the state.
+        tensors = {k: t.to(self.device) for k, t in load_bytes(path.read_bytes()).items()}
         state = DynamicCache(config=self.config)
         for i, layer in enumerate(state.layers):
             if f"{i}.keys" in tensors:
                 keys, values = tensors[f"{i}.keys"], tensors[f"{i}.values"]
                 layer.lazy_initialization(keys, values)
                 layer.keys, layer.values = keys, values
+                if isinstance(layer, DynamicSlidingWindowLayer):
+                    layer.cumulative_length = int(tensors[f"{i}.cumulative_length"])
+            if f"{i}.indexer_keys" in tensors:
+                layer.lazy_initialization_indexer(tensors[f"{i}.indexer_keys"])
+                layer.indexer_keys = tensors[f"{i}.indexer_keys"]
+            if f"{i}.indexer_position_ids" in tensors:
+                layer.indexer_position_ids = tensors[f"{i}.indexer_position_ids"]
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                previous = tensors[f"{i}.has_previous_state"].tolist()
+                for j in range(layer.number_of_states):
+                    for kind in ("conv_states", "recurrent_states"):
+                        if (t := tensors.get(f"{i}.{kind}.{j}")) is not None:
+                            getattr(layer, kind)[j] = t
+                            getattr(layer, f"is_{kind}_initialized")[j] = True
+                            layer.device, layer.dtype = t.device, t.dtype
+                    if layer.is_conv_states_initialized[j]:
+                        layer.conv_kernel_size[j] = layer.conv_states[j].shape[-1]
+                    layer.has_previous_state[j] = bool(previous[j])
         return state
+
+
+# Layer fields ``TorchKV.save`` writes (or that the config rebuilds: a sliding window's size).
+_SAVED = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
+                    "_sliding_window_tensor"})
 
 
 def _tensors(layer: Any) -> list[torch.Tensor]:

@@ -228,3 +228,10 @@ class Ledger:
     def verify(self) -> VerifyReport:
         with read(self.engine) as conn:
             return verify(conn)
+
+
+def open_ledger(url: str, *, create: bool) -> Ledger | None:
+    """The ledger at ``url``; with ``create=False`` a missing SQLite file gives None instead of a new database."""
+    if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return None
+    return Ledger(url)

@@ -1,0 +1,5 @@
+"""``python -m gatekeeper.cli``: the same command line as ``gatekeeper``."""
+
+from . import app
+
+app()

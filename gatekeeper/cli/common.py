@@ -1,0 +1,111 @@
+"""What every command shares: the global settings, error reporting, output, the option types, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from ..errors import GatekeeperError
+
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+# Options shared by the commands that run the battery.
+EngineName = Annotated[str, typer.Option(help="Engine profile in engines/.")]
+Suites = Annotated[Optional[list[str]], typer.Option(help="Only this suite (repeatable).")]
+Limit = Annotated[Optional[int], typer.Option(help="At most N cases per suite.")]
+Operator = Annotated[Optional[str], typer.Option(help="Who ran it (default: the login name).")]
+
+
+@dataclass
+class Settings:
+    workspace: Optional[Path]
+    ledger: Optional[str]
+
+    def open_workspace(self):
+        from ..workspace import Workspace
+
+        return Workspace(self.workspace)
+
+    def ledger_url(self, ws) -> str:
+        return self.ledger or f"sqlite:///{ws.ledger_path}"
+
+    def open_ledger(self, ws, *, create: bool):
+        """The ledger; with ``create=False`` a missing SQLite file gives None instead of a new database."""
+        from ..ledger import open_ledger
+
+        return open_ledger(self.ledger_url(ws), create=create)
+
+    def opened_ledger(self, ws, *, create: bool):
+        """``open_ledger`` for a ``with`` block, which closes it; a missing ledger is None there."""
+        ledger = self.open_ledger(ws, create=create)
+        return contextlib.nullcontext() if ledger is None else ledger
+
+
+def reporting(fn: Callable) -> Callable:
+    """Turn a GatekeeperError into exit 2 with its message (as {"error": ...} under --json)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except GatekeeperError as e:
+            if kwargs.get("json_"):
+                typer.echo(json.dumps({"error": str(e)}))
+            else:
+                typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:
+    if json_:
+        typer.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human()
+
+
+class progress:
+    """A progress bar on a terminal; silent under --json or when output is not a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled = total, enabled and sys.stderr.isatty()
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda label: None
+        from rich.progress import Progress
+
+        from rich.console import Console
+
+        self.bar = Progress(console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("evaluating", total=self.total)
+        return lambda label: self.bar.update(task, advance=1, description=label)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+
+
+class sigterm_as_interrupt:
+    """SIGTERM takes the same path as Ctrl-C, so the evaluation is recorded as aborted."""
+
+    def __enter__(self):
+        import signal
+
+        def handler(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        self.previous = signal.signal(signal.SIGTERM, handler)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.signal(signal.SIGTERM, self.previous)

@@ -1,0 +1,92 @@
+"""Evidence commands: evaluate a flag (the gate), measure the prefill tax, analyze captured prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from . import tables
+from .common import EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt
+
+
+@reporting
+def evaluate(
+    ctx: typer.Context,
+    flag: Annotated[str, typer.Option(help="The flag to evaluate (a policy in policies/).")],
+    engine: EngineName = "auto",
+    suite: Suites = None,
+    limit: Limit = None,
+    operator: Operator = None,
+    candidate: Annotated[Optional[Path], typer.Option(
+        help="adapter flag: the candidate LoRA adapter directory to compare with the current weights.")] = None,
+    json_: Json = False,
+) -> None:
+    """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
+    import getpass
+
+    from .. import gate, pipeline
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    with settings.opened_ledger(ws, create=False) as ledger:
+        force = pipeline.in_force(ws, ledger)
+    # every input is checked before anything is written
+    plan = gate.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate)
+    models = gate.open_engines(plan)
+    total = len(plan.items) * (plan.policy.baseline_repeats + 1)
+    with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
+          sigterm_as_interrupt()):
+        try:
+            outcome = gate.evaluate(plan, ledger, models, operator or getpass.getuser(), advance)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the evaluation is recorded as aborted (no verdict); the ledger is intact", err=True)
+            raise typer.Exit(130) from None
+        finally:
+            gate.close_engines(models)
+    emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
+    if outcome.verdict != "PASS":
+        raise typer.Exit(1)
+
+
+@reporting
+def measure(
+    ctx: typer.Context,
+    engine: EngineName = "auto",
+    flag: Annotated[str, typer.Option(help="The cache flag whose state is set (a policy in policies/).")] = "prefix_cache",
+    flag_state: Annotated[str, typer.Option(help="current (the ledger's), off or on.")] = "current",
+    compare: Annotated[bool, typer.Option("--compare", help="Run off, then on, and print the reduction per stage.")] = False,
+    suite: Suites = None,
+    limit: Limit = None,
+    capture: Annotated[Optional[Path], typer.Option(help="Write each rendered prompt to this local JSONL file.")] = None,
+    operator: Operator = None,
+    json_: Json = False,
+) -> None:
+    """Run the battery's cases through the runtime and print the prefill tax per stage."""
+    import getpass
+
+    from .. import measure as measuring
+    from ..capture import check_path
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    p = measuring.plan(ws, flag, flag_state, compare, engine, suite, limit)
+    if capture is not None:
+        check_path(capture)
+    with progress(len(p.items) * len(p.states), enabled=not json_) as advance:
+        m = measuring.measure(p, settings.ledger_url(ws), capture, advance)
+    with settings.opened_ledger(ws, create=True) as ledger:  # written only once every run has finished
+        measuring.record(m, p, ledger, operator or getpass.getuser(), capture is not None)
+    emit(json_, m.to_dict(), lambda: tables.print_measurement(m.to_dict(), capture))
+
+
+@reporting
+def analyze(file: Annotated[Path, typer.Argument(help="A capture: JSONL, one request a line.")],
+            json_: Json = False) -> None:
+    """Read captured prompts and print the cacheable prefix share per stage and between consecutive requests."""
+    from .. import analyze as analysis
+    from .. import capture
+
+    report = analysis.analyze(capture.read(file))
+    emit(json_, {"file": str(file), **report}, lambda: tables.print_analysis(report))

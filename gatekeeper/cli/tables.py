@@ -1,0 +1,189 @@
+"""The human-readable output of the commands: plain functions that take the data and print it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+
+def _share(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+# --- flags -------------------------------------------------------------------------------------
+
+
+def print_status(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("flag", "state", "evaluation", "by", "since", "evidence")
+    for r in rows:
+        evidence = "-" if r["evidence_current"] is None else ("current" if r["evidence_current"] else "; ".join(r["evidence_problems"]))
+        table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-", evidence)
+    Console().print(table)
+
+
+def print_flip(flag: str, result) -> None:
+    if result.action == "refused":
+        typer.echo(f"refused: {flag} stays {result.state}")
+    elif result.action == "approved":
+        typer.echo(f"approval recorded ({result.approvals} of {result.required}); {flag} stays {result.state}")
+    else:
+        typer.echo(f"{flag} is now {result.state}")
+    for r in result.reasons:
+        typer.echo(f"  - {r}")
+
+
+def print_hash(data: dict[str, Any]) -> None:
+    parts = data["parts"]
+    typer.echo(f"{data['pipeline_hash']}\n" + "\n".join(
+        f"  {k}: {json.dumps(parts[k], sort_keys=True)}" for k in data["hash_parts"]))
+
+
+def print_pin(data: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("stage", "boundary (tokens)", "content hash", "model digest", "state")
+    for r in data["stages"]:
+        table.add_row(r["stage"], str(r["boundary"]), r["content_hash"][:16], r["model_digest"][:16], r["state"] or "-")
+    Console().print(table)
+    typer.echo(f"recipe written to {data['recipe']}")
+
+
+# --- evidence ----------------------------------------------------------------------------------
+
+
+def print_outcome(o) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"evaluation {o.evaluation_id}: {o.flag}", show_header=False)
+    rows = [
+        ("cases / assertions", f"{o.cases} / {o.assertions}"),
+        ("equal off~off / off~on", f"{o.equal['baseline']} / {o.equal['off_on']} (of {o.cases} cases)"),
+        ("assertions passed off / on", f"{o.passes['off']} / {o.passes['on']}"),
+        ("prompt tokens off / computed on", f"{o.tokens['prompt_off']} / {o.tokens['computed_on']}"),
+        ("cached tokens on", f"{o.tokens['cached_on']} ({o.exercised_share:.0%} of the {o.tokens['stable_prefix_bound']}-token stable-prefix bound)"),
+        ("cacheable share as written / partitioned", f"{o.cacheable_share['as_written']:.0%} / {o.cacheable_share['partitioned']:.0%}"),
+        ("wall seconds off (per run) / on", f"{o.seconds['off']:.1f} / {o.seconds['on']:.1f}"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    console = Console()
+    console.print(table)
+    saved = o.tokens["prompt_off"] - o.tokens["computed_on"]
+    console.print(f"verdict: [bold]{o.verdict}[/bold]   prefill saved with the flag on: {saved} tokens")
+    for r in o.reasons:
+        console.print(f"  - {r}")
+
+
+def print_measurement(m: dict, capture: Optional[Path]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for run in m["runs"]:
+        table = Table("stage", "calls", "prompt tok", "cached tok", "computed tok", "prefill s", "decode s",
+                      "prefill share", "wall s", "model s",
+                      title=f"measurement {m['measurement_id']}: {m['flag']} {run['flag_state']}")
+        for name, f in [*run["stages"].items(), ("total", run["total"])]:
+            table.add_row(name, str(f["calls"]), str(f["prompt_tokens"]), str(f["cached_tokens"]), str(f["computed_tokens"]),
+                          f"{f['prefill_s']:.3f}", f"{f['decode_s']:.3f}", f"{f['prefill_share']:.0%}",
+                          f"{f['wall_s']:.3f}", f"{f['prefill_s'] + f['decode_s']:.3f}")
+        console.print(table)
+        console.print(f"end to end {run['wall_s']:.3f} s wall vs {run['total']['model_s']:.3f} s in the model "
+                      f"(overhead {run['overhead_s']:.3f} s); start-up {run['startup_s']:.3f} s")
+    if m["reduction"]:
+        table = Table("stage", "computed tok off", "on", "saved", "reduction", "prefill s off", "on", "reduction",
+                      title="what the flag saves")
+        for name, r in m["reduction"].items():
+            table.add_row(name, str(r["computed_tokens_off"]), str(r["computed_tokens_on"]), str(r["computed_tokens_saved"]),
+                          f"{r['computed_tokens_reduction']:.0%}", f"{r['prefill_s_off']:.3f}", f"{r['prefill_s_on']:.3f}",
+                          f"{r['prefill_s_reduction']:.0%}")
+        console.print(table)
+    if capture is not None:
+        console.print(f"prompts captured to {capture} (local file; read it with 'gatekeeper analyze {capture}')")
+
+
+def print_analysis(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..analyze import LONG, SHORT
+
+    console = Console()
+    table = Table("stage", "calls", "mean bytes", "stable bytes", "stable share", "cacheable written", "partitioned",
+                  title=f"{r['requests']} requests, {r['streams']} streams: byte-stable prefix per stage")
+    for name, s in r["stages"].items():
+        c = s["cacheable_share"] or {}
+        table.add_row(name, str(s["calls"]), str(s["mean_prompt_bytes"] or "-"), str(s["stable_prefix_bytes"] or "-"),
+                      _share(s["byte_stable_share"]), _share(c.get("as_written")), _share(c.get("partitioned")))
+    console.print(table)
+    if r["consecutive"] is None:
+        console.print("consecutive requests: some lines carry only tokens and others only text; no common unit")
+        return
+    views = r["consecutive"]
+    table = Table(f"common prefix ({r['unit']})", *(v.replace("_", " ") for v in views),
+                  title="with the previous request (nearest-rank percentiles)")
+    for key in ("pairs", "min", "p10", "p25", "median", "p75", "p90", "max"):
+        table.add_row(key, *(str(c["pairs"] if key == "pairs" else (c["common_prefix"] or {}).get(key, "-")) for c in views.values()))
+    for key, label in ((f"share_under_{SHORT}", f"share < {SHORT}"), (f"share_at_least_{LONG}", f"share >= {LONG}"),
+                       ("reusable_share", "reusable share")):
+        table.add_row(label, *(_share(c[key]) for c in views.values()))
+    console.print(table)
+
+
+# --- the ledger --------------------------------------------------------------------------------
+
+
+def print_evaluations(evaluations: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("id", "flag", "status", "operator", "started", "cases")
+    for e in evaluations:
+        table.add_row(str(e["id"]), e["flag"], e["status"], e["operator"], e["started_at"], str(e.get("case_results", "")))
+    Console().print(table)
+
+
+def print_evaluation(ev: dict) -> None:
+    typer.echo(f"evaluation {ev['id']}  flag {ev['flag']}  status {ev['status']}")
+    typer.echo(f"  operator {ev['operator']}  started {ev['started_at']}  gate {ev['gate']}")
+    for reason in ev.get("reasons") or []:
+        typer.echo(f"  - {reason}")
+    typer.echo(f"  case results: {len(ev['case_results'])}  comparisons: {len(ev['comparisons'])}")
+    for c in ev["comparisons"]:
+        if not c["equal"]:
+            typer.echo(f"  differs: {c['case_id']} ({c['detail'].get('pair', '')})")
+
+
+def print_verify(data: dict[str, Any]) -> None:
+    typer.echo(f"ledger ok: {data['entries']} entries, chain and records intact" if data["ok"]
+               else f"ledger TAMPERED: {data['problem']}")
+
+
+# --- hybrid models -----------------------------------------------------------------------------
+
+
+def print_replay(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("policy", "trace", "req", "bound", "reused", "re-done", "share", "restores", "forced",
+                  "snaps", "bytes", "same",
+                  title=f"replay of {r['source']} ({'simulated' if r['simulated'] else 'engine ' + r['engine']})")
+    for p in r["policies"]:
+        for name, t in p["traces"].items():
+            same = "-" if t["identical"] is None else ("yes" if t["identical"] else f"NO: {t['differing']}")
+            table.add_row(p["policy"], name, str(t["requests"]), str(t["bound"]), str(t["reused"]), str(t["redone"]),
+                          _share(t["realized_share"]), str(t["restores"]), str(t["forced_full"]),
+                          *("-" if t[k] is None else str(t[k]) for k in ("snapshots_held", "snapshot_bytes")), same)
+    Console().print(table)
+    if r.get("hybrid") is False:
+        Console().print("this model's state can be cut back (attention only): the prefix cache serves it, "
+                        "and snapshot policies do not apply")

@@ -1,0 +1,170 @@
+"""Declared enablements: a flag says what it changes (``change:``), the gate compares the pipeline
+in force with and without it, and a flag that is on applies its change everywhere."""
+
+import json
+
+import pytest
+
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.runtime import Runtime
+
+from conftest import ledger, profile
+
+
+def policy(ws, flag, change, gate="byte_equivalence", extra=""):
+    (ws / "policies" / f"{flag}.yaml").write_text(f"flag: {flag}\ngate: {gate}\nchange: {change}\n{extra}")
+
+
+def cli(run_cli, ws, *args):
+    code, out, _ = run_cli("--workspace", ws, *args, "--json")
+    return code, json.loads(out)
+
+
+def evaluate(run_cli, ws, flag, engine="tiny", operator="ci", *extra):
+    return cli(run_cli, ws, "evaluate", "--flag", flag, "--engine", engine, "--operator", operator, *extra)
+
+
+def flip_on(run_cli, ws, flag, evaluation_id, operator="ops"):
+    return cli(run_cli, ws, "flip", flag, "on", "--evaluation", str(evaluation_id), "--operator", operator,
+               "--reason", "evidence passed")
+
+
+def status(run_cli, ws, flag):
+    code, out = cli(run_cli, ws, "status")
+    assert code == 0
+    return next(f for f in out["flags"] if f["flag"] == flag)
+
+
+def test_flag_without_change_is_refused(run_cli, tiny_ws):
+    (tiny_ws / "policies" / "kv_q8.yaml").write_text("flag: kv_q8\ngate: byte_equivalence\n")
+    code, out = evaluate(run_cli, tiny_ws, "kv_q8")
+    assert code == 2 and "kv_q8.yaml" in out["error"] and "field 'change'" in out["error"]
+    assert "change: {profile:" in out["error"] and "change: {engine: NAME}" in out["error"]  # the fix
+    assert not (tiny_ws / "ledger" / "evidence.db").exists()  # nothing written
+    (tiny_ws / "policies" / "kv_q8.yaml").unlink()
+    (tiny_ws / "policies" / "prefix_cache.yaml").write_text(
+        (tiny_ws / "policies" / "prefix_cache.yaml").read_text() + "change: {profile: {dtype: float16}}\n")
+    code, out = evaluate(run_cli, tiny_ws, "prefix_cache")
+    assert code == 2 and "built in" in out["error"] and "prefix_cache.yaml" in out["error"]
+
+
+@pytest.mark.parametrize("change, words", [
+    ("{profile: {colour: red}}", ["'colour' is not an engine profile field"]),
+    ("{profile: {dtype: float8}}", ["dtype"]),
+    ("{profile: {options: {type_k: q8_0}}}", ["engines/tiny.yaml as changed by policies/kvq.yaml", "options.type_k",
+                                              "torch adapter does not understand", "draft_model"]),
+    ("{engine: nowhere}", ["no engine profile 'nowhere'"]),
+])
+def test_bad_change_is_exit_2_naming_what_and_how(run_cli, tiny_ws, change, words):
+    policy(tiny_ws, "kvq", change)
+    code, out = evaluate(run_cli, tiny_ws, "kvq")
+    assert code == 2, out
+    for w in words:
+        assert w in out["error"], out["error"]
+    assert not (tiny_ws / "ledger" / "evidence.db").exists()
+
+
+def test_dtype_change_follows_the_outputs_and_runs_when_on(run_cli, tiny_ws):
+    policy(tiny_ws, "half", "{profile: {dtype: float16}}")
+    code, out = evaluate(run_cli, tiny_ws, "half")
+    assert out["verdict"] in ("PASS", "FAIL")
+    with ledger(tiny_ws) as lg:
+        ev = lg.evaluation(out["evaluation_id"])
+    assert ev["identity"]["off"]["engine"]["dtype"] == "float32" and ev["identity"]["on"]["engine"]["dtype"] == "float16"
+    assert ev["identity"]["on"]["change"] == {"profile": {"dtype": "float16"}}
+    # The verdict follows the outputs: PASS exactly when every case's tokens agree off and on.
+    results = {(r["case_id"], r["config"], r["repeat"]): r["result"] for r in ev["case_results"]}
+    same = all([t["tokens"] for t in results[(c, "off", 0)]["turns"]] == [t["tokens"] for t in results[(c, "on", 0)]["turns"]]
+               for c in {k[0] for k in results})
+    assert (out["verdict"] == "PASS") == same
+    assert out["differing_cases"] == [] if same else out["differing_cases"]
+    if out["verdict"] != "PASS":
+        pytest.skip("float16 changed a token on this model: the flip half of the test needs a PASS")
+    code, before = cli(run_cli, tiny_ws, "hash", "--engine", "tiny")
+    code, result = flip_on(run_cli, tiny_ws, "half", out["evaluation_id"])
+    assert code == 0 and result["state"] == "on", result
+    code, after = cli(run_cli, tiny_ws, "hash", "--engine", "tiny")
+    assert after["pipeline_hash"] != before["pipeline_hash"]
+    assert after["parts"]["flags"]["half"] == {"state": "on", "change": {"profile": {"dtype": "float16"}}}
+    with Runtime(tiny_ws, engine="tiny", response_cache=False) as rt:
+        assert rt.model.identity()["dtype"] == "float16" and str(rt.model.dtype) == "torch.float16"
+        assert rt.pipeline_hash == after["pipeline_hash"]
+
+
+def test_planted_token_change_is_caught(run_cli, tiny_ws):
+    policy(tiny_ws, "planted", "{profile: {adapter: 'fault_engines:OneTokenOff'}}")
+    code, out = evaluate(run_cli, tiny_ws, "planted")
+    assert code == 1 and out["verdict"] == "FAIL", out
+    assert set(out["differing_cases"]) == {"tiny/a", "tiny/b", "tiny/c", "tiny/loop"}
+    with ledger(tiny_ws) as lg:
+        ev = lg.evaluation(out["evaluation_id"])
+    diff = next(c["detail"] for c in ev["comparisons"] if c["case_id"] == "tiny/a" and c["detail"]["pair"] == "off#0~on#0")
+    assert diff["first_divergent_position"] == 2 and diff["b"]["token"] == (diff["a"]["token"] + 1) % 256
+    assert diff["a"]["margin"] is not None and diff["a"]["margin"] >= 0
+    assert any(r.startswith("differs: tiny/a turn 1 first divergent token at position 2") for r in out["reasons"])
+
+
+@pytest.mark.parametrize("margin, verdict", [(0.34, "PASS"), (0.2, "FAIL")])
+def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, margin, verdict):
+    # One of the four passing assertions (tiny/c: not-contains zebra) breaks under the change.
+    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", f"margin: {margin}\n")
+    code, out = evaluate(run_cli, tiny_ws, "lossy")
+    assert out["verdict"] == verdict, out
+    assert out["passes"]["on"] == out["passes"]["off"] - 1 and out["passes"]["off"] >= 3
+    assert "regressed: tiny/c assertion '#1 not-contains' passes without lossy, fails with lossy" in out["reasons"]
+    assert any(r.startswith("non_inferior:" if verdict == "PASS" else "inferior:") for r in out["reasons"])
+
+
+def passing(run_cli, ws, flag):
+    code, out = evaluate(run_cli, ws, flag, "tiny", "ci", "--limit", "1")
+    assert out["verdict"] == "PASS", out
+    return out["evaluation_id"]
+
+
+def test_two_flags_on_changing_one_field(run_cli, tiny_ws):
+    policy(tiny_ws, "chunk_a", "{profile: {chunk: 64}}")
+    policy(tiny_ws, "chunk_b", "{profile: {chunk: 32, cache: {max_entries: 8}}}")
+    code, result = flip_on(run_cli, tiny_ws, "chunk_a", passing(run_cli, tiny_ws, "chunk_a"))
+    assert result["state"] == "on", result
+    for args in (("evaluate", "--flag", "chunk_b", "--engine", "tiny"), ):
+        code, out = cli(run_cli, tiny_ws, *args)
+        assert code == 2 and "chunk_a" in out["error"] and "chunk_b" in out["error"] and "'chunk'" in out["error"], out
+    with pytest.raises(GatekeeperError, match="chunk_a and chunk_b are both on"):
+        Runtime(tiny_ws, engine="tiny", flags={"chunk_b": "on"}, response_cache=False)
+    # Distinct fields combine, in a stable order: both changes are in force.
+    policy(tiny_ws, "chunk_b", "{profile: {cache: {max_entries: 8}}}")
+    with Runtime(tiny_ws, engine="tiny", flags={"chunk_b": "on"}, response_cache=False) as rt:
+        assert (rt.model.profile.chunk, rt.model.profile.cache.max_entries) == (64, 8)
+        assert rt.model.profile.changed_by == ("chunk_a", "chunk_b")
+
+
+def test_editing_a_flipped_change_makes_its_evidence_stale(run_cli, tiny_ws):
+    policy(tiny_ws, "chunky", "{profile: {chunk: 64}}")
+    eid = passing(run_cli, tiny_ws, "chunky")
+    code, result = flip_on(run_cli, tiny_ws, "chunky", eid)
+    assert result["state"] == "on"
+    assert status(run_cli, tiny_ws, "chunky")["evidence_current"] is True
+    policy(tiny_ws, "chunky", "{profile: {chunk: 32}}")
+    st = status(run_cli, tiny_ws, "chunky")
+    assert st["evidence_current"] is False
+    assert any(p.startswith("stale:") and "change" in p and "chunk" in p for p in st["evidence_problems"]), st
+    # The running pipeline keeps what was approved, not the edit.
+    with Runtime(tiny_ws, engine="tiny", response_cache=False) as rt:
+        assert rt.model.profile.chunk == 64
+    code, result = flip_on(run_cli, tiny_ws, "chunky", eid, operator="ops2")
+    assert code == 1 and result["action"] == "refused" and result["reasons"][0].startswith("stale:"), result
+
+
+def test_runtime_migration_to_a_blind_engine_is_called_out(run_cli, tiny_ws, tiny_llama):
+    (tiny_ws / "engines" / "blind.yaml").write_text(profile("fault_engines:Blind", tiny_llama))
+    policy(tiny_ws, "migrate", "{engine: blind}", "non_inferiority")
+    code, out = evaluate(run_cli, tiny_ws, "migrate")
+    assert out["verdict"] == "PASS", out  # the same weights: nothing regresses
+    blind = [r for r in out["reasons"] if r.startswith("telemetry_blind:")]
+    assert len(blind) == 1 and "flag-on engine" in blind[0] and "engines/blind.yaml" in blind[0], out["reasons"]
+    assert set(out["telemetry"]["off"]) == set(out["telemetry"]["on"]) == {"tiny"}
+    assert out["telemetry"]["off"]["tiny"]["calls"] == 6 and out["telemetry"]["off"]["tiny"]["prompt_tokens"] > 0
+    with ledger(tiny_ws) as lg:
+        ev = lg.evaluation(out["evaluation_id"])
+    assert ev["identity"]["on"]["profile"]["adapter"] == "fault_engines:Blind"
+    assert ev["identity"]["off"]["profile"]["adapter"] == "torch"
