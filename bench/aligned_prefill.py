@@ -6,8 +6,8 @@ case), with torch on the default model, it times per suite:
          pinned prefix and every ``chunk`` tokens) vs monolithic (one pass); target aligned/mono <= 1.05
   hit    the same prompts with the cache on and the stage prefix pinned, under each plan: prefill
          time saved against that plan's own cold run, and tokens served from the cache.
-One engine serves both plans (its profile is switched between runs), and plans alternate rep by
-rep on each prompt, so both see the same weights, kernels and machine load; each figure is the
+One loaded model serves both plans (a session per plan, opened with the model's profile set to
+that plan), and plans alternate rep by rep on each prompt, so both see the same weights, kernels and machine load; each figure is the
 fastest of the reps (the least disturbed by other work on the machine).
 
     python bench/aligned_prefill.py [--limit 3] [--reps 3] [--dtype float32] [--chunk 256] [--threads N]
@@ -34,20 +34,25 @@ from gatekeeper.workspace import EngineProfile, Workspace  # noqa: E402
 PLANS = ("monolithic", "aligned")
 
 
-def prompts(engine, ws: Workspace, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
+def prompts(model, ws: Workspace, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
     """suite -> (prompts, the static prefix the gate would pin)."""
     out: dict[str, tuple[list[list[int]], list[int]]] = {}
     for item in battery.load(ws, limit=limit):
         values = {**item.case.vars, **(item.case.turns[0] if item.case.turns else {})}
-        r = partition.render(engine, partition.pieces(ws, item.suite, values), "partitioned")
+        r = partition.render(model, partition.pieces(ws, item.suite, values), "partitioned")
         ids, _ = out.setdefault(item.suite.suite, ([], r.tokens[: r.static_tokens]))
         ids.append(r.tokens)
     return out
 
 
-def use_plan(engine, base: EngineProfile, plan: str, *, cache: bool) -> None:
-    engine.profile = base.model_copy(update={"prefill": plan})
-    engine.cache_enabled = cache
+def open_session(model, base: EngineProfile, plan: str, prefixes: list[list[int]], *, cache: bool):
+    """A fresh session under ``plan`` (a session takes its plan from the model's profile when it
+    opens), every stage prefix registered: for both plans and both cache states, as the gate does."""
+    model.profile = base.model_copy(update={"prefill": plan})
+    session = model.session(cache=cache)
+    for prefix in prefixes:
+        session.pin(prefix)
+    return session
 
 
 def main() -> None:
@@ -66,11 +71,11 @@ def main() -> None:
 
     ws = Workspace(ROOT)
     base = EngineProfile(adapter="torch", model="default", dtype=args.dtype, device="auto", chunk=args.chunk)
-    engine = build_engine(base, cache=False, workspace_root=ws.root)
-    suites = prompts(engine, ws, args.limit)
-    for prefix in (pre for _, pre in suites.values()):
-        engine.pin(prefix)  # registered for both plans and both cache states, as the gate does
-    engine.generate(next(iter(suites.values()))[0][0], max_tokens=1)  # warm-up
+    model = build_engine(base, workspace_root=ws.root)
+    suites = prompts(model, ws, args.limit)
+    prefixes = [pre for _, pre in suites.values()]
+    colds = {plan: open_session(model, base, plan, prefixes, cache=False) for plan in PLANS}
+    colds["aligned"].generate(next(iter(suites.values()))[0][0], max_tokens=1)  # warm-up
 
     cold: dict[tuple[str, str], list[float]] = defaultdict(list)  # (suite, plan) -> per prompt
     hit: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -80,23 +85,23 @@ def main() -> None:
             times = {plan: [] for plan in PLANS}
             for rep in range(args.reps):
                 for plan in PLANS if rep % 2 == 0 else PLANS[::-1]:
-                    use_plan(engine, base, plan, cache=False)
-                    times[plan].append(engine.generate(p, max_tokens=1).prefill_s)
+                    times[plan].append(colds[plan].generate(p, max_tokens=1).prefill_s)
             for plan in PLANS:
                 cold[suite, plan].append(min(times[plan]))
         for plan in PLANS:  # hits: the suite's prompts in order, the stage prefix pinned
-            use_plan(engine, base, plan, cache=True)
-            engine.prefix_cache.clear()  # the pinned states are rebuilt under this plan on the next call
             per = [[] for _ in ids]
             for _ in range(args.reps):
-                engine.reset_cache()
-                for i, p in enumerate(ids):
-                    g = engine.generate(p, max_tokens=1)
-                    per[i].append(g.prefill_s)
-                    cached[suite, plan] += g.cached_tokens
+                # A fresh session each rep: the pinned states only, computed under this plan.
+                with open_session(model, base, plan, prefixes, cache=True) as on:
+                    for i, p in enumerate(ids):
+                        g = on.generate(p, max_tokens=1)
+                        per[i].append(g.prefill_s)
+                        cached[suite, plan] += g.cached_tokens
             hit[suite, plan] = [min(t) for t in per]
+    for session in colds.values():
+        session.close()
 
-    print(f"torch {engine.device_name} {engine.dtype_name}, threads {torch.get_num_threads()}, chunk {args.chunk}, "
+    print(f"torch {model.device_name} {model.dtype_name}, threads {torch.get_num_threads()}, chunk {args.chunk}, "
           f"{args.limit} cases per suite, fastest of {args.reps}")
     print(f"{'suite':<12} {'prompts':>7} {'tokens':>7} {'prefix':>6}   {'cold mono':>9} {'cold aligned':>12} {'aligned/mono':>12}"
           f"   {'hit mono':>8} {'saved':>6} {'hit aligned':>11} {'saved':>6}   {'cached mono/aligned':>19}")
@@ -116,6 +121,7 @@ def main() -> None:
     print(f"{'all':<12} cold prefill aligned/monolithic {ratio:.3f} (target <= 1.05); "
           f"hit saves {1 - totals['hit monolithic'] / totals['cold monolithic']:.1%} (monolithic) "
           f"vs {1 - totals['hit aligned'] / totals['cold aligned']:.1%} (aligned) of cold prefill time")
+    model.close()
 
 
 if __name__ == "__main__":

@@ -35,12 +35,12 @@ QUESTION = (
 )
 
 
-def system_prompt(engine, min_tokens: int) -> str:
+def system_prompt(model, min_tokens: int) -> str:
     """Tool descriptions, added until the rendered system turn reaches ``min_tokens`` tokens."""
     kinds = ["flights", "hotels", "trains", "cars", "weather", "events", "museums", "restaurants", "tours", "ferries"]
     lines = ["You are the router of a travel assistant. Pick exactly one tool and answer with its name and JSON arguments."]
     i = 0
-    while len(engine.tokenize(engine.render([{"role": "system", "content": "\n".join(lines)}]))) < min_tokens:
+    while len(model.tokenize(model.render([{"role": "system", "content": "\n".join(lines)}]))) < min_tokens:
         kind, action = kinds[i % len(kinds)], ["search", "book", "cancel"][i // len(kinds) % 3]
         lines.append(
             f"- {action}_{kind}: {action.capitalize()} {kind} for the traveller. Arguments: "
@@ -51,41 +51,44 @@ def system_prompt(engine, min_tokens: int) -> str:
     return "\n".join(lines)
 
 
-def build_prompt(engine, system: str, suffix_tokens: int) -> tuple[list[int], int]:
+def build_prompt(model, system: str, suffix_tokens: int) -> tuple[list[int], int]:
     """(prompt, shared): the question's words are added until the suffix reaches ``suffix_tokens``."""
-    head = engine.tokenize(engine.render([{"role": "system", "content": system}]))
+    head = model.tokenize(model.render([{"role": "system", "content": system}]))
     words = QUESTION.split()
     for n in range(1, len(words) + 1):
         turn = [{"role": "system", "content": system}, {"role": "user", "content": " ".join(words[:n])}]
-        prompt = engine.tokenize(engine.render(turn))
+        prompt = model.tokenize(model.render(turn))
         shared = next(i for i, (a, b) in enumerate(zip(prompt, head + [-1])) if a != b)
         if len(prompt) - shared >= suffix_tokens:
             break
     return prompt, shared
 
 
-def measure(label: str, engine, prefix_tokens: int, reps: int) -> None:
-    prompt, shared = build_prompt(engine, system_prompt(engine, prefix_tokens), suffix_tokens=45)
-    engine.cache_enabled = True
-    engine.pin(prompt[:shared])
-    pinned = engine.prefix_cache.get(prompt[:shared])
+def measure(label: str, model, prefix_tokens: int, reps: int) -> None:
+    prompt, shared = build_prompt(model, system_prompt(model, prefix_tokens), suffix_tokens=45)
+    off = model.session(cache=False)
+    off.pin(prompt[:shared])  # a boundary of the plan, as in the cache-on session
 
     miss, hit, floor, cached = [], [], [], []
-    engine.generate(prompt, max_tokens=1)  # warm-up: first-call allocations, kernels
+    with model.session(cache=True) as warm:  # warm-up: first-call allocations, kernels
+        warm.pin(prompt[:shared])
+        warm.generate(prompt, max_tokens=1)
     for _ in range(reps):
-        engine.cache_enabled = False
-        miss.append(engine.generate(prompt, max_tokens=1).ttft_s)
+        miss.append(off.generate(prompt, max_tokens=1).ttft_s)
 
-        engine.cache_enabled = True
-        engine.reset_cache()  # drop the previous rep's full-prompt entry; the pinned prefix stays
-        g = engine.generate(prompt, max_tokens=1)
-        hit.append(g.ttft_s)
-        cached.append(g.cached_tokens)
+        # A fresh session each rep: only the pinned prefix is held, not the previous rep's full prompt.
+        with model.session(cache=True) as on:
+            on.pin(prompt[:shared])
+            pinned = on.prefix_cache.get(prompt[:shared])
+            g = on.generate(prompt, max_tokens=1)
+            hit.append(g.ttft_s)
+            cached.append(g.cached_tokens)
 
-        held = engine.state_ops.fork(pinned.state, shared)  # in hand before the clock starts
-        start = perf_counter()
-        pick(engine._forward(held, prompt[shared:]), None)
-        floor.append(perf_counter() - start)
+            held = model.state_ops.fork(pinned.state, shared)  # in hand before the clock starts
+            start = perf_counter()
+            pick(model._forward(held, prompt[shared:]), None)
+            floor.append(perf_counter() - start)
+    off.close()
 
     m, h, f = (statistics.median(x) for x in (miss, hit, floor))
     print(
@@ -105,16 +108,15 @@ def main() -> None:
     if not is_prepared():
         prepare_default_model()
     profile = EngineProfile(adapter="torch", model="default", dtype="float32", device="auto", prefill="monolithic")
-    torch_engine = build_engine(profile, cache=True)
-    measure(f"torch {torch_engine.device_name} default model", torch_engine, args.prefix_tokens, args.reps)
-    torch_engine.close()
+    with build_engine(profile) as torch_model:
+        measure(f"torch {torch_model.device_name} default model", torch_model, args.prefix_tokens, args.reps)
 
     from tiny_models import build_tiny_llama
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = build_tiny_llama(Path(tmp) / "tiny", layers=4, hidden=128)
-        mlx_engine = build_engine(profile.model_copy(update={"adapter": "mlx", "model": str(tiny)}), cache=True)
-        measure(f"mlx {mlx_engine.device_name} tiny llama", mlx_engine, args.prefix_tokens, args.reps)
+        with build_engine(profile.model_copy(update={"adapter": "mlx", "model": str(tiny)})) as mlx_model:
+            measure(f"mlx {mlx_model.device_name} tiny llama", mlx_model, args.prefix_tokens, args.reps)
 
 
 if __name__ == "__main__":

@@ -40,28 +40,27 @@ QUESTIONS = [
 ]
 
 
-def run(engine, prompts: list[list[int]], pin: list[int], cache: bool, max_tokens: int) -> tuple[float, int, int]:
-    """(prefill seconds, cached tokens, prompt tokens) over all prompts in one configuration."""
-    engine.cache_enabled = cache
-    engine.reset_cache()
-    engine.pin(pin)
-    gens = [engine.generate(p, max_tokens=max_tokens) for p in prompts]
+def run(model, prompts: list[list[int]], pin: list[int], cache: bool, max_tokens: int) -> tuple[float, int, int]:
+    """(prefill seconds, cached tokens, prompt tokens) over all prompts in one configuration, on a fresh session."""
+    with model.session(cache=cache) as session:
+        session.pin(pin)
+        gens = [session.generate(p, max_tokens=max_tokens) for p in prompts]
     return sum(g.prefill_s for g in gens), sum(g.cached_tokens for g in gens), sum(g.prompt_tokens for g in gens)
 
 
-def measure(label: str, engine, prefix_tokens: int, reps: int, max_tokens: int) -> None:
-    system = system_prompt(engine, prefix_tokens)
-    prompts = [engine.tokenize(engine.render([{"role": "system", "content": system}, {"role": "user", "content": q}]))
+def measure(label: str, model, prefix_tokens: int, reps: int, max_tokens: int) -> None:
+    system = system_prompt(model, prefix_tokens)
+    prompts = [model.tokenize(model.render([{"role": "system", "content": system}, {"role": "user", "content": q}]))
                for q in QUESTIONS]
     shared = 0
     while all(len(p) > shared + 1 and p[shared] == prompts[0][shared] for p in prompts):
         shared += 1
     pin = prompts[0][:shared]
-    run(engine, prompts[:1], pin, True, 1)  # warm-up: first-call allocations, kernels
+    run(model, prompts[:1], pin, True, 1)  # warm-up: first-call allocations, kernels
     off, on = [], []
     for _ in range(reps):
-        off.append(run(engine, prompts, pin, False, max_tokens))
-        on.append(run(engine, prompts, pin, True, max_tokens))
+        off.append(run(model, prompts, pin, False, max_tokens))
+        on.append(run(model, prompts, pin, True, max_tokens))
     t_off, t_on = statistics.median(r[0] for r in off), statistics.median(r[0] for r in on)
     cached, total = on[-1][1], on[-1][2]
     print(f"{label:<34} prompts {len(prompts)} x ~{total // len(prompts):>4} tok  shared {shared:>5}  "
@@ -86,11 +85,8 @@ def main() -> None:
     base = EngineProfile(adapter="torch", model="default", dtype="float32", device="cpu")
 
     def row(label: str, profile: EngineProfile) -> None:
-        engine = build_engine(profile, cache=False)
-        try:
-            measure(label, engine, args.prefix_tokens, args.reps, args.max_tokens)
-        finally:
-            engine.close()
+        with build_engine(profile) as model:
+            measure(label, model, args.prefix_tokens, args.reps, args.max_tokens)
 
     with ExitStack() as stack:
         if "torch" not in skip:

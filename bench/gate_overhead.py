@@ -18,43 +18,62 @@ import time
 from pathlib import Path
 
 from gatekeeper import gate, pipeline
-from gatekeeper.engines.registry import build_engine
 from gatekeeper.ledger import Ledger
 from gatekeeper.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Timed:
-    """Forwards to an engine and adds up the seconds the model spends computing (generate, pin).
+class Clock:
+    """The seconds the model spends computing (``generate`` and ``pin`` on its sessions).
 
     Rendering, tokenizing and identity digests count as gatekeeper's own time.
     """
 
-    MODEL_CALLS = ("generate", "pin")
+    def __init__(self):
+        self.seconds = 0.0
 
-    def __init__(self, engine):
-        self._engine, self.seconds = engine, 0.0
-
-    def __getattr__(self, name):
-        attr = getattr(self._engine, name)
-        if name not in self.MODEL_CALLS:
-            return attr
-
-        def timed(*args, **kwargs):
+    def timed(self, call):
+        def run(*args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return attr(*args, **kwargs)
+                return call(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - t0
 
-        return timed
+        return run
 
-    def __setattr__(self, name, value):
-        if name in ("_engine", "seconds"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._engine, name, value)
+
+class TimedSession:
+    """Forwards to a session, timing its model calls."""
+
+    MODEL_CALLS = ("generate", "pin")
+
+    def __init__(self, session, clock: Clock):
+        self._session, self._clock = session, clock
+
+    def __getattr__(self, name):
+        attr = getattr(self._session, name)
+        return self._clock.timed(attr) if name in self.MODEL_CALLS else attr
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._session.__exit__(*exc)
+
+
+class TimedModel:
+    """Forwards to a loaded model; the sessions it opens are timed."""
+
+    def __init__(self, model, clock: Clock):
+        self._model, self._clock = model, clock
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def session(self, **kwargs):
+        return TimedSession(self._model.session(**kwargs), self._clock)
 
 
 def main() -> None:
@@ -66,14 +85,19 @@ def main() -> None:
     ws = Workspace(ROOT)
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/evidence.db") as ledger:
         plan = gate.plan(ws, "prefix_cache", args.engine, None, args.limit, force=pipeline.in_force(ws, ledger))
-        engine = Timed(build_engine(plan.configs["off"].profile, cache=False, workspace_root=ws.root))
-        t0 = time.perf_counter()
-        outcome = gate.evaluate(plan, ledger, {"off": engine, "on": engine}, "bench")
-        wall = time.perf_counter() - t0
-    own = wall - engine.seconds
+        models = gate.open_engines(plan)  # one loaded model when both configurations share a profile
+        clock = Clock()
+        wrapped = {id(m): TimedModel(m, clock) for m in models.values()}
+        try:
+            t0 = time.perf_counter()
+            outcome = gate.evaluate(plan, ledger, {k: wrapped[id(m)] for k, m in models.items()}, "bench")
+            wall = time.perf_counter() - t0
+        finally:
+            gate.close_engines(models)
+    own = wall - clock.seconds
     print(f"cases: {outcome.cases} x {plan.policy.baseline_repeats + 1} runs   verdict: {outcome.verdict}")
     print(f"evaluation wall time:           {wall:8.2f} s")
-    print(f"  inside the engine:            {engine.seconds:8.2f} s")
+    print(f"  inside the engine:            {clock.seconds:8.2f} s")
     print(f"  gatekeeper's own:             {own:8.2f} s   share {own / wall:.2%}   (target < 2%)")
     bound = outcome.tokens["stable_prefix_bound"]
     print(f"stable-prefix bound (flag on):  {bound} tokens")

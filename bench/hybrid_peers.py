@@ -190,7 +190,8 @@ def run(scale: float, model: Path | None = None, chunk: int = 256, requests: int
     ours = replay.replay(seqs, specs, replay.maker(base, None, simulate=False), parity=True, max_tokens=MAX_TOKENS)
     rows = [(f"gatekeeper {p['policy']}", {n: p["traces"][n]["detail"][-1] for n in seqs},
              "yes (vs cache off)" if p["total"]["identical"] else "NO") for p in ours["policies"]]
-    cold = replay.serve(replay.maker(base, None, simulate=False)("boundaries", False), seqs["A->C"], MAX_TOKENS)[0]
+    with replay.maker(base, None, simulate=False)("boundaries") as loaded:
+        cold = replay.serve(loaded, seqs["A->C"], MAX_TOKENS, False)[0]
     binary = llama_build.server_binary()
     if binary is None:
         print("llama-server is not built (python -m gatekeeper.llama_build builds it, several minutes): skipped")

@@ -50,14 +50,14 @@ def table(title: str, report: dict, trace_names: list[str]) -> None:
 
 def state_bytes(model: Path, base: EngineProfile) -> tuple[int, int]:
     """(fixed, per token) bytes of the tiny model's state, fitted on two lengths."""
-    engine = replay.maker(base, None, simulate=False)("boundaries", False)
+    loaded = replay.maker(base, None, simulate=False)("boundaries")
     sizes = []
     for n in (64, 1088):
-        state = engine._new_state()
-        engine._forward(state, [40] * n)
-        sizes.append(engine.state_ops.nbytes(state))
+        state = loaded._new_state()
+        loaded._forward(state, [40] * n)
+        sizes.append(loaded.state_ops.nbytes(state))
     per = (sizes[1] - sizes[0]) // 1024
-    engine.close()
+    loaded.close()
     return sizes[0] - 64 * per, per
 
 

@@ -32,12 +32,12 @@ def test_second_call_is_served_from_the_response_cache(tiny_ws, tmp_path):
 
 def test_flag_on_in_the_ledger_turns_the_engine_cache_on(tiny_ws, tmp_path):
     with open_runtime(tiny_ws, tmp_path) as rt:
-        assert rt.flags == {"prefix_cache": "off"} and not rt.engine.cache_enabled
+        assert rt.flags == {"prefix_cache": "off"} and not rt.session.cache
         off_hash = rt.pipeline_hash
     with Ledger(f"sqlite:///{tiny_ws / 'ledger' / 'evidence.db'}") as lg:
         lg.add_flip("prefix_cache", "on", "ops", "test")
     with open_runtime(tiny_ws, tmp_path) as rt:
-        assert rt.engine.cache_enabled and rt.pipeline_hash != off_hash
+        assert rt.session.cache and rt.pipeline_hash != off_hash
         a = rt.complete("tiny", VARS[0])
         b = rt.complete("tiny", VARS[1])
     assert not a.from_response_cache  # made under the flag-off hash, so not served now
