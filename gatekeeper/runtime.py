@@ -75,6 +75,14 @@ class Runtime:
         capture_path = captures.check_path(capture) if capture is not None else None
         self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
         self.model = build_engine(pipeline.engine_profile(self.ws, engine, self.force), workspace_root=self.ws.root)
+        self.responses = self.session = self.capture = None
+        try:
+            self._open(response_cache, capture_path, persist)
+        except BaseException:  # the runtime lives inside a pipeline: leave nothing open behind
+            self.close()
+            raise
+
+    def _open(self, response_cache: Path | bool | None, capture_path: Path | None, persist: bool) -> None:
         identity = self.model.identity()
         self.model_digest, self.adapter_digest = identity["model_digest"], identity.get("adapter_digest")
         self.hash_parts, self.pipeline_hash = pipeline.version(self.ws, self.force, identity)
@@ -182,12 +190,9 @@ class Runtime:
                           g.decode_s, g.ttft_s, [*rendered.messages, {"role": "assistant", "content": g.text}])
 
     def close(self) -> None:
-        if self.capture is not None:
-            self.capture.close()
-        if self.responses is not None:
-            self.responses.close()
-        self.session.close()
-        self.model.close()
+        for part in (self.capture, self.responses, self.session, self.model):
+            if part is not None:
+                part.close()
 
     def __enter__(self) -> "Runtime":
         return self

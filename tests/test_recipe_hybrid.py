@@ -8,6 +8,7 @@ import pytest
 from test_recipe import forwarded, home  # noqa: F401  (fixtures)
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
+from gatekeeper.cache import results
 from gatekeeper.runtime import Runtime
 
 ON = {"prefix_cache": "on"}
@@ -102,3 +103,7 @@ def test_hybrid_boundary_snapshots_round_trip(hybrid_ws, home, run_cli, forwarde
     monkeypatch.setattr(ops, "load", lambda self, path, real=ops.load: shift_conv_windows(real(self, path)))
     shifted, _, sources = answers(hybrid_ws, engine, ON)
     assert sources == {"router": "loaded", "notes": "loaded"} and shifted != cold
+
+    # A model or adapter change purges them by their records' digests, as it does attention states.
+    assert results.purge(home / "prefix_states", rt.model_digest, rt.adapter_digest) == 2
+    assert not any((home / "prefix_states").iterdir())

@@ -30,7 +30,7 @@ class StateOps(Protocol):
         """
 
     def save(self, state: Any, path: Path) -> None:
-        """Write the state to a ``.safetensors`` file (the result layer; trimmable states only)."""
+        """Write the state to a ``.safetensors`` file (the result layer)."""
 
     def load(self, path: Path) -> Any:
         """A state read back from ``save``'s file, ready to serve like a freshly computed one."""

@@ -156,12 +156,12 @@ class GreedySession(Session):
         if self.hybrid and self.results is None:
             return
         for key in sorted(self._pins, key=len):  # shorter first: a longer one reuses it
+            if self.hybrid and not self._layout(key).snaps.get(len(key)):
+                continue  # the policy keeps no snapshot at boundaries
             entry = self.prefix_cache.get(key)
             if entry is not None:
                 entry.pinned = True
                 continue
-            if self.hybrid and not self._layout(key).snaps.get(len(key)):
-                continue  # the policy keeps no snapshot at boundaries
             cuts = self._cuts(key)
             edges = None if cuts is None else [*cuts, len(key)]
             state, why = self.results.load(key, edges, self.ops.load) if self.results else (None, "missing")
@@ -173,7 +173,8 @@ class GreedySession(Session):
                 if self.results is not None:
                     self.results.save(key, edges, state, self.ops.save)
             self.pin_sources[key] = {"loaded": "loaded", "tampered": "recomputed"}.get(why, "computed")
-            self.prefix_cache.store(key, state, pinned=True, edges=edges)  # a taken snapshot: already held
+            # (A snapshot the prefill took is already held: this returns it.)
+            self.prefix_cache.store(key, state, pinned=True, edges=edges)
 
     def held(self) -> tuple[int | None, int | None]:
         return len(self.prefix_cache), self.prefix_cache.nbytes
@@ -207,7 +208,8 @@ class GreedyEngine(Engine):
     prefix only through snapshots (``cache/snapshots.py``): the profile's ``snapshots`` policy
     places them, each prefill is cut where one is taken, and a hit restores the deepest one on the
     prompt and computes the rest. Their pins are lazy: a stage boundary's snapshot is taken, pinned,
-    by the first prefill that passes it, so nothing is prefilled outside a request.
+    by the first prefill that passes it, so nothing is prefilled outside a request; with a result
+    layer they are loaded (or computed and saved) up front, as attention states are.
     """
 
     session_class = GreedySession
