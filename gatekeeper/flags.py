@@ -17,7 +17,7 @@ from deepdiff import DeepDiff
 
 from .errors import GatekeeperError
 from .identity import canonical_json
-from .workspace import HASH_PARTS, Workspace
+from .workspace import HASH_PARTS, MinPower, Workspace
 
 # Given an evaluation record, the flag-off identity its configuration has now.
 IdentityNow = Callable[[dict[str, Any]], dict[str, Any]]
@@ -79,6 +79,8 @@ def evidence_problems(ws: Workspace, flag: str, evaluation: dict[str, Any] | Non
     if diff:
         changed = sorted({path for paths in diff.to_dict().values() for path in (paths if isinstance(paths, (list, dict, set)) else [paths])})
         problems.append(f"stale: the configuration changed since evaluation {eid}: {', '.join(map(str, changed))}")
+    if policy.min_power is not None:
+        problems += power_problems(policy.min_power, flag, eid, evaluation.get("calibrations") or [])
     return problems
 
 
@@ -125,3 +127,22 @@ def _approvers_since_last_flip(ledger, flag: str, evaluation_id: int | None) -> 
     flips = ledger.flips(flag)
     after = max((f["at"] for f in flips), default="")
     return {a["operator"]: a["id"] for a in ledger.approvals(flag, evaluation_id) if a["at"] > after}
+
+
+def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrations: list[dict[str, Any]]) -> list[str]:
+    """Why no calibration of this evaluation shows the power the policy wants; empty when one does."""
+    if not calibrations:
+        return [f"underpowered: evaluation {evaluation_id} has no calibration; the policy wants planted noise of "
+                f"{min_power.noise:g} flagged in {min_power.share:.0%} of cases: run gatekeeper calibrate "
+                f"--flag {flag} --evaluation {evaluation_id}"]
+    best = max(detected(c["result"], min_power.noise) for c in calibrations)
+    if best < min_power.share:
+        return [f"underpowered: the calibrations of evaluation {evaluation_id} flag planted noise of "
+                f"{min_power.noise:g} in at most {best:.0%} of cases; the policy wants {min_power.share:.0%}"]
+    return []
+
+
+def detected(result: dict[str, Any], noise: float) -> float:
+    """The share flagged at the largest planted noise no bigger than ``noise`` (0 if none was planted)."""
+    rows = [r for r in result["faults"] if r["kind"] == "noise" and r.get("supported") and 0 < r["size"] <= noise * (1 + 1e-9)]
+    return max(rows, key=lambda r: r["size"])["share"] if rows else 0.0

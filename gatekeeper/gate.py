@@ -46,6 +46,10 @@ class Outcome:
     model_seconds: float
     overhead_seconds: float
     telemetry: dict[str, Any]  # per side and stage: calls, prompt/cached tokens, prefill/decode seconds
+    # byte equivalence: the top-2 logit drift off#0~on#0 (kinds.Strength as a dict), None for other kinds
+    strength: dict[str, Any] | None = None
+    # per suite, the flag-off baseline's decode steps: {steps, near_ties, min_margin, unknown}
+    near_ties: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -276,15 +280,20 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
 
     on_turns = [t for res in on.values() for t in res["turns"]]
     off_turns = [t for res in reference.values() for t in res["turns"]]
+    strength = (kinds.strength([(i.case_id, reference[i.case_id], on[i.case_id]) for i in p.items], bool(differing))
+                if p.kind.numeric else None)
+    census = kinds.near_ties([(i.suite.suite, reference[i.case_id]) for i in p.items])
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
                               sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] for t in on_turns),
-                              p.exercises_cache, p.policy.baseline_repeats)
+                              p.exercises_cache, p.policy.baseline_repeats, strength)
     if unstable:
         verdict = "INCONCLUSIVE"
         reasons = [f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs" for cid in unstable]
     else:
         verdict, reasons = p.kind.decide(evidence)
     reasons += _blind(p, models)
+    if p.kind.numeric:  # advice, not a failure: a battery far from every tie is blind to numeric drift
+        reasons += kinds.insensitive(census)
     model_s = runs.model_s
     return Outcome(
         evaluation_id=evaluation_id, flag=p.flag, verdict=verdict, reasons=reasons,
@@ -297,6 +306,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         cacheable_share=shares, exercised_share=round(evidence.exercised, 4), passes=evidence.passes,
         model_seconds=round(model_s, 3), overhead_seconds=round(max(0.0, wall - model_s), 3),
         telemetry={"off": _telemetry(p, reference), "on": _telemetry(p, on)},
+        strength=strength.to_dict() if strength else None, near_ties=census,
     )
 
 

@@ -9,16 +9,127 @@ policy's ``gate``; the gate runs the configurations, asks the kind to compare ea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 from deepdiff import DeepDiff
 
 from .workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
+AT_RISK = 10  # a step whose top-2 margin is within this many times the largest drift could flip under it
 
 Decision = tuple[str, list[str]]
+
+
+@dataclass
+class Strength:
+    """How close equal outputs came to parting: the top-2 logit drift between the two sides.
+
+    Drift is read at the generated steps both sides share before any divergence (same token
+    chosen); ``where`` is ``{case, turn, step}`` (turn from 1, step = generated token from 0).
+    Served engines give log-probabilities, so their drift is in those (differences agree)."""
+
+    grade: str | None  # bit_exact | equal_outputs; None when the outputs differ
+    max_drift: float | None  # None when no step had top-2 logits on both sides
+    where: dict[str, Any] | None  # the largest drift's step; None when there is none
+    steps_at_risk: int  # shared steps whose top-2 margin is within AT_RISK × max_drift
+    steps: int  # shared steps compared
+    unknown: int  # of those, steps where a side gave no top-2 logits: drift unknown there
+    unknown_where: dict[str, Any] | None  # the first such step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def reason(self) -> str:
+        """The grade of a PASS, as its reason."""
+        if self.grade == "bit_exact":
+            return f"bit_exact: top-2 logits identical at all {self.steps} generated steps of both configurations"
+        unknown = (f"drift unknown at {self.unknown} of {self.steps} steps (no top-2 logits, first at {_at(self.unknown_where)})"
+                   if self.unknown else "")
+        if self.where is None:
+            return f"equal_outputs: {unknown or 'no generated step to compare'}; bit_exact cannot be shown"
+        return (f"equal_outputs: max drift {self.max_drift:.3g} at {_at(self.where)}; {self.steps_at_risk} of "
+                f"{self.steps} steps at risk (top-2 margin within {AT_RISK}× the drift){'; ' + unknown if unknown else ''}")
+
+    def drift_reason(self) -> str:
+        """Why a policy that requires ``bit_exact`` cannot take this equal-outputs evidence."""
+        if self.where is not None:
+            return (f"drift: the policy requires bit_exact, but top-2 logits moved by {self.max_drift:.3g} at "
+                    f"{_at(self.where)} ({self.steps_at_risk} of {self.steps} steps at risk)")
+        if not self.unknown:
+            return "drift: the policy requires bit_exact, but no generated step was compared"
+        return (f"drift: the policy requires bit_exact, but the drift is unknown at {self.unknown} of {self.steps} "
+                f"steps (no top-2 logits, first at {_at(self.unknown_where)})")
+
+
+def _at(where: dict[str, Any] | None) -> str:
+    return "-" if where is None else f"{where['case']} turn {where['turn']} step {where['step']}"
+
+
+def _shared_steps(a: dict[str, Any], b: dict[str, Any]) -> Iterator[tuple[int, int, list | None, list | None]]:
+    """(turn, step, top-2 of a, top-2 of b) at each generated step before the two results part;
+    a turn that parts ends it (later turns extend different transcripts)."""
+    for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
+        a2, b2 = ta.get("top2") or [], tb.get("top2") or []
+        for s, (x, y) in enumerate(zip(ta["tokens"], tb["tokens"])):
+            if x != y:
+                return
+            yield n + 1, s, a2[s] if s < len(a2) else None, b2[s] if s < len(b2) else None
+        if ta["tokens"] != tb["tokens"]:
+            return
+
+
+def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], outputs_differ: bool) -> Strength:
+    """The drift over (case id, flag-off result, flag-on result) pairs."""
+    steps, unknown, unknown_where = 0, 0, None
+    worst: tuple[float, dict[str, Any]] | None = None  # the largest drift (the first, on a tie) and where
+    margins: list[float] = []
+    for cid, a, b in pairs:
+        for turn, step, x, y in _shared_steps(a, b):
+            steps += 1
+            if not x or not y or len(x) < 2 or len(y) < 2:
+                unknown += 1
+                unknown_where = unknown_where or {"case": cid, "turn": turn, "step": step}
+                continue
+            margins.append(min(x[0][1] - x[1][1], y[0][1] - y[1][1]))
+            if x == y:
+                continue
+            drift = max(abs(float(x[0][1]) - float(y[0][1])), abs(float(x[1][1]) - float(y[1][1])))
+            if worst is None or drift > worst[0]:
+                worst = (drift, {"case": cid, "turn": turn, "step": step})
+    known = steps - unknown
+    max_drift = worst[0] if worst else (0.0 if known else None)
+    at_risk = sum(m <= AT_RISK * worst[0] for m in margins) if worst else 0
+    grade = None if outputs_differ else ("bit_exact" if worst is None and known and not unknown else "equal_outputs")
+    return Strength(grade, max_drift, worst[1] if worst else None, at_risk, steps, unknown, unknown_where)
+
+
+def near_ties(results: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per suite, over (suite, result) pairs of the flag-off baseline: decode steps with a known top-2
+    margin, how many are near-ties (margin at or below NEAR_TIE), the smallest margin, steps without one."""
+    out: dict[str, dict[str, Any]] = {}
+    for suite, result in results:
+        row = out.setdefault(suite, {"steps": 0, "near_ties": 0, "min_margin": None, "unknown": 0})
+        for t in result["turns"]:
+            top2 = t.get("top2") or []
+            for s in range(len(t["tokens"])):
+                m = _margin(top2[s]) if s < len(top2) and len(top2[s]) >= 2 else None
+                if m is None:
+                    row["unknown"] += 1
+                    continue
+                row["steps"] += 1
+                row["near_ties"] += m <= NEAR_TIE
+                row["min_margin"] = m if row["min_margin"] is None else min(row["min_margin"], m)
+    return out
+
+
+def insensitive(census: dict[str, dict[str, Any]]) -> list[str]:
+    """Advice (never a failure) for each suite whose baseline never came near a tie."""
+    return [f"insensitive: suite {suite}: none of its {row['steps']} flag-off decode steps has a top-2 margin at or "
+            f"below {NEAR_TIE:g} (smallest {row['min_margin']:.3g}), so a drift of a few ULPs cannot flip any of "
+            "them and this battery cannot show a numeric divergence; add cases whose greedy choices come near a tie"
+            for suite, row in census.items() if row["steps"] and not row["near_ties"]]
 
 
 @dataclass
@@ -32,6 +143,7 @@ class Evidence:
     bound: int  # the stable-prefix bound of the flag-on side's prompts
     exercises_cache: bool  # the flag turns the prefix cache on: it must be shown to serve
     baseline_repeats: int
+    strength: Strength | None = None  # the top-2 logit drift between the sides (kinds with ``numeric``)
 
     @property
     def exercised(self) -> float:
@@ -83,6 +195,7 @@ class GateKind:
     """How the flag-on run is compared with the flag-off one, and what verdict that gives."""
 
     name: ClassVar[str]
+    numeric: ClassVar[bool] = False  # the sides should agree to the bit: grade a PASS by drift, count near-ties
 
     def __init__(self, policy: Policy, sides: tuple[str, str] = ("flag off", "flag on")):
         self.policy = policy
@@ -97,6 +210,7 @@ class GateKind:
 
 class ByteEquivalence(GateKind):
     name = "byte_equivalence"
+    numeric = True
 
     def compare(self, off, on, detok):
         return token_diff(off, on, detok)
@@ -115,14 +229,18 @@ class ByteEquivalence(GateKind):
             return "FAIL", reasons
         same = (f"equal: all {e.cases} cases identical in token ids, text and assertion outcomes; "
                 f"baseline stable over {e.baseline_repeats} runs")
-        if not e.exercises_cache:
-            return "PASS", [same]
-        if e.cached == 0:
+        if e.exercises_cache and e.cached == 0:
             return "INCONCLUSIVE", [f"not_exercised: the cache served 0 tokens of a {e.bound}-token stable-prefix bound"]
-        if e.exercised < floor:
+        if e.exercises_cache and e.exercised < floor:
             return "INCONCLUSIVE", [f"not_exercised: the cache served {e.cached} of a {e.bound}-token stable-prefix bound "
                                     f"({e.exercised:.2f} < floor {floor})"]
-        return "PASS", [f"{same}; cache served {e.exercised:.0%} of the stable-prefix bound"]
+        if e.exercises_cache:
+            same += f"; cache served {e.exercised:.0%} of the stable-prefix bound"
+        s = e.strength
+        if self.policy.require == "bit_exact" and (s is None or s.grade != "bit_exact"):
+            why = s.drift_reason() if s else "drift: the policy requires bit_exact, but no top-2 logits were compared"
+            return "INCONCLUSIVE", [why, same]
+        return "PASS", [same] + ([s.reason()] if s else [])
 
 
 class AssertionEquivalence(GateKind):

@@ -165,6 +165,13 @@ class ExerciseFloor(Strict):
     min_cached_share: float = Field(0.5, ge=0, le=1)
 
 
+class MinPower(Strict):
+    """The calibration a flip needs: planted relative noise of ``noise`` flagged in ``share`` of the cases."""
+
+    noise: float = Field(gt=0, le=1)
+    share: float = Field(gt=0, le=1)
+
+
 class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
@@ -225,6 +232,8 @@ class Policy(Strict):
     flush_on: list[Literal["model", "adapter"]] = ["model", "adapter"]
     margin: float = Field(0, ge=0, le=1)  # non_inferiority: the share of passing assertions that may be lost
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
+    require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits
+    min_power: MinPower | None = None  # a flip needs a calibration of the evidence at least this strong
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":

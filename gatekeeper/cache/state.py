@@ -34,3 +34,10 @@ class StateOps(Protocol):
 
     def load(self, path: Path) -> Any:
         """A state read back from ``save``'s file, ready to serve like a freshly computed one."""
+
+    def perturb(self, state: Any, size: float, seed: int) -> Any:
+        """A private copy of an attention state with relative Gaussian noise of ``size`` (seeded):
+        calibration's planted fault. ``size`` 0 gives an exact copy."""
+
+    def drop(self, state: Any, start: int, stop: int) -> Any:
+        """A private copy of an attention state without positions [start, stop): a lost block."""

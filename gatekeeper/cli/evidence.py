@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..errors import GatekeeperError
 from . import tables
 from .common import EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt
 
@@ -48,6 +49,49 @@ def evaluate(
     emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
     if outcome.verdict != "PASS":
         raise typer.Exit(1)
+
+
+@reporting
+def calibrate(
+    ctx: typer.Context,
+    flag: Annotated[str, typer.Option(help="The cache flag to calibrate (a policy in policies/).")] = "prefix_cache",
+    engine: EngineName = "auto",
+    evaluation: Annotated[Optional[int], typer.Option(
+        help="Calibrate this evaluation: its engine, suites, limit and flag-off run are used, and the record is linked to it.")] = None,
+    suite: Suites = None,
+    limit: Limit = None,
+    operator: Operator = None,
+    json_: Json = False,
+) -> None:
+    """Plant faults of graded size in the flag-on run and record the share of cases the gate would flag."""
+    import getpass
+
+    from .. import calibrate as calibration
+    from .. import gate, pipeline
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    with settings.opened_ledger(ws, create=False) as ledger:
+        force = pipeline.in_force(ws, ledger)
+        record = ledger.evaluation(evaluation) if ledger is not None and evaluation is not None else None
+        if evaluation is not None and record is None:
+            raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
+        plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger)
+    reference = calibration.reference(record) if record is not None else None
+    models = gate.open_engines(plan)
+    try:
+        cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
+        with progress(cases, enabled=not json_) as advance:
+            result = calibration.run(plan, models, reference, advance)
+    finally:
+        gate.close_engines(models)
+    result.evaluation_id = evaluation
+    with settings.opened_ledger(ws, create=True) as ledger:  # written once every fault has run
+        result.calibration_id = ledger.add_calibration(
+            flag, evaluation, operator or getpass.getuser(),
+            {"engine": plan.engine_name, "suites": plan.config["suites"], "limit": plan.config["limit"]},
+            result.to_dict())
+    emit(json_, result.to_dict(), lambda: tables.print_calibration(result.to_dict()))
 
 
 @reporting

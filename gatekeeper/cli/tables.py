@@ -58,8 +58,31 @@ def print_pin(data: dict[str, Any]) -> None:
 # --- evidence ----------------------------------------------------------------------------------
 
 
+def _strength(s: dict[str, Any]) -> str:
+    """A byte-equivalence comparison's top-2 logit drift, in one line (rich markup escaped)."""
+    from rich.markup import escape
+
+    grade = s["grade"] or "outputs differ"
+    if s["grade"] == "bit_exact":
+        return f"bit_exact: top-2 logits identical at all {s['steps']} steps"
+    drift = "unknown" if s["max_drift"] is None else f"{s['max_drift']:.3g}"
+    w = s["where"]
+    out = f"{grade}: max drift {drift}" + (f" at {escape(w['case'])} turn {w['turn']} step {w['step']}" if w else "")
+    out += f"; {s['steps_at_risk']} of {s['steps']} steps at risk"
+    return out + (f"; {s['unknown']} steps without top-2 logits" if s["unknown"] else "")
+
+
+def _near_ties(row: dict[str, Any]) -> str:
+    from ..kinds import NEAR_TIE
+
+    smallest = "-" if row["min_margin"] is None else f"{row['min_margin']:.3g}"
+    out = f"{row['near_ties']} of {row['steps']} decode steps with a top-2 margin <= {NEAR_TIE:g} (smallest {smallest})"
+    return out + (f"; {row['unknown']} without top-2 logits" if row.get("unknown") else "")
+
+
 def print_outcome(o) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"evaluation {o.evaluation_id}: {o.flag}", show_header=False)
@@ -72,6 +95,10 @@ def print_outcome(o) -> None:
         ("cacheable share as written / partitioned", f"{o.cacheable_share['as_written']:.0%} / {o.cacheable_share['partitioned']:.0%}"),
         ("wall seconds off (per run) / on", f"{o.seconds['off']:.1f} / {o.seconds['on']:.1f}"),
     ]
+    if o.strength is not None:
+        rows.append(("strength off~on", _strength(o.strength)))
+    for suite, row in o.near_ties.items():  # suite names are the user's: no rich markup in them
+        rows.append((f"near-ties flag-off, suite {escape(suite)}", _near_ties(row)))
     for k, v in rows:
         table.add_row(k, v)
     console = Console()
@@ -187,3 +214,22 @@ def print_replay(r: dict) -> None:
     if r.get("hybrid") is False:
         Console().print("this model's state can be cut back (attention only): the prefix cache serves it, "
                         "and snapshot policies do not apply")
+
+
+def print_calibration(c: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    linked = f" of evaluation {c['evaluation_id']}" if c["evaluation_id"] else ""
+    table = Table("fault", "flagged", "share", "cached tok", "seconds",
+                  title=f"calibration {c['calibration_id']}{linked}: {c['flag']} on {c['engine']}, {c['cases']} cases")
+    for r in c["faults"]:
+        if not r["supported"]:
+            table.add_row(r["spec"], "-", "not supported by this engine", "-", "-")
+        else:
+            table.add_row(r["spec"], f"{r['flagged']} / {r['cases']}", f"{r['share']:.0%}", str(r["cached_tokens"]),
+                          f"{r['seconds']:.1f}")
+    console = Console()
+    console.print(table)
+    if "per_flag_on_run" in c["seconds"]:
+        console.print(f"cost: {c['seconds']['per_flag_on_run']:.1f} flag-on runs")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from ..errors import GatekeeperError
+from .faults import Fault
 from ..workspace import EngineProfile
 
 # The per-call figures an engine may report; ``Engine.observes`` says which it really measures.
@@ -123,6 +124,9 @@ class Engine(ABC):
     observes: ClassVar[frozenset[str]] = frozenset(FIGURES)  # the figures its calls really measure
     # profile ``options`` the adapter understands (name -> what it does); None: any (a plugin's own)
     options: ClassVar[Mapping[str, str] | None] = None
+    # calibration: the session class that plants faults, and the fault kinds it knows (none: cannot)
+    fault_session_class: ClassVar[type[Session] | None] = None
+    faults: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         self.profile = profile
@@ -139,9 +143,16 @@ class Engine(ABC):
             raise GatekeeperError(f"{profile.where}: field 'options.{unknown[0]}': the {cls.name} adapter does not "
                                   f"understand it; it accepts: {accepts}")
 
-    def session(self, *, cache: bool = False, results: Path | None = None) -> Session:
-        """A fresh session: nothing cached, nothing registered."""
-        return self.session_class(self, cache=cache, results=results if self.persists else None)
+    def session(self, *, cache: bool = False, results: Path | None = None, fault: Fault | None = None) -> Session:
+        """A fresh session: nothing cached, nothing registered. ``fault``: a planted fault
+        (calibration only), which selects the adapter's fault session."""
+        if fault is None:
+            return self.session_class(self, cache=cache, results=results if self.persists else None)
+        if self.fault_session_class is None or fault.kind not in self.faults:
+            raise GatekeeperError(f"the {self.name} adapter cannot plant a {fault.kind!r} fault "
+                                  f"({'it plants: ' + ', '.join(sorted(self.faults)) if self.faults else 'its cache is not in this process'}); "
+                                  "calibration needs an in-process engine: torch, mlx or llamacpp")
+        return self.fault_session_class(self, cache=cache, fault=fault)
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @abstractmethod

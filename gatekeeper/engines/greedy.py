@@ -19,6 +19,7 @@ from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..models import resolve_model
 from ..workspace import EngineProfile
+from . import faults
 from .base import Engine, Generation, Session, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
@@ -186,6 +187,42 @@ class GreedySession(Session):
         self.prefix_cache.clear()
 
 
+class FaultSession(GreedySession):
+    """A session whose cache hits are broken on purpose (``faults.py``): calibration only.
+
+    Faults act on attention states (a hybrid model's snapshots are not covered)."""
+
+    def __init__(self, model: "GreedyEngine", *, cache: bool = True, fault: faults.Fault, results: Path | None = None):
+        super().__init__(model, cache=cache)
+        if model.hybrid:
+            raise GatekeeperError(f"{model.profile.where}: calibration plants faults in attention states; "
+                                  "this model has recurrent layers (snapshots), which it does not cover")
+        self.fault = fault
+        self._hits = 0
+
+    def _begin(self, prompt: list[int]) -> tuple[Any, int]:
+        state, cached = super()._begin(prompt)
+        if cached < 2:
+            return state, cached
+        f, self._hits = self.fault, self._hits + 1
+        if f.kind == "noise":
+            state = self.ops.perturb(state, f.size, f.seed + self._hits)  # a fresh draw per hit, reproducible
+        elif f.kind == "shift":  # one position short, padded with the token before it
+            state = self.ops.fork(state, cached - 1)
+            self.model._forward(state, [prompt[cached - 2]])
+        elif f.kind == "drop":  # a block of restored positions lost
+            start = cached // 2
+            state = self.ops.drop(state, start, min(cached - 1, start + faults.BLOCK))
+        elif f.kind == "other_prefix":
+            state = self.model._new_state()
+            self.model._forward(state, faults.other_prefix(prompt, cached))
+        return state, cached
+
+    def _store(self, prompt: list[int], tokens: list[int], state: Any, kept: Any) -> None:
+        if self.fault.kind != "drop":  # a state with a hole is shorter than its tokens: nothing to key it by
+            super()._store(prompt, tokens, state, kept)
+
+
 class GreedyEngine(Engine):
     """Base of the built-in in-process adapters: a model with one forward; ``GreedySession`` runs it.
 
@@ -213,6 +250,8 @@ class GreedyEngine(Engine):
     """
 
     session_class = GreedySession
+    fault_session_class = FaultSession
+    faults = frozenset(faults.KINDS)
     persists = True
     options: ClassVar[Mapping[str, str] | None] = {}
 

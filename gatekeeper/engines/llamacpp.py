@@ -34,6 +34,7 @@ from ..identity import file_digest
 from ..models import find_gguf
 from ..partition import common_prefix
 from ..workspace import EngineProfile
+from . import faults
 from .base import Engine, Generation, Session, checked_request
 from .greedy import pick
 from .plan import segments, splits
@@ -215,9 +216,34 @@ class LlamaCppSession(Session):
                 self.model.owner = None
 
 
+class LlamaCppFaultSession(LlamaCppSession):
+    """A session whose reuse is broken on purpose (``faults.py``): calibration only. llama.cpp's
+    state is opaque bytes, so the faults are the positional ones."""
+
+    def __init__(self, model: "LlamaCppEngine", *, cache: bool = True, fault: faults.Fault, results: Path | None = None):
+        super().__init__(model, cache=cache)
+        self.fault = fault
+
+    def _restore(self, prompt: list[int]) -> None:
+        super()._restore(prompt)
+        n = self.llm.n_tokens
+        if n < 2:
+            return
+        if self.fault.kind == "shift":  # one position short, filled with the token before it
+            self.llm.n_tokens = n - 1
+            self.model.eval([prompt[n - 2]])
+            self.llm.input_ids[n - 1] = prompt[n - 1]  # claim the right token
+        elif self.fault.kind == "drop":  # a block of held positions lost (a hole in the KV cache)
+            start = n // 2
+            lib = self.model.lib
+            lib.llama_memory_seq_rm(lib.llama_get_memory(self.llm.ctx), 0, start, min(n - 1, start + faults.BLOCK))
+
+
 class LlamaCppEngine(Engine):
     name = "llamacpp"
     session_class = LlamaCppSession
+    fault_session_class = LlamaCppFaultSession
+    faults = frozenset({"shift", "drop"})
     concurrency = 1  # one llama.cpp context: calls are serialized
     persists = True
     options = {"n_ctx": "context size in tokens (default 4096)",

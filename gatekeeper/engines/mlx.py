@@ -94,6 +94,23 @@ class MLXKV:
             out.append(f)
         return out
 
+    def perturb(self, state: list[Any], size: float, seed: int) -> list[Any]:
+        out = self.fork(state, self.length(state))
+        for i, c in enumerate(out):
+            if c.keys is not None:
+                c.keys, c.values = (
+                    (t.astype(mx.float32) * (1 + size * mx.random.normal(t.shape, key=mx.random.key(seed * 997 + 2 * i + j))))
+                    .astype(t.dtype) for j, t in enumerate((c.keys, c.values)))
+        return out
+
+    def drop(self, state: list[Any], start: int, stop: int) -> list[Any]:
+        out = self.fork(state, self.length(state))
+        for c in out:
+            if c.keys is not None:
+                c.keys, c.values = (mx.concatenate([t[..., :start, :], t[..., stop:, :]], axis=2) for t in (c.keys, c.values))
+                c.offset = c.keys.shape[2]
+        return out
+
     def save(self, state: list[Any], path: Path) -> None:
         # Every layer's ``state``: a ``KVCache``'s keys, values and offset, an ``ArraysCache``'s
         # conv and recurrent arrays; ``load_prompt_cache`` rebuilds each class from it.

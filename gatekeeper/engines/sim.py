@@ -74,6 +74,8 @@ class SimEngine(GreedyEngine):
     name = "sim"
 
     persists = False
+    fault_session_class = None  # nothing to perturb in a token count
+    faults = frozenset()
 
     def __init__(self, profile: EngineProfile, *, state_bytes: tuple[int, int] = (0, 0)):
         self._state_bytes = state_bytes

@@ -197,6 +197,22 @@ class TorchKV:
                 dst.keys, dst.values = keys, values
         return fork
 
+    def perturb(self, state: DynamicCache, size: float, seed: int) -> DynamicCache:
+        g = torch.Generator().manual_seed(seed)
+        out = self.fork(state, self.length(state))  # its tensors are views of the stored entry's: replace, never write
+        for layer in out.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = (_noisy(t, size, g) for t in (layer.keys, layer.values))
+        return out
+
+    def drop(self, state: DynamicCache, start: int, stop: int) -> DynamicCache:
+        out = self.fork(state, self.length(state))
+        for layer in out.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = (torch.cat([t[..., :start, :], t[..., stop:, :]], dim=-2)
+                                            for t in (layer.keys, layer.values))
+        return out
+
     def save(self, state: DynamicCache, path: Path) -> None:
         tensors: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(state.layers):
@@ -256,6 +272,11 @@ class TorchKV:
 # Layer fields ``TorchKV.save`` writes (or that the config rebuilds: a sliding window's size).
 _SAVED = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
                     "_sliding_window_tensor"})
+
+
+def _noisy(t: torch.Tensor, size: float, g: torch.Generator) -> torch.Tensor:
+    noise = torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device)
+    return (t.float() * (1 + size * noise)).to(t.dtype)
 
 
 def _tensors(layer: Any) -> list[torch.Tensor]:

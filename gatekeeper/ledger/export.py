@@ -1,8 +1,9 @@
 """An evaluation as a reviewer reads it: Markdown, a self-contained HTML page, or JSON.
 
 All three render one view of the ledger record: verdict and reasons, both identities, per-stage
-token and time figures, a chart of prompt tokens off vs computed on, and every differing case side
-by side with where the outputs part and the logit margins there. The HTML page loads nothing:
+token and time figures, a chart of prompt tokens off vs computed on, the strength of the comparison
+(top-2 logit drift) and the flag-off baseline's near-tie census, and every differing case side by
+side with where the outputs part and the logit margins there. The HTML page loads nothing:
 styles and the chart are inline, a Content-Security-Policy forbids every fetch, and all model
 output is escaped.
 """
@@ -15,6 +16,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from ..kinds import AT_RISK, NEAR_TIE
 from ..partition import common_prefix
 
 FORMATS = ("md", "html", "json")
@@ -91,12 +93,24 @@ def _differences(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _where(w: dict[str, Any] | None) -> str | None:
+    return None if w is None else f"{w['case']} turn {w['turn']} step {w['step']}"
+
+
+def _census(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The near-tie census per suite; a suite none of whose steps came near a tie is flagged insensitive."""
+    return [{"suite": suite, **row, "insensitive": bool(row.get("steps")) and not row.get("near_ties")}
+            for suite, row in (summary.get("near_ties") or {}).items()]
+
+
 def view(record: dict[str, Any]) -> dict[str, Any]:
     """Everything an export shows, as plain JSON-able data."""
     identity = record.get("identity") or {}
     off, on = _flatten(identity.get("off", {})), _flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
     verdict = record.get("verdict_record") or {}
+    summary = verdict.get("summary") or {}
+    strength = summary.get("strength")
     return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
         "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
@@ -108,6 +122,9 @@ def view(record: dict[str, Any]) -> dict[str, Any]:
                           for k in sorted(set(off) | set(on))],
         "stages": stages,
         "chart": _chart(stages),
+        "strength": strength and {**strength, "where_text": _where(strength.get("where"))},
+        "near_ties": _census(summary),
+        "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
     }
 
@@ -157,6 +174,21 @@ def _side_md(side: dict[str, Any] | None) -> str:
             f"margin {_fmt(side.get('margin'))}")
 
 
+def _strength_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """The strength figures as (label, value) rows, shared by Markdown and HTML."""
+    return [("grade", s["grade"] or "none: the outputs differ"),
+            ("max top-2 logit drift", _fmt(s["max_drift"]) if s["max_drift"] is not None else "unknown"),
+            ("where", s["where_text"] or "-"),
+            (f"steps at risk (top-2 margin within {AT_RISK}× the drift)", f"{s['steps_at_risk']} of {s['steps']}"),
+            ("steps without top-2 logits (drift unknown)", str(s["unknown"]))]
+
+
+def _strength_md(s: dict[str, Any] | None) -> list[str]:
+    if s is None:
+        return ["Not recorded (only byte-equivalence evaluations are graded)."]
+    return [f"- {label}: {'**' + _md(value) + '**' if label == 'grade' else _md(value)}" for label, value in _strength_rows(s)]
+
+
 def markdown(v: dict[str, Any]) -> str:
     lines = [f"# Evaluation {v['evaluation']}: {_md(v['flag'])} — {v['verdict'] or v['status']}", ""]
     lines += [f"- status: **{v['status']}**", f"- gate: {_md(v['gate'])}", f"- operator: {_md(v['operator'])}",
@@ -185,6 +217,17 @@ def markdown(v: dict[str, Any]) -> str:
             which = "off" if label else "on "
             bars.append(f"{label:<{width}} {which} {'█' * round(40 * n / peak):<40} {n}")
     lines.append(_block("\n".join(bars)))
+
+    lines += ["", "## Strength (off#0~on#0)", ""] + _strength_md(v["strength"])
+    lines += ["", f"## Near-ties in the flag-off baseline (top-2 margin at or below {v['near_tie_threshold']:g})", ""]
+    if v["near_ties"]:
+        lines += ["| suite | decode steps | near-ties | smallest margin | without top-2 |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| {_md(r['suite'])} | {r['steps']} | {r['near_ties']} | {_fmt(r['min_margin'])} | {r.get('unknown', 0)} |"
+                  for r in v["near_ties"]]
+        lines += [""] + [f"- **insensitive**: suite {_md(r['suite'])} never came near a tie, so it cannot show a numeric "
+                         "divergence (advice, not a failure)" for r in v["near_ties"] if r["insensitive"]]
+    else:
+        lines.append("Not recorded.")
 
     lines += ["", f"## Differing cases ({len(v['differences'])})", ""]
     if not v["differences"]:
@@ -221,6 +264,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}tr.differs{background:#f
 pre{white-space:pre-wrap;word-break:break-word;background:#f6f8fa;padding:.6rem;border:1px solid #d0d7de}
 mark{background:#ffd8d3;outline:1px solid #cf222e}
 code{background:#f6f8fa;padding:0 .2rem}
+tr.insensitive,p.insensitive{background:#ddf4ff}td.grade{font-weight:700}
 """
 
 
@@ -290,6 +334,25 @@ def _difference_html(d: dict[str, Any]) -> str:
     return "".join(out) + "</section>"
 
 
+def _strength_html(s: dict[str, Any] | None) -> str:
+    if s is None:
+        return "<p>Not recorded (only byte-equivalence evaluations are graded).</p>"
+    return _table(None, [[f'<th scope="row">{_e(label)}</th>', f'<td class="{"grade" if label == "grade" else ""}">{_e(value)}</td>']
+                         for label, value in _strength_rows(s)])
+
+
+def _near_ties_html(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>Not recorded.</p>"
+    out = [_table(["suite", "decode steps", "near-ties", "smallest margin", "without top-2"],
+                  [[f"<td>{_e(r['suite'])}</td>", _num(r["steps"]), _num(r["near_ties"]), _num(r["min_margin"]),
+                    _num(r.get("unknown", 0))] for r in rows],
+                  ["insensitive" if r["insensitive"] else "" for r in rows])]
+    out += [f'<p class="insensitive"><strong>insensitive</strong>: suite {_e(r["suite"])} never came near a tie, so it '
+            "cannot show a numeric divergence (advice, not a failure)</p>" for r in rows if r["insensitive"]]
+    return "".join(out)
+
+
 def page(v: dict[str, Any]) -> str:
     shown = v["verdict"] or v["status"]
     body = [f"<h1>Evaluation {v['evaluation']}: {_e(v['flag'])}</h1>",
@@ -308,6 +371,9 @@ def page(v: dict[str, Any]) -> str:
                     [_num(s[k]) for k in ("calls", "prompt_tokens", "cached_tokens", "computed_tokens", "prefill_s", "decode_s")]
                     for s in v["stages"]]),
             "<h2>Prompt tokens per stage: off vs computed on</h2>", chart_svg(v["chart"]),
+            "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),
+            f"<h2>Near-ties in the flag-off baseline <small>(top-2 margin at or below {v['near_tie_threshold']:g})</small></h2>",
+            _near_ties_html(v["near_ties"]),
             f"<h2>Differing cases ({len(v['differences'])})</h2>"]
     body += [_difference_html(d) for d in v["differences"]] or ["<p>None: every comparison was equal.</p>"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -128,9 +128,19 @@ def _0002_flush_measurement(conn: Connection) -> None:
     conn.exec_driver_sql("ALTER TABLE flip ADD COLUMN approval_ids TEXT")
 
 
+def _0003_calibration(conn: Connection) -> None:
+    md = MetaData()
+    Table("evaluation", md, _id())  # only what the foreign key names; it exists already
+    calibration = Table("calibration", md, _id(), _evaluation_id(nullable=True), _text("flag"), _text("operator"),
+                        _text("config"), _text("result"), _text("at"), Index("calibration_evaluation", "evaluation_id"))
+    md.create_all(conn, tables=[calibration])
+    _append_only(conn, "calibration")
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "0001_initial", _0001_initial),
     (2, "0002_flush_measurement", _0002_flush_measurement),
+    (3, "0003_calibration", _0003_calibration),
 ]
 CURRENT_VERSION = MIGRATIONS[-1][0]
 

@@ -145,6 +145,10 @@ class Ledger:
     def add_measurement(self, operator: str, config: dict, result: dict) -> int:
         return self._append("measurement", dict(operator=operator, config=config, result=result))
 
+    def add_calibration(self, flag: str, evaluation_id: int | None, operator: str, config: dict, result: dict) -> int:
+        values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, config=config, result=result)
+        return self._append("calibration", values, evaluation_id)
+
     # -- reading -----------------------------------------------------------
 
     def evaluations(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -193,6 +197,7 @@ class Ledger:
                 "case_results": _rows(conn, "case_result", evaluation_id=evaluation_id),
                 "comparisons": _rows(conn, "comparison", evaluation_id=evaluation_id),
                 "approvals": _rows(conn, "approval", evaluation_id=evaluation_id),
+                "calibrations": _rows(conn, "calibration", evaluation_id=evaluation_id),
             }
 
     def _read(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
@@ -213,6 +218,9 @@ class Ledger:
 
     def measurements(self) -> list[dict[str, Any]]:
         return self._read("measurement")
+
+    def calibrations(self, evaluation_id: int | None = None) -> list[dict[str, Any]]:
+        return self._read("calibration", evaluation_id=evaluation_id)
 
     def flag_states(self) -> dict[str, dict[str, Any]]:
         """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""

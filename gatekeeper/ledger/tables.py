@@ -140,6 +140,19 @@ class Measurement(SQLModel, table=True):
     at: str = Field(sa_type=Text)
 
 
+class Calibration(SQLModel, table=True):
+    """Planted faults run against an evaluation's flag-on configuration, and what the gate caught."""
+
+    __tablename__ = "calibration"
+    id: Optional[int] = Field(default=None, primary_key=True)
+    evaluation_id: Optional[int] = Field(default=None, foreign_key="evaluation.id")
+    flag: str = Field(sa_type=Text)
+    operator: str = Field(sa_type=Text)
+    config: str = Field(sa_type=Text)
+    result: str = Field(sa_type=Text)
+    at: str = Field(sa_type=Text)
+
+
 class Migration(SQLModel, table=True):
     __tablename__ = "migrations"
     version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
@@ -150,7 +163,8 @@ class Migration(SQLModel, table=True):
 # kind -> model: the kind written into an entry is the typed table's name.
 KINDS: dict[str, type[SQLModel]] = {
     m.__tablename__: m
-    for m in (Evaluation, CaseResult, Comparison, Verdict, Aborted, Approval, Flip, Refusal, Flush, Measurement)
+    for m in (Evaluation, CaseResult, Comparison, Verdict, Aborted, Approval, Flip, Refusal, Flush, Measurement,
+              Calibration)
 }
 
 # The column each kind's timestamp goes in, where it is not "at".
@@ -167,6 +181,7 @@ JSON_FIELDS: dict[str, frozenset[str]] = {
     "refusal": frozenset({"reasons"}),
     "flush": frozenset({"old", "new", "detail"}),
     "measurement": frozenset({"config", "result"}),
+    "calibration": frozenset({"config", "result"}),
 }
 
 

@@ -1,0 +1,51 @@
+"""Planted faults for calibration: what a broken prefix cache would do to a restored state.
+
+A fault is a session option (``model.session(cache=True, fault=...)``) that selects the adapter's
+fault session, a subclass of its normal one; the normal session has no branch a real run could
+take by accident, and a real evaluation's identity never names a fault. Kinds, each applied to every
+cache hit:
+
+- ``noise:S``: the restored state perturbed by relative Gaussian noise of size S (seeded); S = 0 is
+  an exact copy, which must flag nothing;
+- ``shift``: the restore one position short, padded with the token before it (right length, last
+  position wrong);
+- ``drop``: one block of restored positions dropped (a cache block or snapshot lost);
+- ``other_prefix``: a state computed from a different prefix of the same length (one token changed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("noise", "shift", "drop", "other_prefix")
+NOISE = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+BLOCK = 16  # positions a ``drop`` fault loses (a cache block, as servers page them)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    size: float = 1.0
+    seed: int = 0
+
+    @property
+    def spec(self) -> str:
+        return f"noise:{self.size:g}" if self.kind == "noise" else self.kind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "size": self.size, "seed": self.seed, "spec": self.spec}
+
+
+def graded() -> list[Fault]:
+    """Every fault a calibration plants, smallest first."""
+    return [*(Fault("noise", s) for s in NOISE), Fault("shift"), Fault("drop"), Fault("other_prefix")]
+
+
+def other_prefix(prompt: list[int], n: int) -> list[int]:
+    """The first ``n`` prompt tokens with the middle one replaced by its right-hand neighbour (or,
+    where that is the same token, the next id): a different prefix of the same length."""
+    tokens = list(prompt[:n])
+    i = n // 2
+    tokens[i] = prompt[i + 1] if prompt[i + 1] != tokens[i] else tokens[i] + 1
+    return tokens
