@@ -122,7 +122,7 @@ def view(record: dict[str, Any]) -> dict[str, Any]:
                           for k in sorted(set(off) | set(on))],
         "stages": stages,
         "chart": _chart(stages),
-        "strength": strength and {**strength, "where_text": _where(strength.get("where"))},
+        "strength": None if strength is None else {**strength, "where_text": _where(strength.get("where"))},
         "near_ties": _census(summary),
         "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
@@ -185,7 +185,7 @@ def _strength_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _strength_md(s: dict[str, Any] | None) -> list[str]:
     if s is None:
-        return ["Not recorded (only byte-equivalence evaluations are graded)."]
+        return ["Not recorded (byte-equivalence evaluations are graded)."]
     return [f"- {label}: {'**' + _md(value) + '**' if label == 'grade' else _md(value)}" for label, value in _strength_rows(s)]
 
 
@@ -336,8 +336,9 @@ def _difference_html(d: dict[str, Any]) -> str:
 
 def _strength_html(s: dict[str, Any] | None) -> str:
     if s is None:
-        return "<p>Not recorded (only byte-equivalence evaluations are graded).</p>"
-    return _table(None, [[f'<th scope="row">{_e(label)}</th>', f'<td class="{"grade" if label == "grade" else ""}">{_e(value)}</td>']
+        return "<p>Not recorded (byte-equivalence evaluations are graded).</p>"
+    return _table(None, [[f'<th scope="row">{_e(label)}</th>',
+                          f'<td class="grade">{_e(value)}</td>' if label == "grade" else f"<td>{_e(value)}</td>"]
                          for label, value in _strength_rows(s)])
 
 
