@@ -47,6 +47,11 @@ def test_torch_detection_curve_and_its_record(run_cli, tiny_ws, monkeypatch):
         assert cal["result"]["faults"] == result["faults"] and cal["flag"] == "prefix_cache" and cal["operator"] == "cal"
         assert lg.evaluation(eid)["calibrations"][0]["id"] == result["calibration_id"]
         assert lg.verify().ok
+    # The review export carries the table and the detection curve.
+    code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "md")
+    assert "## Calibrations (1)" in md and f"| noise:0.1 | {r['noise:0.1']['flagged']} / 4 |" in md
+    code, page, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "html")
+    assert "<title>Detection curve" in page and "<polyline" in page
 
 
 def test_mlx_detection(run_cli, tiny_ws):

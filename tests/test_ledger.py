@@ -200,6 +200,7 @@ def test_triggers_reject_update_and_delete_on_every_chained_table(db: Path) -> N
         ledger.add_refusal("prefix_cache", "bo", ["stale: x"])
         ledger.add_flush("adapter", {}, {})
         ledger.add_measurement("ana", {}, {})
+        ledger.add_calibration("prefix_cache", eid, "ana", {}, {"faults": []})
         before = ledger.entries()
 
     conn = sqlite3.connect(db)

@@ -61,9 +61,9 @@ def make_version_1(path: Path) -> None:
 def test_blank_database_reaches_current_version(tmp_path: Path) -> None:
     db = tmp_path / "blank.db"
     with Ledger(url_of(db)) as ledger:
-        assert ledger.version == CURRENT_VERSION == 2
+        assert ledger.version == CURRENT_VERSION == 3
         assert ledger.verify().ok and ledger.entries() == []
-    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
     conn = sqlite3.connect(db)
     applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
     conn.close()
@@ -76,9 +76,10 @@ def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
     assert recorded(old) == [(1, "0001_initial")]
     before = schema(old)
     assert "flush" not in before and "measurement" not in before and "approval_ids" not in before["flip"]
+    assert "calibration" not in before
 
     with Ledger(url_of(old)) as ledger:
-        assert ledger.version == 2
+        assert ledger.version == 3
         old_entries = ledger.entries()
         assert [e["kind"] for e in old_entries] == ["evaluation", "case_result", "verdict", "flip"]
         assert ledger.verify().ok  # rows from before the migration still match their entries
@@ -91,10 +92,12 @@ def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
         ledger.add_flip("prefix_cache", "off", "cy", "rollback", approval_ids=[])
         ledger.add_flush("model", {"model": "m1"}, {"model": "m2"})
         ledger.add_measurement("ana", {}, {"calls": 1})
+        ledger.add_calibration("prefix_cache", 1, "ana", {}, {"faults": []})
         assert ledger.entries()[:4] == old_entries
-        assert ledger.verify().ok and ledger.verify().entries == 7
+        assert ledger.verify().ok and ledger.verify().entries == 8
+        assert ledger.evaluation(1)["calibrations"][0]["operator"] == "ana"
         assert ledger.flips()[1]["approval_ids"] == []
-    assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+    assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
 
     blank = tmp_path / "blank.db"
     Ledger(url_of(blank)).close()
@@ -121,12 +124,13 @@ def test_migrate_is_idempotent_and_bounded(tmp_path: Path) -> None:
         assert schema_version(engine) == 0
         assert migrate(engine, target=0) == 0 and not inspect(engine).has_table("entry")
         assert migrate(engine, target=1) == 1 and not inspect(engine).has_table("flush")
-        assert migrate(engine) == 2 and migrate(engine) == 2 and migrate(engine, target=1) == 2
+        assert migrate(engine, target=2) == 2 and not inspect(engine).has_table("calibration")
+        assert migrate(engine) == 3 and migrate(engine) == 3 and migrate(engine, target=1) == 3
         with pytest.raises(ValueError):
             migrate(engine, target=CURRENT_VERSION + 1)
     finally:
         engine.dispose()
-    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement")]
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
 
 
 def test_newer_database_is_refused(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -126,7 +127,17 @@ def view(record: dict[str, Any]) -> dict[str, Any]:
         "near_ties": _census(summary),
         "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
+        "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
     }
+
+
+def _calibration(c: dict[str, Any]) -> dict[str, Any]:
+    """One calibration of the evaluation: per planted fault, the share of cases the gate flagged."""
+    result = c["result"]
+    return {"id": c["id"], "operator": c["operator"], "at": c["at"], "engine": result.get("engine"),
+            "cases": result.get("cases"), "cost_flag_on_runs": (result.get("seconds") or {}).get("per_flag_on_run"),
+            "faults": [{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")}
+                       for f in result["faults"]]}
 
 
 def render(record: dict[str, Any], fmt: str) -> str:
@@ -229,6 +240,17 @@ def markdown(v: dict[str, Any]) -> str:
     else:
         lines.append("Not recorded.")
 
+    lines += ["", f"## Calibrations ({len(v['calibrations'])})", ""]
+    if not v["calibrations"]:
+        lines.append("None: run gatekeeper calibrate --evaluation ID to measure the gate's power to say no.")
+    for c in v["calibrations"]:
+        cost = f", cost {c['cost_flag_on_runs']:g} flag-on runs" if c["cost_flag_on_runs"] else ""
+        lines += [f"Calibration {c['id']} by {_md(c['operator'])} at {c['at']} ({_md(c['engine'])}, {c['cases']} cases{cost}):", "",
+                  "| planted fault | flagged | share | |", "|---|---:|---:|---|"]
+        lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {f['share']:.0%} | {'█' * round(20 * f['share'])} |"
+                  if f["supported"] else f"| {f['spec']} | - | - | not supported by this engine |" for f in c["faults"]]
+        lines.append("")
+
     lines += ["", f"## Differing cases ({len(v['differences'])})", ""]
     if not v["differences"]:
         lines.append("None: every comparison was equal.")
@@ -305,6 +327,47 @@ def chart_svg(chart: list[dict[str, Any]]) -> str:
     return "".join(parts) + "</svg>"
 
 
+def curve_svg(faults: list[dict[str, Any]]) -> str:
+    """The detection curve: share of cases flagged against planted noise (log scale), with the
+    positional faults as points on the right."""
+    noise = [f for f in faults if f["kind"] == "noise" and f["supported"] and f["size"] > 0]
+    other = [f for f in faults if f["kind"] != "noise" and f["supported"]]
+    left, top, w, h = 50, 20, 360, 160
+    width = left + w + 40 + 90 * len(other)
+    parts = [f'<svg role="img" width="{width}" height="{top + h + 50}" font-size="12" font-family="system-ui,sans-serif">'
+             "<title>Detection curve: share of cases flagged against planted fault size</title>",
+             f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#57606a"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#57606a"/>',
+             f'<text x="{left - 8}" y="{top + 4}" text-anchor="end">100%</text>',
+             f'<text x="{left - 8}" y="{top + h + 4}" text-anchor="end">0%</text>',
+             f'<text x="{left + w / 2}" y="{top + h + 36}" text-anchor="middle">relative noise on the restored state</text>']
+    if noise:
+        lo, hi = math.log10(min(f["size"] for f in noise)), math.log10(max(f["size"] for f in noise))
+        xs = [left + (w * (math.log10(f["size"]) - lo) / (hi - lo) if hi > lo else w / 2) for f in noise]
+        ys = [top + h * (1 - f["share"]) for f in noise]
+        parts.append('<polyline fill="none" stroke="#1a7f37" stroke-width="2" points="'
+                     + " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys)) + '"/>')
+        for f, x, y in zip(noise, xs, ys):
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#1a7f37"/>'
+                         f'<text x="{x:.1f}" y="{top + h + 16}" text-anchor="middle">{_e(format(f["size"], "g"))}</text>')
+    for n, f in enumerate(other):
+        x, y = left + w + 60 + 90 * n, top + h * (1 - f["share"])
+        parts.append(f'<circle cx="{x}" cy="{y:.1f}" r="4" fill="#cf222e"/>'
+                     f'<text x="{x}" y="{top + h + 16}" text-anchor="middle">{_e(f["spec"])}</text>'
+                     f'<text x="{x + 7}" y="{y + 4:.1f}">{f["share"]:.0%}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def _calibration_html(c: dict[str, Any]) -> str:
+    cost = f", cost {_e(c['cost_flag_on_runs'])} flag-on runs" if c["cost_flag_on_runs"] else ""
+    rows = [[f"<td>{_e(f['spec'])}</td>", f"<td class=\"n\">{_e(f['flagged'])} / {_e(f['cases'])}</td>",
+             f"<td class=\"n\">{f['share']:.0%}</td>"] if f["supported"] else
+            [f"<td>{_e(f['spec'])}</td>", "<td>-</td>", "<td>not supported by this engine</td>"] for f in c["faults"]]
+    return (f"<p>Calibration {_e(c['id'])} by {_e(c['operator'])} at {_e(c['at'])} ({_e(c['engine'])}, "
+            f"{_e(c['cases'])} cases{cost})</p>" + curve_svg(c["faults"]) +
+            _table(["planted fault", "flagged", "share"], rows))
+
+
 def _side_html(label: str, side: dict[str, Any] | None) -> list[str]:
     side = side or {}
     piece = side.get("piece")
@@ -375,6 +438,9 @@ def page(v: dict[str, Any]) -> str:
             "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),
             f"<h2>Near-ties in the flag-off baseline <small>(top-2 margin at or below {v['near_tie_threshold']:g})</small></h2>",
             _near_ties_html(v["near_ties"]),
+            f"<h2>Calibrations ({len(v['calibrations'])})</h2>",
+            *([_calibration_html(c) for c in v["calibrations"]] or
+              ["<p>None: run <code>gatekeeper calibrate --evaluation ID</code> to measure the gate's power to say no.</p>"]),
             f"<h2>Differing cases ({len(v['differences'])})</h2>"]
     body += [_difference_html(d) for d in v["differences"]] or ["<p>None: every comparison was equal.</p>"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
