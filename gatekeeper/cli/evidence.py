@@ -98,7 +98,7 @@ def calibrate(
 def measure(
     ctx: typer.Context,
     engine: EngineName = "auto",
-    flag: Annotated[str, typer.Option(help="The cache flag whose state is set (a policy in policies/).")] = "prefix_cache",
+    flag: Annotated[str, typer.Option(help="The flag whose state is set (a policy in policies/): the cache, or any declared change.")] = "prefix_cache",
     flag_state: Annotated[str, typer.Option(help="current (the ledger's), off or on.")] = "current",
     compare: Annotated[bool, typer.Option("--compare", help="Run off, then on, and print the reduction per stage.")] = False,
     suite: Suites = None,
