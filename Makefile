@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser llama-server demo test bench clean
+.PHONY: setup model browser openssh llama-server demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python compiles llama.cpp (CPU-only, no multimodal library: a few minutes on two cores;
@@ -37,11 +37,18 @@ browser:
 	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "warning: chromium is missing and cannot be installed without root; the HTML export test will fail" >&2; fi; }
 
+# The signing tests check gatekeeper's signatures against the real ssh-keygen (OpenSSH) both ways.
+openssh:
+	@command -v ssh-keygen >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client; \
+	  else echo "warning: ssh-keygen is missing; install openssh-client, or the signing tests are skipped" >&2; fi; }
+
 # llama-server for the http adapter's tests: built once into $$GATEKEEPER_HOME/llama.cpp/, then reused.
 llama-server: setup
 	$(PY) -m gatekeeper.llama_build
 
-test: model browser llama-server
+test: model browser openssh llama-server
 	$(PY) -m pytest
 
 bench: model

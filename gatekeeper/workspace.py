@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from .errors import GatekeeperError
 
 ENGINES, ASSERTIONS, POLICIES, LEDGER = "engines", "assertions", "policies", "ledger"
+ALLOWED_SIGNERS = "allowed_signers"  # in policies/: git's format, 'principal key-type key'
+CHECKPOINT = "checkpoint.json"  # in ledger/: the checkpoint a policy's checkpoint_after_flip keeps fresh
 
 
 class Strict(BaseModel):
@@ -176,6 +178,17 @@ class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
     max_age_hours: float = Field(720, gt=0)
+    signed: bool = False  # approvals need an SSH signature by a key in policies/allowed_signers
+    checkpoint_after_flip: bool = False  # every flip of the flag writes ledger/checkpoint.json
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_trust(self, handler):
+        # Left out while off, so the policy digest of a policy that says nothing of them is what it was.
+        data = handler(self)
+        for name in ("signed", "checkpoint_after_flip"):
+            if data.get(name) is False:
+                data.pop(name)
+        return data
 
 
 KNOWN_GATES = {"prefix_cache": "byte_equivalence", "static_first": "assertion_equivalence", "adapter": "non_inferiority"}
@@ -371,3 +384,19 @@ class Workspace:
     @property
     def ledger_path(self) -> Path:
         return self.root / LEDGER / "evidence.db"
+
+    @property
+    def allowed_signers_path(self) -> Path:
+        return self.root / POLICIES / ALLOWED_SIGNERS
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root / LEDGER / CHECKPOINT
+
+    @cached_property
+    def allowed_signers(self):
+        """``policies/allowed_signers`` parsed (errors name the file and line), or None when there is none."""
+        from .signing import AllowedSigners
+
+        path = self.allowed_signers_path
+        return AllowedSigners.load(path) if path.is_file() else None

@@ -61,9 +61,10 @@ def make_version_1(path: Path) -> None:
 def test_blank_database_reaches_current_version(tmp_path: Path) -> None:
     db = tmp_path / "blank.db"
     with Ledger(url_of(db)) as ledger:
-        assert ledger.version == CURRENT_VERSION == 3
+        assert ledger.version == CURRENT_VERSION == 4
         assert ledger.verify().ok and ledger.entries() == []
-    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
+                           (4, "0004_signatures")]
     conn = sqlite3.connect(db)
     applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
     conn.close()
@@ -76,10 +77,10 @@ def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
     assert recorded(old) == [(1, "0001_initial")]
     before = schema(old)
     assert "flush" not in before and "measurement" not in before and "approval_ids" not in before["flip"]
-    assert "calibration" not in before
+    assert "calibration" not in before and "signature" not in before["approval"]
 
     with Ledger(url_of(old)) as ledger:
-        assert ledger.version == 3
+        assert ledger.version == 4
         old_entries = ledger.entries()
         assert [e["kind"] for e in old_entries] == ["evaluation", "case_result", "verdict", "flip"]
         assert ledger.verify().ok  # rows from before the migration still match their entries
@@ -97,7 +98,13 @@ def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
         assert ledger.verify().ok and ledger.verify().entries == 8
         assert ledger.evaluation(1)["calibrations"][0]["operator"] == "ana"
         assert ledger.flips()[1]["approval_ids"] == []
-    assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
+        assert ledger.flips()[0]["signature"] is None  # rows from before migration 4 are unsigned
+        seal = {"signature": "-----BEGIN SSH SIGNATURE-----", "signer": "cy", "signed_at": "2025-01-01T00:00:00.000000Z",
+                "record_digest": "0" * 64}
+        ledger.add_approval("prefix_cache", 1, "cy", "signed", seal=seal)
+        assert ledger.approvals()[0]["signer"] == "cy" and ledger.verify().ok
+    assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
+                           (4, "0004_signatures")]
 
     blank = tmp_path / "blank.db"
     Ledger(url_of(blank)).close()
@@ -125,12 +132,15 @@ def test_migrate_is_idempotent_and_bounded(tmp_path: Path) -> None:
         assert migrate(engine, target=0) == 0 and not inspect(engine).has_table("entry")
         assert migrate(engine, target=1) == 1 and not inspect(engine).has_table("flush")
         assert migrate(engine, target=2) == 2 and not inspect(engine).has_table("calibration")
-        assert migrate(engine) == 3 and migrate(engine) == 3 and migrate(engine, target=1) == 3
+        assert migrate(engine, target=3) == 3
+        assert "signature" not in {c["name"] for c in inspect(engine).get_columns("flip")}
+        assert migrate(engine) == 4 and migrate(engine) == 4 and migrate(engine, target=1) == 4
         with pytest.raises(ValueError):
             migrate(engine, target=CURRENT_VERSION + 1)
     finally:
         engine.dispose()
-    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration")]
+    assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
+                           (4, "0004_signatures")]
 
 
 def test_newer_database_is_refused(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -38,26 +40,94 @@ def flip(
     evaluation: Annotated[Optional[int], typer.Option(help="The passing evaluation that justifies turning it on.")] = None,
     operator: Annotated[Optional[str], typer.Option(help="Who approves (default: the login name).")] = None,
     reason: Annotated[str, typer.Option(help="Why the flag changes (recorded).")] = "",
+    sign: Annotated[Optional[Path], typer.Option(
+        help="Sign the act with this SSH private key (default: $GATEKEEPER_SIGNING_KEY); its public key must be "
+             "in policies/allowed_signers.")] = None,
+    signature: Annotated[Optional[Path], typer.Option(
+        help="A signature made elsewhere (ssh-keygen -Y sign -n gatekeeper) over the --record file.")] = None,
+    record: Annotated[Optional[Path], typer.Option(help="The record --signature signs (made by --print-record).")] = None,
+    print_record: Annotated[bool, typer.Option(
+        "--print-record", help="Print the record this flip would sign, dated now, and write nothing.")] = False,
     json_: Json = False,
 ) -> None:
     """Turn a flag on (one approval per distinct operator, on current passing evidence) or off."""
     import getpass
+    import os
 
-    from .. import flags, gate
+    from .. import flags, gate, signing
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    ws.policy(flag)
+    policy = ws.policy(flag)
     if state not in ("on", "off"):
         raise GatekeeperError(f"state must be 'on' or 'off', not {state!r}")
     if not reason.strip():
         raise GatekeeperError("--reason is required: say why the flag changes")
+    operator = operator or getpass.getuser()
+    if print_record:
+        if sign or signature or record:
+            raise GatekeeperError("--print-record only prints the record to sign; leave out --sign, --signature and --record")
+        with settings.opened_ledger(ws, create=False) as ledger:
+            message = flags.print_record(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason)
+        if json_:
+            typer.echo(json.dumps({"record": json.loads(message), "message": message.decode()}, indent=2))
+        else:
+            typer.echo(message.decode(), nl=False)
+        return
+    attestation = _attestation(sign, signature, record, os.environ.get(signing.SIGNING_KEY_ENV))
+    ws.allowed_signers  # a malformed allowed_signers is exit 2 before anything is written
+    if policy.approvals.checkpoint_after_flip:
+        _writable(ws.checkpoint_path)
     with settings.opened_ledger(ws, create=True) as ledger:
-        result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator or getpass.getuser(),
-                            reason=reason, identity_now=lambda ev: gate.identity_now(ws, ev, ledger))
-    emit(json_, result.to_dict(), lambda: tables.print_flip(flag, result))
+        result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
+                            identity_now=lambda ev: gate.identity_now(ws, ev, ledger), attestation=attestation)
+        data = result.to_dict()
+        if result.action == "flipped" and policy.approvals.checkpoint_after_flip:
+            from ..ledger import checkpoint
+
+            key = attestation.key if attestation else None
+            cp = checkpoint.make(ledger, checkpoint.location(ledger.url, ws.root), key, ws.allowed_signers)
+            checkpoint.write(cp, ws.checkpoint_path)
+            data["checkpoint"] = {"file": str(ws.checkpoint_path), "seq": cp["seq"], "signer": cp.get("signer")}
+    emit(json_, data, lambda: tables.print_flip(flag, result, data.get("checkpoint")))
     if result.action == "refused":
         raise typer.Exit(1)
+
+
+def _attestation(sign: Optional[Path], signature: Optional[Path], record: Optional[Path], env_key: Optional[str]):
+    """What vouches for this flip: --sign KEY, --signature with --record, $GATEKEEPER_SIGNING_KEY, or nothing."""
+    from .. import flags, signing
+
+    if (signature is None) != (record is None):
+        raise GatekeeperError("--signature and --record go together: the record (flip ... --print-record) "
+                              "and its signature (ssh-keygen -Y sign -n gatekeeper -f KEY RECORD)")
+    if signature is not None:
+        if sign is not None:
+            raise GatekeeperError("give --sign KEY or --signature with --record, not both")
+        return flags.Attestation(record=_read(record, "--record").encode(), signature=_read(signature, "--signature"),
+                                 source=f"--signature {signature}")
+    path = sign or (Path(env_key) if env_key else None)
+    return flags.Attestation(key=signing.load_key(path)) if path is not None else None
+
+
+def _read(path: Path, option: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GatekeeperError(f"{option} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise GatekeeperError(f"{option} {path}: cannot read it as text ({e})") from None
+
+
+def _writable(path: Path) -> None:
+    """The policy's checkpoint can be written after the flip, so the flip never goes unrecorded there."""
+    import os
+
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise GatekeeperError(f"{path}: cannot be written, and the policy wants a checkpoint there after every flip")
 
 
 @reporting

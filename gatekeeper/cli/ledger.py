@@ -1,4 +1,4 @@
-"""Ledger commands: list, show, verify and export the recorded evidence."""
+"""Ledger commands: list, show, verify, checkpoint and export the recorded evidence."""
 
 from __future__ import annotations
 
@@ -48,18 +48,142 @@ def ledger_show(ctx: typer.Context, evaluation_id: Annotated[int, typer.Argument
 
 @ledger_app.command("verify")
 @reporting
-def ledger_verify(ctx: typer.Context, json_: Json = False) -> None:
-    """Recheck the hash chain and every record against its entry; exit 1 naming the first bad entry."""
+def ledger_verify(
+    ctx: typer.Context,
+    checkpoint: Annotated[Optional[list[Path]], typer.Option(
+        help="A checkpoint the ledger must still extend (repeatable; default: ledger/checkpoint.json if there is one).")] = None,
+    json_: Json = False,
+) -> None:
+    """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
+    extends each checkpoint; exit 1 naming the first problem."""
+    from .. import flags
+    from ..ledger import checkpoint as cp
+
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
+    files = list(checkpoint or ([ws.checkpoint_path] if ws.checkpoint_path.is_file() else []))
+    loaded = [(str(f), cp.load(f)) for f in files]  # a file that is no checkpoint: exit 2, before anything else
     with settings.opened_ledger(ws, create=False) as ledger:
         if ledger is None:
             raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
         report = ledger.verify()
-    data = {"ok": report.ok, "entries": report.entries, "first_bad_seq": report.first_bad_seq, "problem": report.problem}
+        audit = flags.audit_signatures(ws, ledger)
+        where = cp.location(ledger.url, ws.root)
+        checked = [cp.check(c, name, ledger, where, ws.allowed_signers) for name, c in loaded]
+        fresh = _checkpoint_after_flip(ws, ledger, checked)
+    problems = [*report.problems, *(p for _, p in audit.problems), *(p for c in checked for p in c.problems), *fresh]
+    first_bad = report.first_bad_seq if not report.ok else next((s for s, _ in audit.problems if s is not None), None)
+    data = {"ok": not problems, "entries": report.entries, "first_bad_seq": first_bad,
+            "problem": problems[0] if problems else "", "problems": problems,
+            "signatures": {"checked": audit.checked, "problems": [p for _, p in audit.problems]},
+            "checkpoints": [c.to_dict() for c in checked]}
     emit(json_, data, lambda: tables.print_verify(data))
-    if not report.ok:
+    if problems:
         raise typer.Exit(1)
+
+
+def _checkpoint_after_flip(ws, ledger, checked) -> list[str]:
+    """A policy's ``checkpoint_after_flip``: its flag's last flip must lie at or below a good checkpoint
+    (a signed one where the policy also wants signatures)."""
+    if not (ws.root / "policies").is_dir():
+        return []
+    wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
+    if not wants:
+        return []
+    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
+    good = [c for c in checked if c.ok]
+    out = []
+    for flag, last in ledger.flag_states().items():
+        if flag not in wants:
+            continue
+        seq = seqs.get(("flip", last["id"]), 0)
+        covering = [c for c in good if c.seq >= seq]
+        if not covering:
+            newest = max((c.seq for c in good), default=None)
+            out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after "
+                       f"{'the newest good checkpoint, at seq ' + str(newest) if newest else 'every checkpoint given'}; "
+                       f"its policy wants one after every flip ({ws.checkpoint_path}, or pass --checkpoint FILE)")
+        elif wants[flag].approvals.signed and not any(c.signer for c in covering):
+            out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
+    return out
+
+
+@ledger_app.command("checkpoint")
+@reporting
+def ledger_checkpoint(
+    ctx: typer.Context,
+    sign: Annotated[Optional[Path], typer.Option(
+        help="Sign it with this SSH private key (default: $GATEKEEPER_SIGNING_KEY); its public key must be in "
+             "policies/allowed_signers.")] = None,
+    output: Annotated[Optional[Path], typer.Option(help="Write it to this file (default: print it).")] = None,
+    json_: Json = False,
+) -> None:
+    """Write the ledger's head (seq, hash, time, entries, where it lives) as a small JSON checkpoint, to commit
+    with the workspace or hand to an auditor; 'ledger verify --checkpoint FILE' proves the ledger still extends it."""
+    import os
+
+    from .. import signing
+    from ..ledger import checkpoint as cp
+
+    if output is not None and (output.is_dir() or not output.parent.is_dir()):
+        raise GatekeeperError(f"--output {output}: name a file in an existing folder")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    env_key = os.environ.get(signing.SIGNING_KEY_ENV)
+    key = signing.load_key(sign or env_key) if (sign or env_key) else None
+    allowed = ws.allowed_signers if key is not None else None
+    with settings.opened_ledger(ws, create=False) as ledger:
+        if ledger is None:
+            raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
+        checkpoint = cp.make(ledger, cp.location(ledger.url, ws.root), key, allowed)
+    if output is not None:
+        cp.write(checkpoint, output)
+    data = {**checkpoint, "file": str(output) if output else None}
+    if json_:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    elif output is None:
+        typer.echo(cp.text(checkpoint), nl=False)
+    else:
+        tables.print_checkpoint(data)
+
+
+@ledger_app.command("signature")
+@reporting
+def ledger_signature(
+    ctx: typer.Context,
+    kind: Annotated[str, typer.Argument(help="approval or flip.")],
+    record_id: Annotated[int, typer.Argument(metavar="ID")],
+    output: Annotated[Path, typer.Option(help="Folder to write KIND-ID.record and KIND-ID.record.sig into.")] = Path("."),
+    json_: Json = False,
+) -> None:
+    """Write a signed approval's or flip's record and signature as files, to check them with ssh-keygen -Y verify."""
+    from .. import flags
+
+    if kind not in ("approval", "flip"):
+        raise GatekeeperError(f"KIND must be approval or flip, not {kind!r}")
+    if not output.is_dir():
+        raise GatekeeperError(f"--output {output}: not a folder")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    with settings.opened_ledger(ws, create=False) as ledger:
+        rows = [r for r in (ledger.records(kind) if ledger else []) if r["id"] == record_id]
+        if not rows:
+            raise GatekeeperError(f"no {kind} {record_id} in {settings.ledger_url(ws)}")
+        row = rows[0]
+        if row.get("signature") is None:
+            raise GatekeeperError(f"{kind} {record_id} is not signed")
+        evaluation = ledger.evaluation(row["evaluation_id"]) if row["evaluation_id"] is not None else None
+    record = flags.flip_record(row["flag"], row.get("state", "on"), row["evaluation_id"], flags.identity_digest(evaluation),
+                               row["operator"], row["reason"], row["signed_at"])
+    message_file, sig_file = output / f"{kind}-{record_id}.record", output / f"{kind}-{record_id}.record.sig"
+    message_file.write_bytes(flags.record_message(record))
+    sig_file.write_text(row["signature"], encoding="utf-8")
+    command = (f"ssh-keygen -Y verify -f {ws.allowed_signers_path} -I {row['signer']} -n gatekeeper "
+               f"-s {sig_file} < {message_file}")
+    data = {"kind": kind, "id": record_id, "signer": row["signer"], "record": str(message_file),
+            "signature": str(sig_file), "verify": command}
+    emit(json_, data, lambda: typer.echo(f"{kind} {record_id}, signed by {row['signer']}: {message_file}, {sig_file}\n"
+                                         f"check it with: {command}"))
 
 
 @ledger_app.command("export")

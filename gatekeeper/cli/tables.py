@@ -27,15 +27,20 @@ def print_status(rows: list[dict[str, Any]]) -> None:
     Console().print(table)
 
 
-def print_flip(flag: str, result) -> None:
+def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -> None:
+    signed = f" (signed by {result.signer})" if result.signer else ""
     if result.action == "refused":
         typer.echo(f"refused: {flag} stays {result.state}")
     elif result.action == "approved":
-        typer.echo(f"approval recorded ({result.approvals} of {result.required}); {flag} stays {result.state}")
+        typer.echo(f"approval {result.approvals} of {result.required} recorded{signed}; {flag} stays {result.state}")
     else:
-        typer.echo(f"{flag} is now {result.state}")
-    for r in result.reasons:
+        typer.echo(f"{flag} is now {result.state}{signed}")
+    for r in result.reasons if result.action != "approved" else []:
         typer.echo(f"  - {r}")
+    if checkpoint:
+        typer.echo(f"checkpoint at seq {checkpoint['seq']} written to {checkpoint['file']}"
+                   + (f", signed by {checkpoint['signer']}" if checkpoint["signer"] else
+                      " (unsigned: 'gatekeeper ledger checkpoint --sign KEY --output FILE' writes a signed one)"))
 
 
 def print_hash(data: dict[str, Any]) -> None:
@@ -190,8 +195,20 @@ def print_evaluation(ev: dict) -> None:
 
 
 def print_verify(data: dict[str, Any]) -> None:
-    typer.echo(f"ledger ok: {data['entries']} entries, chain and records intact" if data["ok"]
-               else f"ledger TAMPERED: {data['problem']}")
+    if data["ok"]:
+        extra = "".join([f", {data['signatures']['checked']} signatures good" if data["signatures"]["checked"] else "",
+                         f", extends {len(data['checkpoints'])} checkpoint(s)" if data["checkpoints"] else ""])
+        typer.echo(f"ledger ok: {data['entries']} entries, chain and records intact{extra}")
+        return
+    typer.echo(f"ledger TAMPERED: {data['problem']}")
+    for p in data["problems"][1:]:
+        typer.echo(f"  - {p}")
+
+
+def print_checkpoint(data: dict[str, Any]) -> None:
+    signed = f", signed by {data['signer']}" if data.get("signer") else ", unsigned"
+    typer.echo(f"checkpoint: seq {data['seq']} ({data['entries']} entries), hash {data['hash']}{signed}"
+               + (f"; written to {data['file']}" if data.get("file") else ""))
 
 
 # --- hybrid models -----------------------------------------------------------------------------

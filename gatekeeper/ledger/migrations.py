@@ -137,10 +137,18 @@ def _0003_calibration(conn: Connection) -> None:
     _append_only(conn, "calibration")
 
 
+def _0004_signatures(conn: Connection) -> None:
+    # Nullable, so unsigned rows (and every row written before this migration) keep matching their entries.
+    for table in ("approval", "flip"):
+        for column in ("signature", "signer", "signed_at", "record_digest"):
+            conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+
+
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "0001_initial", _0001_initial),
     (2, "0002_flush_measurement", _0002_flush_measurement),
     (3, "0003_calibration", _0003_calibration),
+    (4, "0004_signatures", _0004_signatures),
 ]
 CURRENT_VERSION = MIGRATIONS[-1][0]
 

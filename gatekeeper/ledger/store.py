@@ -16,7 +16,7 @@ from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
 from gatekeeper.ledger.status import derive_status
-from gatekeeper.ledger.tables import KINDS, Entry, decode
+from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry, decode
 from gatekeeper.ledger.verify import VerifyReport, verify
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
@@ -116,8 +116,10 @@ class Ledger:
     def abort_evaluation(self, evaluation_id: int, reason: str) -> int:
         return self._append("aborted", dict(evaluation_id=evaluation_id, reason=reason), evaluation_id, open_only=True)
 
-    def add_approval(self, flag: str, evaluation_id: int, operator: str, reason: str) -> int:
-        values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, reason=reason)
+    def add_approval(self, flag: str, evaluation_id: int, operator: str, reason: str,
+                     seal: dict[str, str] | None = None) -> int:
+        """``seal``: a signed approval's ``SEAL_FIELDS`` (signature, signer, signed_at, record_digest)."""
+        values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, reason=reason, **_seal(seal))
         return self._append("approval", values, evaluation_id)
 
     def add_flip(
@@ -128,11 +130,12 @@ class Ledger:
         reason: str,
         evaluation_id: int | None = None,
         approval_ids: list[int] | None = None,
+        seal: dict[str, str] | None = None,
     ) -> int:
         if state not in FLIP_STATES:
             raise GatekeeperError(f"flag state {state!r} is not one of: on, off")
         values = dict(flag=flag, state=state, evaluation_id=evaluation_id, operator=operator, reason=reason,
-                      approval_ids=None if approval_ids is None else list(approval_ids))
+                      approval_ids=None if approval_ids is None else list(approval_ids), **_seal(seal))
         return self._append("flip", values, evaluation_id)
 
     def add_refusal(self, flag: str, operator: str, reasons: list[str], evaluation_id: int | None = None) -> int:
@@ -204,6 +207,10 @@ class Ledger:
         with read(self.engine) as conn:
             return _rows(conn, kind, **equal)
 
+    def records(self, kind: str) -> list[dict[str, Any]]:
+        """Every row of one kind, oldest first."""
+        return self._read(kind)
+
     def flips(self, flag: str | None = None) -> list[dict[str, Any]]:
         return self._read("flip", flag=flag)
 
@@ -236,6 +243,29 @@ class Ledger:
     def verify(self) -> VerifyReport:
         with read(self.engine) as conn:
             return verify(conn)
+
+    def head(self) -> dict[str, Any] | None:
+        """The chain's last entry (seq, hash) and how many entries there are; None when empty."""
+        t = Entry.__table__  # type: ignore[attr-defined]
+        with read(self.engine) as conn:
+            last = conn.execute(select(t.c.seq, t.c.hash).order_by(t.c.seq.desc()).limit(1)).first()
+            count = conn.scalar(select(func.count()).select_from(t))
+        return None if last is None else {"seq": last.seq, "hash": last.hash, "entries": count}
+
+    def entry(self, seq: int) -> dict[str, Any] | None:
+        """One entry as stored (payload as text), or None."""
+        t = Entry.__table__  # type: ignore[attr-defined]
+        with read(self.engine) as conn:
+            row = conn.execute(select(t).where(t.c.seq == seq)).mappings().first()
+        return dict(row) if row is not None else None
+
+
+def _seal(seal: dict[str, str] | None) -> dict[str, str]:
+    if not seal:
+        return {}
+    if set(seal) != set(SEAL_FIELDS):
+        raise ValueError(f"a seal has exactly the fields {', '.join(SEAL_FIELDS)}")
+    return dict(seal)
 
 
 def open_ledger(url: str, *, create: bool) -> Ledger | None:

@@ -96,6 +96,11 @@ class Approval(SQLModel, table=True):
     operator: str = Field(sa_type=Text)
     reason: str = Field(sa_type=Text)
     at: str = Field(sa_type=Text)
+    # Added by migration 4 (NULL when unsigned): see SEAL_FIELDS.
+    signature: Optional[str] = Field(default=None, sa_type=Text)
+    signer: Optional[str] = Field(default=None, sa_type=Text)
+    signed_at: Optional[str] = Field(default=None, sa_type=Text)
+    record_digest: Optional[str] = Field(default=None, sa_type=Text)
 
 
 class Flip(SQLModel, table=True):
@@ -109,6 +114,11 @@ class Flip(SQLModel, table=True):
     at: str = Field(sa_type=Text)
     # Added by migration 2: the approval records a flip to `on` counted. NULL on older rows.
     approval_ids: Optional[str] = Field(default=None, sa_type=Text)
+    # Added by migration 4, as on approval: the signature of the act that made this flip.
+    signature: Optional[str] = Field(default=None, sa_type=Text)
+    signer: Optional[str] = Field(default=None, sa_type=Text)
+    signed_at: Optional[str] = Field(default=None, sa_type=Text)
+    record_digest: Optional[str] = Field(default=None, sa_type=Text)
 
 
 class Refusal(SQLModel, table=True):
@@ -159,6 +169,10 @@ class Migration(SQLModel, table=True):
     name: str = Field(sa_type=Text)
     applied_at: str = Field(sa_type=Text)
 
+
+# A signed approval or flip: the armored SSH signature, the allowed_signers principal whose key made it,
+# the time inside the signed record, and the SHA-256 of the signed message (flags.flip_record).
+SEAL_FIELDS = ("signature", "signer", "signed_at", "record_digest")
 
 # kind -> model: the kind written into an entry is the typed table's name.
 KINDS: dict[str, type[SQLModel]] = {

@@ -1,0 +1,152 @@
+"""Checkpoints: the ledger's head written down outside the database, so a rewrite shows.
+
+The hash chain proves the ledger is consistent with itself; it cannot show that the tail was cut
+off, or that everything after an edit was re-hashed. A checkpoint (seq, hash, time, entry count,
+a digest of where the ledger lives), committed with the workspace or handed to an auditor, can:
+the ledger must still hold that very entry at that seq. Signed, it cannot be forged either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from gatekeeper import signing
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.identity import canonical_json, digest
+from gatekeeper.ledger.tables import utc_now
+
+FORMAT = "gatekeeper.checkpoint"
+BODY = ("type", "ledger", "seq", "hash", "entries", "at")  # what a signature covers
+
+
+def location(url: str, root: Path | None = None) -> str:
+    """Where the ledger lives, in words that survive moving the workspace: a SQLite file inside the
+    workspace is named relative to it; any other URL is kept without its password."""
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:"):
+        path = Path(u.database).expanduser().resolve()
+        if root is not None:
+            try:
+                return "sqlite:workspace/" + path.relative_to(Path(root).resolve()).as_posix()
+            except ValueError:
+                pass
+        return "sqlite:" + path.as_posix()
+    return u.set(password=None).render_as_string(hide_password=False)
+
+
+def message(checkpoint: dict[str, Any]) -> bytes:
+    """The signed bytes: the checkpoint's body (not its signature) as canonical JSON and a newline."""
+    return canonical_json({k: checkpoint[k] for k in BODY}) + b"\n"
+
+
+def make(ledger, where: str, key: signing.SigningKey | None = None, allowed=None) -> dict[str, Any]:
+    """The ledger's head as a checkpoint, signed when ``key`` is given (its key must be in ``allowed``)."""
+    head = ledger.head()
+    if head is None:
+        raise GatekeeperError(f"the ledger at {ledger.url} is empty; there is nothing to checkpoint yet")
+    cp = {"type": FORMAT, "ledger": digest(where), "seq": head["seq"], "hash": head["hash"],
+          "entries": head["entries"], "at": utc_now()}
+    if key is not None:
+        if allowed is None:
+            raise GatekeeperError("no policies/allowed_signers: it says whose key may sign a checkpoint "
+                                  "(git's format: 'principal key-type key')")
+        principal = allowed.principal(key.blob, signing.parse_time(cp["at"]))
+        if principal is None:
+            raise GatekeeperError(f"unknown_signer: key {key.fingerprint} of {key.path} is not in {allowed.path}; "
+                                  "add it there to sign checkpoints with it")
+        cp.update(signer=principal, signature=signing.sign(key, message(cp)))
+    return cp
+
+
+def text(checkpoint: dict[str, Any]) -> str:
+    return json.dumps(checkpoint, indent=2, sort_keys=True) + "\n"
+
+
+def write(checkpoint: dict[str, Any], path: Path) -> None:
+    """Write atomically: a reader never sees half a checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text(checkpoint), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A checkpoint file, checked for shape; GatekeeperError (exit 2) when it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise GatekeeperError(f"--checkpoint {path}: no such file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise GatekeeperError(f"--checkpoint {path}: not a JSON checkpoint ({e}); write one with 'gatekeeper ledger checkpoint'") from None
+    if not isinstance(data, dict) or data.get("type") != FORMAT:
+        raise GatekeeperError(f"--checkpoint {path}: not a gatekeeper checkpoint (no \"type\": \"{FORMAT}\")")
+    for name, kind in (("ledger", str), ("seq", int), ("hash", str), ("entries", int), ("at", str)):
+        if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
+            raise GatekeeperError(f"--checkpoint {path}: field {name!r} is missing or not a{'n integer' if kind is int else ' string'}")
+    if data["seq"] < 1:
+        raise GatekeeperError(f"--checkpoint {path}: field 'seq' must be 1 or more")
+    if ("signature" in data) != ("signer" in data):
+        raise GatekeeperError(f"--checkpoint {path}: a signed checkpoint has both 'signature' and 'signer'")
+    return data
+
+
+@dataclass
+class CheckpointReport:
+    file: str
+    seq: int
+    hash: str
+    at: str
+    signer: str | None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "seq": self.seq, "hash": self.hash, "at": self.at, "signer": self.signer,
+                "ok": self.ok, "problems": list(self.problems)}
+
+
+def check(checkpoint: dict[str, Any], file: str, ledger, where: str, allowed) -> CheckpointReport:
+    """Does the ledger still extend this checkpoint? Each problem names the attack it shows."""
+    seq = checkpoint["seq"]
+    report = CheckpointReport(file, seq, checkpoint["hash"], checkpoint["at"], checkpoint.get("signer"))
+    bad = report.problems.append
+    if "signature" in checkpoint:
+        try:
+            sig = signing.verify(str(checkpoint["signature"]), message(checkpoint))
+        except signing.BadSignature as e:
+            bad(f"bad_signature: checkpoint {file} is not what its signer signed ({e}): it was altered or forged")
+        else:
+            try:
+                at = signing.parse_time(checkpoint["at"])
+            except ValueError:
+                at = datetime.now(timezone.utc)
+            if allowed is None or not allowed.allows(str(checkpoint["signer"]), sig.blob, at):
+                bad(f"unknown_signer: checkpoint {file} is signed with key {sig.fingerprint}, which "
+                    f"{allowed.path if allowed else 'policies/allowed_signers (missing)'} does not allow for "
+                    f"{checkpoint['signer']}")
+    if checkpoint["ledger"] != digest(where):
+        bad(f"other_ledger: checkpoint {file} is of another ledger than {ledger.url}")
+        return report
+    head = ledger.head()
+    last = head["seq"] if head else 0
+    if last < seq:
+        bad(f"truncated: the ledger ends at seq {last}, below checkpoint {file} at seq {seq}: "
+            f"entr{'y' if seq - last == 1 else 'ies'} {last + 1 if seq - last == 1 else f'{last + 1}..{seq}'} "
+            "were deleted")
+        return report
+    entry = ledger.entry(seq)
+    if entry is None or entry["hash"] != checkpoint["hash"]:
+        have = "missing" if entry is None else entry["hash"][:16] + "…"
+        bad(f"forked: entry seq {seq} is {have}, checkpoint {file} says {checkpoint['hash'][:16]}…: "
+            f"the ledger was rewritten at or before seq {seq}")
+    return report
