@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import capture
-from .cache.snapshots import SnapshotStats, parse
+from .cache.snapshots import parse
 from .cache.trie import TokenTrie
 from .errors import GatekeeperError
 from .partition import common_prefix

@@ -175,13 +175,13 @@ def test_attack_c_without_signatures_is_found_by_the_fresh_checkpoint_rule(run_c
 def test_attack_c_signed_by_an_unknown_key(run_cli, trust_ws, keys, tmp_path):
     set_approvals(trust_ws, signed=True)
     on_then_off(run_cli, trust_ws, keys)
-    from gatekeeper import flags, signing
+    from gatekeeper import attestation, signing
     from gatekeeper.identity import sha256_hex
 
     with lg(trust_ws) as ledger:
-        digest = flags.identity_digest(ledger.evaluation(1))
+        digest = attestation.identity_digest(ledger.evaluation(1))
     at = "2999-01-01T00:00:00.000000Z"
-    message = flags.record_message(flags.flip_record("prefix_cache", "on", 1, digest, "ana", "ok", at))
+    message = attestation.record_message(attestation.flip_record("prefix_cache", "on", 1, digest, "ana", "ok", at))
     forged = signing.load_key(keys["mallory"]).sign(message)
     forge_on(trust_ws, {"signature": forged, "signer": "ana", "signed_at": at, "record_digest": sha256_hex(message)})
     code, report = verify(run_cli, trust_ws)

@@ -54,7 +54,7 @@ def flip(
     import getpass
     import os
 
-    from .. import flags, gate, signing
+    from .. import attestation, flags, gate, signing
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -68,7 +68,7 @@ def flip(
         if sign or signature or record:
             raise GatekeeperError("--print-record only prints the record to sign; leave out --sign, --signature and --record")
         with settings.opened_ledger(ws, create=False) as ledger:
-            message = flags.print_record(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason)
+            message = attestation.print_record(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason)
         if json_:
             typer.echo(json.dumps({"record": json.loads(message), "message": message.decode()}, indent=2))
         else:
@@ -96,7 +96,7 @@ def flip(
 
 def _attestation(sign: Optional[Path], signature: Optional[Path], record: Optional[Path], env_key: Optional[str]):
     """What vouches for this flip: --sign KEY, --signature with --record, $GATEKEEPER_SIGNING_KEY, or nothing."""
-    from .. import flags, signing
+    from .. import attestation, signing
 
     if (signature is None) != (record is None):
         raise GatekeeperError("--signature and --record go together: the record (flip ... --print-record) "
@@ -104,10 +104,10 @@ def _attestation(sign: Optional[Path], signature: Optional[Path], record: Option
     if signature is not None:
         if sign is not None:
             raise GatekeeperError("give --sign KEY or --signature with --record, not both")
-        return flags.Attestation(record=_read(record, "--record").encode(), signature=_read(signature, "--signature"),
+        return attestation.Attestation(record=_read(record, "--record").encode(), signature=_read(signature, "--signature"),
                                  source=f"--signature {signature}")
     path = sign or (Path(env_key) if env_key else None)
-    return flags.Attestation(key=signing.load_key(path)) if path is not None else None
+    return attestation.Attestation(key=signing.load_key(path)) if path is not None else None
 
 
 def _read(path: Path, option: str) -> str:

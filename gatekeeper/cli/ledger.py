@@ -56,7 +56,7 @@ def ledger_verify(
 ) -> None:
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
     extends each checkpoint; exit 1 naming the first problem."""
-    from .. import flags
+    from .. import attestation
     from ..ledger import checkpoint as cp
 
     settings: Settings = ctx.obj
@@ -67,7 +67,7 @@ def ledger_verify(
         if ledger is None:
             raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
         report = ledger.verify()
-        audit = flags.audit_signatures(ws, ledger)
+        audit = attestation.audit_signatures(ws, ledger)
         where = cp.location(ledger.url, ws.root)
         checked = [cp.check(c, name, ledger, where, ws.allowed_signers) for name, c in loaded]
         fresh = _checkpoint_after_flip(ws, ledger, checked)
@@ -157,7 +157,7 @@ def ledger_signature(
     json_: Json = False,
 ) -> None:
     """Write a signed approval's or flip's record and signature as files, to check them with ssh-keygen -Y verify."""
-    from .. import flags
+    from .. import attestation
 
     if kind not in ("approval", "flip"):
         raise GatekeeperError(f"KIND must be approval or flip, not {kind!r}")
@@ -173,10 +173,10 @@ def ledger_signature(
         if row.get("signature") is None:
             raise GatekeeperError(f"{kind} {record_id} is not signed")
         evaluation = ledger.evaluation(row["evaluation_id"]) if row["evaluation_id"] is not None else None
-    record = flags.flip_record(row["flag"], row.get("state", "on"), row["evaluation_id"], flags.identity_digest(evaluation),
+    record = attestation.flip_record(row["flag"], row.get("state", "on"), row["evaluation_id"], attestation.identity_digest(evaluation),
                                row["operator"], row["reason"], row["signed_at"])
     message_file, sig_file = output / f"{kind}-{record_id}.record", output / f"{kind}-{record_id}.record.sig"
-    message_file.write_bytes(flags.record_message(record))
+    message_file.write_bytes(attestation.record_message(record))
     sig_file.write_text(row["signature"], encoding="utf-8")
     command = (f"ssh-keygen -Y verify -f {ws.allowed_signers_path} -I {row['signer']} -n gatekeeper "
                f"-s {sig_file} < {message_file}")

@@ -171,7 +171,7 @@ class Migration(SQLModel, table=True):
 
 
 # A signed approval or flip: the armored SSH signature, the allowed_signers principal whose key made it,
-# the time inside the signed record, and the SHA-256 of the signed message (flags.flip_record).
+# the time inside the signed record, and the SHA-256 of the signed message (attestation.flip_record).
 SEAL_FIELDS = ("signature", "signer", "signed_at", "record_digest")
 
 # kind -> model: the kind written into an entry is the typed table's name.
