@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh llama-server demo test bench clean
+.PHONY: setup model browser openssh postgresql llama-server demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python compiles llama.cpp (CPU-only, no multimodal library: a few minutes on two cores;
@@ -44,11 +44,22 @@ openssh:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client; \
 	  else echo "warning: ssh-keygen is missing; install openssh-client, or the signing tests are skipped" >&2; fi; }
 
+# The ledger tests also run on a real PostgreSQL server, which they start themselves in a temporary
+# directory (tests/postgres.py); this installs Debian's server binaries (initdb, pg_ctl, postgres) once
+# if missing, as for chromium. Debian keeps them in /usr/lib/postgresql/N/bin, off PATH.
+postgresql:
+	@{ command -v initdb && command -v pg_ctl; } >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  if ! command -v apt-get >/dev/null 2>&1; then echo "warning: no PostgreSQL server and no apt-get; install postgresql for the ledger tests" >&2; \
+	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	  else echo "warning: PostgreSQL is missing and cannot be installed without root; the ledger tests will fail" >&2; fi; }
+
 # llama-server for the http adapter's tests: built once into $$GATEKEEPER_HOME/llama.cpp/, then reused.
 llama-server: setup
 	$(PY) -m gatekeeper.llama_build
 
-test: model browser openssh llama-server
+test: model browser openssh postgresql llama-server
 	$(PY) -m pytest
 
 bench: model

@@ -146,6 +146,14 @@ def _bad(path: Path, line: int, field: str, problem: str) -> GatekeeperError:
                            "stage, stream, t and tokens or text (see 'Captures and traces' in the README)")
 
 
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -155,6 +163,10 @@ def _parse(path: Path, n: int, raw: str) -> Request:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
         raise GatekeeperError(f"{path}:{n}: not JSON ({e.msg} at column {e.colno}); each line is one JSON object") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise GatekeeperError(f"{path}:{n}: not usable JSON ({e}); each line is one JSON object") from None
+    except RecursionError:
+        raise GatekeeperError(f"{path}:{n}: not usable JSON: nested too deeply; each line is one flat JSON object") from None
     if not isinstance(d, dict):
         raise GatekeeperError(f"{path}:{n}: a line must be a JSON object, not {type(d).__name__}")
     if not isinstance(d.get("stage"), str) or not d["stage"]:
@@ -171,6 +183,9 @@ def _parse(path: Path, n: int, raw: str) -> Request:
         raise _bad(path, n, "tokens", "is not a list of integer token ids")
     if text is not None and not isinstance(text, str):
         raise _bad(path, n, "text", "is not a string")
+    for key in ("stage", "stream", "text"):
+        if isinstance(d.get(key), str) and not _utf8(d[key]):
+            raise _bad(path, n, key, "holds an unpaired surrogate escape (such as \\ud800), which is not text")
     request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n)
     raw_segments = d.get("segments")
     if raw_segments is None:
@@ -200,13 +215,19 @@ def read(path: str | Path) -> list[Request]:
     if not p.is_file():
         raise GatekeeperError(f"capture file {p} does not exist; write one with 'gatekeeper measure --capture FILE'")
     requests = []
-    with p.open(encoding="utf-8", errors="strict") as f:
-        try:
-            for n, raw in enumerate(f, 1):
-                if raw.strip():
-                    requests.append(_parse(p, n, raw))
-        except UnicodeDecodeError as e:
-            raise GatekeeperError(f"{p}: not UTF-8 text ({e.reason}); a capture is JSONL") from None
+    try:
+        f = p.open("rb")
+    except OSError as e:
+        raise GatekeeperError(f"capture file {p}: cannot be read ({e.strerror or e})") from None
+    with f:
+        for n, data in enumerate(f, 1):
+            try:
+                raw = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise GatekeeperError(f"{p}:{n}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {e.start + 1}); "
+                                      "a capture is JSONL, UTF-8 text") from None
+            if raw.strip():
+                requests.append(_parse(p, n, raw))
     if not requests:
         raise GatekeeperError(f"{p}: no requests in the file; a capture has one JSON object a line")
     return requests

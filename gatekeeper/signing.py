@@ -370,8 +370,11 @@ class AllowedSigners:
     def load(cls, path: Path) -> AllowedSigners:
         try:
             text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise GatekeeperError(f"{path}: not UTF-8 text; it holds lines 'principal key-type key'") from None
+        except UnicodeDecodeError as e:
+            raise GatekeeperError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                                  "it holds lines 'principal key-type key'") from None
+        except OSError as e:
+            raise GatekeeperError(f"{path}: cannot be read ({e.strerror or e})") from None
         signers = []
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
@@ -379,7 +382,7 @@ class AllowedSigners:
                 continue
             try:
                 signers.append(_signer(line, number))
-            except ValueError as e:
+            except (ValueError, BadSignature, struct.error, OverflowError) as e:
                 raise GatekeeperError(f"{path}, line {number}: {e}") from None
         return cls(path, tuple(signers))
 

@@ -294,11 +294,30 @@ def _named(msg: str) -> bool:
     return bool(sep) and head.isidentifier()
 
 
-def read_yaml(path: Path) -> Any:
+def read_text(path: Path, what: str = "workspace files are UTF-8 text") -> str:
+    """A user file's text: UTF-8 or a GatekeeperError naming the file and the first bad byte."""
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise GatekeeperError(f"{path}: file not found") from None
+    except OSError as e:
+        raise GatekeeperError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise GatekeeperError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, offset {e.start}); "
+                              f"{what}") from None
+
+
+def read_yaml(path: Path) -> Any:
+    text = read_text(path)
+    if "\x00" in text:
+        raise GatekeeperError(f"{path}: not YAML: it holds NUL bytes (binary data?); fix the file")
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise GatekeeperError(f"{path}: not usable YAML: nested too deeply for the parser; flatten it") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -378,7 +397,7 @@ class Workspace:
             return seg.text
         for base in (suite.path.parent if suite.path else self.root, self.root):
             if (base / seg.file).is_file():
-                return (base / seg.file).read_text(encoding="utf-8")
+                return read_text(base / seg.file, f"a prompt segment file of {suite.path} is UTF-8 text")
         raise GatekeeperError(f"{suite.path}: segment file {seg.file} not found")
 
     @property

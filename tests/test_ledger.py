@@ -1,10 +1,10 @@
-"""The evidence ledger on real SQLite files: lifecycle, derived status, immutability, tampering."""
+"""The evidence ledger on real SQLite files and a real PostgreSQL server: lifecycle, derived status,
+immutability, tampering. Every test runs on both backends unless its name says otherwise."""
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +16,9 @@ import gatekeeper
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
+from postgres import Raw, db_errors, is_postgres
+
+pytest_plugins = ["postgres"]
 
 REPO = Path(gatekeeper.__file__).resolve().parents[1]
 CASES = ["router/arith-1", "router/plan-2", "summarize/long-1"]
@@ -26,8 +29,9 @@ def url_of(path: Path) -> str:
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    return tmp_path / "ledger" / "evidence.db"
+def url(ledger_url: str) -> str:
+    """The ledger under test: a SQLite file or a fresh PostgreSQL database (see tests/postgres.py)."""
+    return ledger_url
 
 
 def run_lifecycle(ledger: Ledger) -> int:
@@ -53,22 +57,19 @@ def canonical(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def drop_triggers(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
-        conn.execute(f"DROP TRIGGER {name}")
-    return conn
+def drop_triggers(url: str) -> Raw:
+    return Raw(url).drop_triggers()
 
 
-def test_lifecycle_round_trip(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_lifecycle_round_trip(url: str) -> None:
+    with Ledger(url) as ledger:
         eid = run_lifecycle(ledger)
         report = ledger.verify()
         listed = ledger.evaluations()
         detail = ledger.evaluation(eid)
         entries = ledger.entries()
 
-    assert db.is_file()
+    assert is_postgres(url) or Path(url[len("sqlite:///"):]).is_file()
     assert report.ok and report.entries == 11 and report.first_bad_seq is None and report.problem == ""
     assert listed == [
         {
@@ -94,22 +95,22 @@ def test_lifecycle_round_trip(db: Path) -> None:
     assert entries[-1]["kind"] == "verdict" and entries[-1]["payload"]["verdict"] == "PASS"
 
     # Reopening sees the same chain: nothing lives only in memory.
-    with Ledger(url_of(db)) as again:
+    with Ledger(url) as again:
         assert again.entries() == entries and again.evaluation(eid)["status"] == "PASS"
 
 
-def test_entry_hash_is_sha256_of_canonical_entry(db: Path) -> None:
+def test_entry_hash_is_sha256_of_canonical_entry(url: str) -> None:
     from gatekeeper.identity import canonical_json, sha256_hex
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
         for e in ledger.entries():
             body = {k: e[k] for k in ("seq", "prev_hash", "kind", "record_id", "payload")}
             assert e["hash"] == sha256_hex(canonical_json(body))
 
 
-def test_running_then_fail_and_inconclusive(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_running_then_fail_and_inconclusive(url: str) -> None:
+    with Ledger(url) as ledger:
         a = ledger.start_evaluation("prefix_cache", "ana", "byte_equivalence", {}, {})
         assert ledger.evaluation(a)["status"] == "running"  # this process is alive
         ledger.add_comparison(a, "router/arith-1", False, {"position": 4, "tokens": [17, 23], "margin": 0.001})
@@ -131,8 +132,8 @@ def test_running_then_fail_and_inconclusive(db: Path) -> None:
         assert ledger.verify().ok
 
 
-def test_finish_twice_and_evidence_after_close_are_refused(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_finish_twice_and_evidence_after_close_are_refused(url: str) -> None:
+    with Ledger(url) as ledger:
         eid = run_lifecycle(ledger)
         with pytest.raises(GatekeeperError, match="already has a verdict"):
             ledger.finish_evaluation(eid, "FAIL", [], {})
@@ -156,8 +157,8 @@ def test_finish_twice_and_evidence_after_close_are_refused(db: Path) -> None:
         assert ledger.verify().ok
 
 
-def test_flips_approvals_refusals_flushes_measurements(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_flips_approvals_refusals_flushes_measurements(url: str) -> None:
+    with Ledger(url) as ledger:
         eid = run_lifecycle(ledger)
         assert ledger.flag_states() == {}  # never flipped: absent, caller treats it as off
         ap = ledger.add_approval("prefix_cache", eid, "bo", "reviewed the diff")
@@ -190,8 +191,8 @@ def test_flips_approvals_refusals_flushes_measurements(db: Path) -> None:
         assert report.ok and report.entries == 11 + 7
 
 
-def test_triggers_reject_update_and_delete_on_every_chained_table(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_triggers_reject_update_and_delete_on_every_chained_table(url: str) -> None:
+    with Ledger(url) as ledger:
         eid = run_lifecycle(ledger)
         other = ledger.start_evaluation("static_first", "ana", "assertion_equivalence", {}, {})
         ledger.abort_evaluation(other, "x")
@@ -203,31 +204,33 @@ def test_triggers_reject_update_and_delete_on_every_chained_table(db: Path) -> N
         ledger.add_calibration("prefix_cache", eid, "ana", {}, {"faults": []})
         before = ledger.entries()
 
-    conn = sqlite3.connect(db)
-    for table in ["entry", *KINDS]:
-        assert conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] >= 1, table
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            column = "kind" if table == "entry" else "id"
-            conn.execute(f"UPDATE {table} SET {column} = {column}")
-        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-            conn.execute(f"DELETE FROM {table}")
-    conn.close()
-    with Ledger(url_of(db)) as ledger:
+    with Raw(url) as conn:
+        for table in ["entry", *KINDS]:
+            assert conn.scalar(f"SELECT COUNT(*) FROM {table}") >= 1, table
+            with pytest.raises(db_errors(), match="append-only"):
+                column = "kind" if table == "entry" else "id"
+                conn.execute(f"UPDATE {table} SET {column} = {column}")
+            with pytest.raises(db_errors(), match="append-only"):
+                conn.execute(f"DELETE FROM {table}")
+            if conn.postgres:  # SQLite has no TRUNCATE; PostgreSQL's bypasses row triggers, so it has its own
+                with pytest.raises(db_errors(), match="append-only"):
+                    conn.execute(f"TRUNCATE {table} CASCADE")
+    with Ledger(url) as ledger:
         assert ledger.entries() == before and ledger.verify().ok
 
 
-def test_tamper_typed_row_field(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_tamper_typed_row_field(url: str) -> None:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
         bad_seq = seq_of(ledger, "case_result", 2)
     assert bad_seq == 3
-    conn = drop_triggers(db)
+    conn = drop_triggers(url)
     row = json.loads(conn.execute("SELECT result FROM case_result WHERE id = 2").fetchone()[0])
     row["text"] = "5"
     conn.execute("UPDATE case_result SET result = ? WHERE id = 2", (canonical(row),))
     conn.close()
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert not report.ok and report.entries == 11
     assert report.first_bad_seq == 3
@@ -236,14 +239,17 @@ def test_tamper_typed_row_field(db: Path) -> None:
         report.raise_if_bad()
 
 
-def test_tamper_boolean_column(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_tamper_boolean_column(url: str) -> None:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
         bad_seq = seq_of(ledger, "comparison", 3)
-    conn = drop_triggers(db)
-    conn.execute("UPDATE comparison SET equal = 2 WHERE id = 3")  # still truthy: must not pass as True
+    conn = drop_triggers(url)
+    if conn.postgres:  # a real boolean column: flipping it is the edit
+        conn.execute("UPDATE comparison SET equal = NOT equal WHERE id = 3")
+    else:
+        conn.execute("UPDATE comparison SET equal = 2 WHERE id = 3")  # still truthy: must not pass as True
     conn.close()
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert report.first_bad_seq == bad_seq == 10 and "field 'equal'" in report.problem
 
@@ -256,10 +262,10 @@ def test_tamper_boolean_column(db: Path) -> None:
         ('"case_id":', '"case_id";'),  # no longer JSON at all
     ],
 )
-def test_tamper_entry_payload_byte(db: Path, old: str, new: str) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_tamper_entry_payload_byte(url: str, old: str, new: str) -> None:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
-    conn = drop_triggers(db)
+    conn = drop_triggers(url)
     payload = conn.execute("SELECT payload FROM entry WHERE seq = 5").fetchone()[0]
     assert payload.count(old) == 1
     edited = payload.replace(old, new)
@@ -267,41 +273,41 @@ def test_tamper_entry_payload_byte(db: Path, old: str, new: str) -> None:
     conn.execute("UPDATE entry SET payload = ? WHERE seq = 5", (edited,))
     conn.close()
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert not report.ok
     assert report.first_bad_seq == 5
     assert report.problem.startswith("seq 5: ")
 
 
-def test_tamper_rehashed_entry_breaks_the_next_link(db: Path) -> None:
+def test_tamper_rehashed_entry_breaks_the_next_link(url: str) -> None:
     """An editor who also rewrites the hash still breaks the link the next entry holds."""
     from gatekeeper.ledger.chain import entry_hash
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
         e = ledger.entries()[4]
     payload = {**e["payload"], "repeat": 7}
-    conn = drop_triggers(db)
+    conn = drop_triggers(url)
     conn.execute(
         "UPDATE entry SET payload = ?, hash = ? WHERE seq = 5",
         (canonical(payload), entry_hash(5, e["prev_hash"], e["kind"], e["record_id"], payload)),
     )
     conn.execute("UPDATE case_result SET repeat = 7 WHERE id = ?", (e["record_id"],))
     conn.close()
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert report.first_bad_seq == 6 and "prev_hash" in report.problem
 
 
-def test_tamper_delete_entry(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_tamper_delete_entry(url: str) -> None:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
-    conn = drop_triggers(db)
+    conn = drop_triggers(url)
     conn.execute("DELETE FROM entry WHERE seq = 7")
     conn.close()
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert not report.ok and report.entries == 10
     assert report.first_bad_seq == 8
@@ -309,27 +315,25 @@ def test_tamper_delete_entry(db: Path) -> None:
     assert any("has no entry in the chain" in p for p in report.problems)  # its row is now orphaned
 
 
-def test_tamper_delete_last_entry_or_row(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_tamper_delete_last_entry_or_row(url: str) -> None:
+    with Ledger(url) as ledger:
         run_lifecycle(ledger)
-    conn = drop_triggers(db)
+    conn = drop_triggers(url)
     conn.execute("DELETE FROM entry WHERE seq = 11")  # no gap left, but the verdict row lost its entry
     conn.close()
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert not report.ok and report.first_bad_seq is None
     assert report.problem == "verdict 1 has no entry in the chain"
 
-    conn = sqlite3.connect(db)
-    conn.execute("DELETE FROM case_result WHERE id = 4")
-    conn.commit()
-    conn.close()
-    with Ledger(url_of(db)) as ledger:
+    with Raw(url) as conn:
+        conn.execute("DELETE FROM case_result WHERE id = 4")
+    with Ledger(url) as ledger:
         report = ledger.verify()
     assert report.first_bad_seq == 5 and "case_result 4 is missing" in report.problem
 
 
-def test_started_by_killed_process_reads_aborted(db: Path) -> None:
+def test_started_by_killed_process_reads_aborted(url: str) -> None:
     script = (
         "import sys, time\n"
         "from gatekeeper.ledger import Ledger\n"
@@ -340,10 +344,10 @@ def test_started_by_killed_process_reads_aborted(db: Path) -> None:
         "time.sleep(120)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", script, url_of(db)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True, env=env)
     try:
         eid = int(proc.stdout.readline())
-        with Ledger(url_of(db)) as ledger:
+        with Ledger(url) as ledger:
             running = ledger.evaluation(eid)
             assert running["status"] == "running" and running["pid"] == proc.pid
             proc.kill()  # SIGKILL: the run gets no chance to write anything
@@ -360,10 +364,10 @@ def test_started_by_killed_process_reads_aborted(db: Path) -> None:
     assert listed["status"] == "aborted" and listed["verdict"] is None
 
 
-def test_started_on_another_host_reads_aborted(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_started_on_another_host_reads_aborted(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import gatekeeper.ledger.store as store
 
-    with Ledger(url_of(db)) as ledger:
+    with Ledger(url) as ledger:
         monkeypatch.setattr(store.socket, "gethostname", lambda: "elsewhere")
         eid = ledger.start_evaluation("prefix_cache", "ana", "byte_equivalence", {}, {})
         monkeypatch.undo()
@@ -371,8 +375,8 @@ def test_started_on_another_host_reads_aborted(db: Path, monkeypatch: pytest.Mon
         assert ledger.evaluation(eid)["status"] == "aborted"
 
 
-def test_models_match_migrated_schema(db: Path) -> None:
-    with Ledger(url_of(db)) as ledger:
+def test_models_match_migrated_schema(url: str) -> None:
+    with Ledger(url) as ledger:
         insp = inspect(ledger.engine)
         for model in [Entry, Migration, *KINDS.values()]:
             table = model.__table__
@@ -401,3 +405,108 @@ def test_for_workspace_default_and_bad_inputs(tmp_path: Path) -> None:
         Ledger(url_of(tmp_path / "junk.db"))
     with pytest.raises(GatekeeperError, match="not valid"):
         Ledger("not a url")
+
+
+def test_postgresql_urls_and_bad_inputs(pg_server, pg_url: str) -> None:
+    plain = pg_url.replace("postgresql+psycopg://", "postgresql://")  # no driver named: psycopg 3 all the same
+    with Ledger(plain) as ledger:
+        assert ledger.engine.dialect.driver == "psycopg"
+        ledger.add_measurement("ana", {}, {})
+        assert ledger.verify().ok
+    secret = f"postgresql+psycopg://ana:s3cret@127.0.0.1:{pg_server.port}/no_such_database"
+    with pytest.raises(GatekeeperError, match="cannot open the ledger") as e:
+        Ledger(secret)
+    assert "s3cret" not in str(e.value)
+    with pytest.raises(GatekeeperError, match="driver that is not installed"):
+        Ledger(pg_url.replace("+psycopg", "+pg8000"))
+    with pytest.raises(GatekeeperError, match="not valid"):
+        Ledger(pg_url.replace("+psycopg", "+nosuchdriver"))
+
+
+def test_postgresql_appends_wait_for_the_write_lock(pg_url: str) -> None:
+    """A writer holding the ledger's write transaction blocks another's append until it commits."""
+    import threading
+
+    from gatekeeper.ledger.engine import write
+
+    with Ledger(pg_url) as first, Ledger(pg_url) as second:
+        done = threading.Event()
+        with write(first.engine):
+            t = threading.Thread(target=lambda: (second.add_measurement("bo", {}, {}), done.set()))
+            t.start()
+            assert not done.wait(0.5)  # queued behind the advisory lock
+        t.join(10)
+        assert done.is_set() and second.verify().ok and len(second.entries()) == 1
+
+
+# -- ledger copy SRC DST ----------------------------------------------------------------------------
+
+def _sqlite_ledger(tmp_path: Path) -> str:
+    src = url_of(tmp_path / "src" / "evidence.db")
+    with Ledger(src) as ledger:
+        eid = run_lifecycle(ledger)
+        ledger.add_comparison(ledger.start_evaluation("static_first", "ana", "byte_equivalence", {}, {}), "a/b", False, {})
+        ledger.add_approval("prefix_cache", eid, "bo", "ok")
+        ledger.add_flip("prefix_cache", "on", "bo", "ok", evaluation_id=eid, approval_ids=[1])
+        ledger.add_flush("model", {"model": "a"}, {"model": "b"})
+        ledger.add_calibration("prefix_cache", eid, "ana", {}, {"faults": []})
+    return src
+
+
+def test_copy_sqlite_ledger_to_postgresql(tmp_path: Path, pg_url: str, run_cli, workspace: Path) -> None:
+    src = _sqlite_ledger(tmp_path)
+    with Ledger(src) as ledger:
+        before = ledger.entries()
+    code, out, err = run_cli("ledger", "copy", src, pg_url, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["ok"] and data["entries"] == len(before) == 17 and data["head"]["hash"] == before[-1]["hash"]
+
+    with Ledger(pg_url) as team:
+        assert team.entries() == before  # same seq, ids, payloads and hashes
+        assert team.evaluation(1)["status"] == "PASS" and team.evaluation(2)["comparisons"][0]["equal"] is False
+        # The id sequences moved past the copied rows: appending goes on where the source left off.
+        ev = team.start_evaluation("prefix_cache", "cy", "byte_equivalence", {}, {})
+        assert ev == 3 and team.add_flip("prefix_cache", "off", "cy", "rollback") == 2
+        assert team.verify().ok and team.verify().entries == 19
+        after = team.entries()
+    back = url_of(tmp_path / "back.db")  # and back again, PostgreSQL to SQLite
+    assert run_cli("ledger", "copy", pg_url, back)[0] == 0
+    with Ledger(back) as ledger:
+        assert ledger.entries() == after and ledger.verify().ok
+
+    code, out, _ = run_cli("--workspace", workspace, "--ledger", pg_url, "ledger", "verify")
+    assert code == 0 and out.startswith("ledger ok: 19 entries")
+    with Raw(pg_url) as conn:
+        conn.drop_triggers()
+        conn.execute("UPDATE flip SET reason = 'looked fine' WHERE id = 1")
+    code, out, _ = run_cli("--workspace", workspace, "--ledger", pg_url, "ledger", "verify", "--json")
+    flip_seq = next(e["seq"] for e in before if e["kind"] == "flip")
+    assert code == 1 and json.loads(out)["first_bad_seq"] == flip_seq
+    assert f"seq {flip_seq}: flip 1 does not match its entry (field 'reason')" in json.loads(out)["problem"]
+
+
+def test_copy_refuses_a_non_empty_destination_a_bad_url_and_a_tampered_source(
+    tmp_path: Path, ledger_url: str, run_cli
+) -> None:
+    src = _sqlite_ledger(tmp_path)
+    assert run_cli("ledger", "copy", src, ledger_url)[0] == 0
+    code, _, err = run_cli("ledger", "copy", src, ledger_url)
+    assert code == 2 and "not empty (rows of entry: 17, evaluation: 2" in err and "only fills an empty ledger" in err
+    code, _, err = run_cli("ledger", "copy", "ledger/evidence.db", ledger_url)
+    assert code == 2 and "SRC 'ledger/evidence.db' is not a ledger URL" in err
+    code, _, err = run_cli("ledger", "copy", src, "postgres//nowhere")
+    assert code == 2 and "DST" in err
+    code, _, err = run_cli("ledger", "copy", url_of(tmp_path / "missing.db"), ledger_url)
+    assert code == 2 and "no ledger at" in err
+
+    with drop_triggers(src) as conn:
+        conn.execute("UPDATE case_result SET repeat = 5 WHERE id = 1")
+    fresh = url_of(tmp_path / "fresh.db") if not is_postgres(ledger_url) else ledger_url + "_2"
+    if is_postgres(ledger_url):
+        with Raw(ledger_url) as conn:
+            conn.execute(f"CREATE DATABASE {fresh.rsplit('/', 1)[1]}")
+    code, out, err = run_cli("ledger", "copy", src, fresh)
+    assert code == 1 and "source ledger does not verify (seq 2: case_result 1" in err and "nothing was copied" in err
+    with Ledger(fresh) as dst:
+        assert dst.entries() == [] and dst.verify().ok

@@ -1,4 +1,5 @@
-"""Concurrent writers from separate OS processes wait for the lock and lose nothing."""
+"""Concurrent writers from separate OS processes wait for the lock and lose nothing: one chain, on SQLite
+(BEGIN IMMEDIATE) and on PostgreSQL (a transaction-level advisory lock)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import gatekeeper
-from gatekeeper.ledger import Ledger
+from gatekeeper.ledger import CURRENT_VERSION, Ledger
+from gatekeeper.ledger.engine import read
+
+pytest_plugins = ["postgres"]
 
 REPO = Path(gatekeeper.__file__).resolve().parents[1]
 WORKERS = 4
@@ -34,13 +38,12 @@ with Ledger(url) as ledger:
 """
 
 
-def test_concurrent_processes_append_without_loss(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'evidence.db'}"
-    Ledger(url).close()  # created and migrated once, so the race is about appends only
+def race(worker: str, url: str, tmp_path: Path) -> None:
+    """Run WORKERS copies of ``worker`` against ``url``, released together once all are ready; all must succeed."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, url, str(tmp_path), str(w)], env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", worker, url, str(tmp_path), str(w)], env=env, stderr=subprocess.PIPE, text=True
         )
         for w in range(WORKERS)
     ]
@@ -57,6 +60,12 @@ def test_concurrent_processes_append_without_loss(tmp_path: Path) -> None:
             p.kill()
             p.wait()
     assert [p.returncode for p in procs] == [0] * WORKERS, errors
+
+
+def test_concurrent_processes_append_without_loss(ledger_url: str, tmp_path: Path) -> None:
+    url = ledger_url
+    Ledger(url).close()  # created and migrated once, so the race is about appends only
+    race(WORKER, url, tmp_path)
 
     with Ledger(url) as ledger:
         report = ledger.verify()
@@ -81,3 +90,28 @@ def test_concurrent_processes_append_without_loss(tmp_path: Path) -> None:
     # Stamped under the lock, so time never runs backwards along the chain.
     stamps = [e["payload"].get("at") or e["payload"].get("started_at") or e["payload"]["finished_at"] for e in entries]
     assert stamps == sorted(stamps)
+
+
+# Each worker opens a blank database at the same moment: migrating it must happen once, then each appends.
+OPENER = """
+import sys, time
+from pathlib import Path
+from gatekeeper.ledger import Ledger
+url, tmp, worker = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+(tmp / f"ready-{worker}").touch()
+while not (tmp / "go").exists():
+    time.sleep(0.005)
+with Ledger(url) as ledger:
+    ledger.add_measurement(f"w{worker}", {"worker": worker}, {})
+"""
+
+
+def test_concurrent_processes_migrate_a_blank_ledger_once(ledger_url: str, tmp_path: Path) -> None:
+    race(OPENER, ledger_url, tmp_path)
+    with Ledger(ledger_url) as ledger:
+        report = ledger.verify()
+        assert report.ok and report.entries == WORKERS
+        assert sorted(m["operator"] for m in ledger.measurements()) == [f"w{w}" for w in range(WORKERS)]
+        with read(ledger.engine) as conn:
+            versions = [v for (v,) in conn.exec_driver_sql("SELECT version FROM migrations ORDER BY version")]
+        assert versions == list(range(1, CURRENT_VERSION + 1))

@@ -1,9 +1,7 @@
-"""Numbered migrations: a blank database and an old one both reach the current schema, data kept."""
+"""Numbered migrations: a blank database and an old one both reach the current schema, data kept,
+on SQLite and on PostgreSQL alike."""
 
 from __future__ import annotations
-
-import sqlite3
-from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect
@@ -13,36 +11,25 @@ from gatekeeper.ledger import CURRENT_VERSION, Ledger, migrate
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, write
 from gatekeeper.ledger.migrations import schema_version
+from postgres import Raw
+
+pytest_plugins = ["postgres"]
 
 
-def url_of(path: Path) -> str:
-    return f"sqlite:///{path}"
+def recorded(url: str) -> list[tuple[int, str]]:
+    with Raw(url) as conn:
+        return [tuple(r) for r in conn.execute("SELECT version, name FROM migrations ORDER BY version").fetchall()]
 
 
-def recorded(path: Path) -> list[tuple[int, str]]:
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute("SELECT version, name FROM migrations ORDER BY version").fetchall()
-    finally:
-        conn.close()
-
-
-def schema(path: Path) -> dict[str, list[str]]:
+def schema(url: str) -> dict[str, list[str]]:
     """Table -> column names, plus trigger names: what two routes to the same version must share."""
-    conn = sqlite3.connect(path)
-    try:
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        out = {t: [c[1] for c in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
-        triggers = conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name")
-        out["<triggers>"] = [r[0] for r in triggers]
-        return out
-    finally:
-        conn.close()
+    with Raw(url) as conn:
+        return {**conn.columns(), "<triggers>": [name for name, _ in conn.triggers()]}
 
 
-def make_version_1(path: Path) -> None:
+def make_version_1(url: str) -> None:
     """A ledger as release 1 left it: schema 1 only, with an evaluation and a flip in its chain."""
-    engine = make_engine(url_of(path))
+    engine = make_engine(url)
     try:
         assert migrate(engine, target=1) == 1
         with write(engine) as conn:
@@ -58,28 +45,27 @@ def make_version_1(path: Path) -> None:
         engine.dispose()
 
 
-def test_blank_database_reaches_current_version(tmp_path: Path) -> None:
-    db = tmp_path / "blank.db"
-    with Ledger(url_of(db)) as ledger:
+def test_blank_database_reaches_current_version(new_ledger_url) -> None:
+    db = new_ledger_url("blank")
+    with Ledger(db) as ledger:
         assert ledger.version == CURRENT_VERSION == 4
         assert ledger.verify().ok and ledger.entries() == []
     assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
                            (4, "0004_signatures")]
-    conn = sqlite3.connect(db)
-    applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
-    conn.close()
+    with Raw(db) as conn:
+        applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
     assert all(a.endswith("Z") and "T" in a for a in applied)
 
 
-def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
-    old = tmp_path / "old.db"
+def test_version_1_database_upgrades_in_place(new_ledger_url) -> None:
+    old = new_ledger_url("old")
     make_version_1(old)
     assert recorded(old) == [(1, "0001_initial")]
     before = schema(old)
     assert "flush" not in before and "measurement" not in before and "approval_ids" not in before["flip"]
     assert "calibration" not in before and "signature" not in before["approval"]
 
-    with Ledger(url_of(old)) as ledger:
+    with Ledger(old) as ledger:
         assert ledger.version == 4
         old_entries = ledger.entries()
         assert [e["kind"] for e in old_entries] == ["evaluation", "case_result", "verdict", "flip"]
@@ -106,27 +92,26 @@ def test_version_1_database_upgrades_in_place(tmp_path: Path) -> None:
     assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
                            (4, "0004_signatures")]
 
-    blank = tmp_path / "blank.db"
-    Ledger(url_of(blank)).close()
+    blank = new_ledger_url("blank")
+    Ledger(blank).close()
     assert schema(old) == schema(blank)  # upgraded and fresh databases end up identical
 
 
-def test_column_added_later_must_stay_null_on_old_rows(tmp_path: Path) -> None:
-    db = tmp_path / "old.db"
+def test_column_added_later_must_stay_null_on_old_rows(new_ledger_url) -> None:
+    db = new_ledger_url("old")
     make_version_1(db)
-    Ledger(url_of(db)).close()
-    conn = sqlite3.connect(db, isolation_level=None)
-    conn.execute("DROP TRIGGER flip_no_update")
-    conn.execute("UPDATE flip SET approval_ids = '[1]' WHERE id = 1")
-    conn.close()
-    with Ledger(url_of(db)) as ledger:
+    Ledger(db).close()
+    with Raw(db) as conn:
+        conn.drop_trigger("flip_no_update", "flip")
+        conn.execute("UPDATE flip SET approval_ids = '[1]' WHERE id = 1")
+    with Ledger(db) as ledger:
         report = ledger.verify()
     assert report.first_bad_seq == 4 and "field 'approval_ids'" in report.problem
 
 
-def test_migrate_is_idempotent_and_bounded(tmp_path: Path) -> None:
-    db = tmp_path / "e.db"
-    engine = make_engine(url_of(db))
+def test_migrate_is_idempotent_and_bounded(new_ledger_url) -> None:
+    db = new_ledger_url("e")
+    engine = make_engine(db)
     try:
         assert schema_version(engine) == 0
         assert migrate(engine, target=0) == 0 and not inspect(engine).has_table("entry")
@@ -143,12 +128,10 @@ def test_migrate_is_idempotent_and_bounded(tmp_path: Path) -> None:
                            (4, "0004_signatures")]
 
 
-def test_newer_database_is_refused(tmp_path: Path) -> None:
-    db = tmp_path / "future.db"
-    Ledger(url_of(db)).close()
-    conn = sqlite3.connect(db)
-    conn.execute("INSERT INTO migrations VALUES (99, '0099_future', '2100-01-01T00:00:00Z')")
-    conn.commit()
-    conn.close()
+def test_newer_database_is_refused(new_ledger_url) -> None:
+    db = new_ledger_url("future")
+    Ledger(db).close()
+    with Raw(db) as conn:
+        conn.execute("INSERT INTO migrations VALUES (99, '0099_future', '2100-01-01T00:00:00Z')")
     with pytest.raises(GatekeeperError, match="newer than this gatekeeper"):
-        Ledger(url_of(db))
+        Ledger(db)

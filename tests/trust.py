@@ -103,11 +103,26 @@ def db_of(ws: Path) -> Path:
 # --- the attacker: write access to the database file, no signing key ---------------------------
 
 
+class _Relocking(sqlite3.Connection):
+    """Puts the dropped triggers back, exactly as they were, on close: ``ledger verify`` names a missing one."""
+
+    dropped: list[str] = []
+
+    def close(self) -> None:
+        for sql in self.dropped:
+            self.execute(sql)
+        self.dropped = []
+        super().close()
+
+
 def unlocked(db: Path) -> sqlite3.Connection:
-    """The database with its append-only triggers dropped, as anyone with the file can."""
-    conn = sqlite3.connect(db, isolation_level=None)
-    for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
+    """The database with its append-only triggers dropped, as anyone with the file can; closing it
+    recreates them, so the edit leaves no trace but what the chain, signatures and checkpoints can see."""
+    conn = sqlite3.connect(db, isolation_level=None, factory=_Relocking)
+    triggers = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
+    for name, _ in triggers:
         conn.execute(f"DROP TRIGGER {name}")
+    conn.dropped = [sql for _, sql in triggers]
     return conn
 
 

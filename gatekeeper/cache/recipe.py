@@ -32,18 +32,54 @@ def write(root: Path, prefixes: dict[str, Sequence[int]], identity: dict[str, An
     return recipe
 
 
+# field -> (what it must be, the check); a stage entry has exactly these
+_STAGE_FIELDS = {
+    "boundary": ("a non-negative integer", lambda v: type(v) is int and v >= 0),
+    "content_hash": ("a string", lambda v: isinstance(v, str)),
+    "model_digest": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "adapter_digest": ("a string or null", lambda v: v is None or isinstance(v, str)),
+}
+_TOP_FIELDS = ("version", "engine", "stages")
+
+
 def read(root: Path) -> dict[str, Any] | None:
-    """The workspace's recipe, or None when it has none."""
+    """The workspace's recipe, or None when it has none; a file that is not one is an error naming the field."""
     path = root / FILE
     if not path.exists():
         return None
+
+    def bad(problem: str) -> GatekeeperError:
+        return GatekeeperError(f"{path}: {problem}; rewrite it with: gatekeeper pin")
+
     try:
-        recipe = json.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as e:
+        raise bad(f"cannot be read ({e.strerror or e})") from None
+    try:
+        recipe = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+    except RecursionError:
+        raise bad("not usable JSON (nested too deeply)") from None
     except ValueError as e:
-        raise GatekeeperError(f"{path}: not valid JSON ({e}); rewrite it with: gatekeeper pin") from None
+        raise bad(f"not valid JSON ({e})") from None
     if not isinstance(recipe, dict) or recipe.get("version") != VERSION or not isinstance(recipe.get("stages"), dict):
-        raise GatekeeperError(f"{path}: not a version {VERSION} recipe (field 'version' or 'stages'); "
-                              "rewrite it with: gatekeeper pin")
+        raise bad(f"not a version {VERSION} recipe (field 'version' or 'stages')")
+    if unknown := sorted(set(recipe) - set(_TOP_FIELDS)):
+        raise bad(f"field {unknown[0]!r}: unknown key (a recipe has {', '.join(_TOP_FIELDS)})")
+    if recipe.get("engine") is not None and not isinstance(recipe["engine"], str):
+        raise bad("field 'engine': not a string")
+    for stage, entry in recipe["stages"].items():
+        if not isinstance(entry, dict):
+            raise bad(f"field 'stages.{stage}': {type(entry).__name__}, not an object "
+                      f"{{{', '.join(_STAGE_FIELDS)}}}")
+        if unknown := sorted(set(entry) - set(_STAGE_FIELDS)):
+            raise bad(f"field 'stages.{stage}.{unknown[0]}': unknown key (a stage has {', '.join(_STAGE_FIELDS)})")
+        for name, (want, ok) in _STAGE_FIELDS.items():
+            if name not in entry:
+                raise bad(f"field 'stages.{stage}.{name}': missing")
+            if not ok(entry[name]):
+                raise bad(f"field 'stages.{stage}.{name}': {entry[name]!r:.40} is not {want}")
     return recipe
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,21 +48,66 @@ class Settings:
         return contextlib.nullcontext() if ledger is None else ledger
 
 
+INTERNAL_ERROR = 3  # exit code of a crash: neither a verdict (0/1) nor bad input (2)
+
+
+def _say(json_: bool, message: str) -> None:
+    if json_:
+        typer.echo(json.dumps({"error": message}))
+    else:
+        typer.echo(f"error: {message}", err=True)
+
+
 def reporting(fn: Callable) -> Callable:
-    """Turn a GatekeeperError into exit 2 with its message (as {"error": ...} under --json)."""
+    """Turn a GatekeeperError into exit 2 with its message (as {"error": ...} under --json), and any other
+    exception into exit 3 with one line saying it is a bug, never a traceback and never exit 1 (a FAIL)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import click
+
         try:
             return fn(*args, **kwargs)
         except GatekeeperError as e:
-            if kwargs.get("json_"):
-                typer.echo(json.dumps({"error": str(e)}))
-            else:
-                typer.echo(f"error: {e}", err=True)
+            _say(bool(kwargs.get("json_")), str(e))
             raise typer.Exit(2) from None
+        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as e:  # noqa: BLE001 - the one place a crash is caught
+            if os.environ.get("GATEKEEPER_DEBUG"):
+                raise  # the traceback, for whoever fixes it
+            if _damaged_database(e):  # input, not a bug: a ledger file SQLite cannot read
+                _say(bool(kwargs.get("json_")), f"the ledger cannot be read: {_first_line(getattr(e, 'orig', e))}; "
+                     "'gatekeeper ledger verify' says what is wrong with it")
+                raise typer.Exit(2) from None
+            where = ""
+            tb = e.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if tb is not None:
+                where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+            detail = _first_line(e)
+            _say(bool(kwargs.get("json_")), f"internal error, a bug in gatekeeper: {type(e).__name__}"
+                 f"{': ' + detail if detail else ''}{where}; please report it (GATEKEEPER_DEBUG=1 shows the traceback)")
+            raise typer.Exit(INTERNAL_ERROR) from None
 
     return wrapper
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0]
+
+
+def _damaged_database(e: Exception) -> bool:
+    """A SQLite file that is damaged or not a database, raised through SQLAlchemy."""
+    if "sqlalchemy" not in sys.modules:
+        return False
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    return (isinstance(e, DBAPIError) and isinstance(e.orig, sqlite3.DatabaseError)
+            and any(w in str(e.orig) for w in ("malformed", "not a database", "could not decode", "Could not decode")))
 
 
 def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:

@@ -63,23 +63,106 @@ def ledger_verify(
     ws = settings.open_workspace()
     files = list(checkpoint or ([ws.checkpoint_path] if ws.checkpoint_path.is_file() else []))
     loaded = [(str(f), cp.load(f)) for f in files]  # a file that is no checkpoint: exit 2, before anything else
-    with settings.opened_ledger(ws, create=False) as ledger:
-        if ledger is None:
-            raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
-        report = ledger.verify()
-        audit = attestation.audit_signatures(ws, ledger)
-        where = cp.location(ledger.url, ws.root)
-        checked = [cp.check(c, name, ledger, where, ws.allowed_signers) for name, c in loaded]
-        fresh = _checkpoint_after_flip(ws, ledger, checked)
-    problems = [*report.problems, *(p for _, p in audit.problems), *(p for c in checked for p in c.problems), *fresh]
-    first_bad = report.first_bad_seq if not report.ok else next((s for s, _ in audit.problems if s is not None), None)
-    data = {"ok": not problems, "entries": report.entries, "first_bad_seq": first_bad,
+    url = settings.ledger_url(ws)
+    try:
+        early, unopened = _preflight(url)  # before opening, which would migrate a ledger whose migrations were edited
+        if early:
+            _report_verify(json_, [], early, entries=unopened.entries if unopened else None,
+                           first_bad=unopened.first_bad_seq if unopened else None, signatures=None)
+        with settings.opened_ledger(ws, create=False) as ledger:
+            if ledger is None:
+                raise GatekeeperError(f"no ledger at {url}; nothing has been recorded yet")
+            report = ledger.verify()
+            # On a damaged ledger these read rows verify has already named; what they cannot read is one more problem.
+            audit = _reached(report, "signatures", lambda: attestation.audit_signatures(ws, ledger))
+            where = cp.location(ledger.url, ws.root)
+            checked = [_reached(report, f"checkpoint {name}", lambda c=c, name=name: cp.check(
+                c, name, ledger, where, ws.allowed_signers)) for name, c in loaded]
+            fresh = _reached(report, "checkpoint_after_flip", lambda: _checkpoint_after_flip(
+                ws, ledger, [c for c in checked if not isinstance(c, str)]))
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - only a database error is turned into one line; anything else re-raised
+        _unreadable(url, e, json_)
+        raise
+    unreached = [x for x in (audit, *checked, fresh) if isinstance(x, str)]
+    audit = None if isinstance(audit, str) else audit
+    checked = [c for c in checked if not isinstance(c, str)]
+    fresh = [] if isinstance(fresh, str) else fresh
+    problems = [*report.problems, *(p for _, p in (audit.problems if audit else [])),
+                *(p for c in checked for p in c.problems), *fresh, *unreached]
+    first_bad = report.first_bad_seq if not report.ok else next(
+        (s for s, _ in (audit.problems if audit else []) if s is not None), None)
+    signatures = {"checked": audit.checked, "problems": [p for _, p in audit.problems]} if audit else None
+    _report_verify(json_, checked, problems, entries=report.entries, first_bad=first_bad, signatures=signatures)
+
+
+def _report_verify(json_: bool, checked: list, problems: list[str], *, entries, first_bad, signatures) -> None:
+    data = {"ok": not problems, "entries": entries, "first_bad_seq": first_bad,
             "problem": problems[0] if problems else "", "problems": problems,
-            "signatures": {"checked": audit.checked, "problems": [p for _, p in audit.problems]},
+            "signatures": signatures or {"checked": 0, "problems": []},
             "checkpoints": [c.to_dict() for c in checked]}
     emit(json_, data, lambda: tables.print_verify(data))
     if problems:
         raise typer.Exit(1)
+
+
+def _reached(report, what: str, check):
+    """``check()``; on a ledger verify found damaged, an error reading it is the line saying what went unchecked."""
+    try:
+        return check()
+    except GatekeeperError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        if report.ok:
+            raise  # an intact ledger: a bug, exit 3
+        return f"{what}: not checked, the damaged ledger cannot be read for it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
+def _preflight(url: str):
+    """Problems in an SQLite ledger's ``migrations`` table and layout, read without opening (migrating) it,
+    with everything else verify finds where the tables are the current ones; and that report, if made."""
+    from ..ledger.engine import make_engine, read
+    from ..ledger.verify import layout, preflight, reference, verify
+
+    if not url.startswith("sqlite:///") or not Path(url[len("sqlite:///"):]).is_file():
+        return [], None  # another database, or none there: opening it says what there is
+    engine = make_engine(url)
+    try:
+        with read(engine) as conn:
+            early = preflight(conn)
+            if early and layout(conn)["tables"] == reference()["tables"]:  # the rest can be checked unopened too
+                report = verify(conn)
+                return list(dict.fromkeys([*report.problems, *early])), report
+            return early, None
+    finally:
+        engine.dispose()
+
+
+def _unreadable(url: str, e: Exception, json_: bool) -> None:
+    """A SQLite ledger that cannot be read at all: one line. Exit 2 when the file is not an SQLite database
+    (or cannot be opened), exit 1 when it is one but damaged. Anything else: returns, and the caller re-raises."""
+    import sqlite3
+
+    from sqlalchemy.exc import DBAPIError
+
+    cause = e if isinstance(e, DBAPIError) else e.__cause__
+    orig = getattr(cause, "orig", None)
+    if isinstance(e, UnicodeDecodeError) and url.startswith("sqlite:"):
+        why = "its schema holds bytes that are not UTF-8"  # pysqlite failed to decode SQLite's own message
+    elif not url.startswith("sqlite:") or not isinstance(orig, sqlite3.DatabaseError):
+        return
+    else:
+        why = (str(orig).splitlines() or [type(orig).__name__])[0]
+    where = url[len("sqlite:///"):] if url.startswith("sqlite:///") else url
+    if "file is not a database" in why or "unable to open" in why:
+        raise GatekeeperError(f"{where}: not a ledger: SQLite cannot open it as a database ({why})") from None
+    line = f"{where}: the ledger is damaged and SQLite cannot read it ({why})"
+    if json_:
+        typer.echo(json.dumps({"ok": False, "error": line, "problem": line, "problems": [line]}, indent=2))
+    else:
+        typer.echo(f"ledger DAMAGED: {line}")
+    raise typer.Exit(1) from None
 
 
 def _checkpoint_after_flip(ws, ledger, checked) -> list[str]:
@@ -215,3 +298,46 @@ def ledger_export(
         typer.echo(text, nl=False)
     else:
         typer.echo(f"evaluation {evaluation_id} exported as {format_} to {output}", err=True)
+
+
+@ledger_app.command("copy")
+@reporting
+def ledger_copy(
+    source: Annotated[str, typer.Argument(metavar="SRC", help="URL of the ledger to copy, e.g. sqlite:///ledger/evidence.db.")],
+    destination: Annotated[str, typer.Argument(
+        metavar="DST", help="URL of an empty ledger, e.g. postgresql+psycopg://USER@HOST/DATABASE.")],
+    json_: Json = False,
+) -> None:
+    """Move a ledger to another database (the team's PostgreSQL server, say) entry by entry, keeping every seq, id
+    and hash, then verify the copy and report its entries. DST must be empty; a source or a copy that does not
+    verify is exit 1 and leaves DST empty."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from ..errors import LedgerIntegrityError
+    from ..ledger import copy_ledger, open_ledger
+    from ..ledger.store import shown
+
+    for name, url in (("SRC", source), ("DST", destination)):
+        try:
+            make_url(url)
+        except ArgumentError as e:
+            raise GatekeeperError(f"{name} {url!r} is not a ledger URL ({e}); use e.g. sqlite:///ledger/evidence.db "
+                                  "or postgresql+psycopg://USER@HOST/DATABASE") from e
+    src = open_ledger(source, create=False)
+    if src is None:
+        raise GatekeeperError(f"no ledger at {source}; nothing to copy")
+    with src, open_ledger(destination, create=True) as dst:
+        try:
+            report = copy_ledger(src, dst)
+        except LedgerIntegrityError as e:
+            typer.echo(json.dumps({"ok": False, "error": str(e)}) if json_ else f"error: {e}", err=not json_)
+            raise typer.Exit(1) from None
+        head = dst.head()
+    data = {"ok": report.ok, "source": shown(source), "destination": shown(destination), "entries": report.entries,
+            "head": head}
+    emit(json_, data, lambda: typer.echo(
+        f"copied {report.entries} entries from {data['source']} to {data['destination']}; verify: "
+        + (("ok" + (f" (head seq {head['seq']}, {head['hash'][:12]})" if head else "")) if report.ok else report.problem)))
+    if not report.ok:
+        raise typer.Exit(1)

@@ -1,7 +1,7 @@
-"""The evidence ledger: append-only, hash-chained records in SQLite (or any SQLAlchemy URL)."""
+"""The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL)."""
 
 from gatekeeper.ledger.migrations import CURRENT_VERSION, migrate
-from gatekeeper.ledger.store import Ledger, open_ledger
+from gatekeeper.ledger.store import Ledger, copy_ledger, open_ledger
 from gatekeeper.ledger.verify import VerifyReport
 
-__all__ = ["CURRENT_VERSION", "Ledger", "VerifyReport", "migrate", "open_ledger"]
+__all__ = ["CURRENT_VERSION", "Ledger", "VerifyReport", "copy_ledger", "migrate", "open_ledger"]

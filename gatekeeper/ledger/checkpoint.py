@@ -28,7 +28,7 @@ BODY = ("type", "ledger", "seq", "hash", "entries", "at")  # what a signature co
 
 def location(url: str, root: Path | None = None) -> str:
     """Where the ledger lives, in words that survive moving the workspace: a SQLite file inside the
-    workspace is named relative to it; any other URL is kept without its password."""
+    workspace is named relative to it; any other URL is kept without its driver and password."""
     u = make_url(url)
     if u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:"):
         path = Path(u.database).expanduser().resolve()
@@ -38,7 +38,8 @@ def location(url: str, root: Path | None = None) -> str:
             except ValueError:
                 pass
         return "sqlite:" + path.as_posix()
-    return u.set(password=None).render_as_string(hide_password=False)
+    # Without the driver: postgresql:// and postgresql+psycopg:// name the same server.
+    return u.set(drivername=u.get_backend_name(), password=None).render_as_string(hide_password=False)
 
 
 def message(checkpoint: dict[str, Any]) -> bytes:
@@ -85,6 +86,9 @@ def load(path: Path) -> dict[str, Any]:
         raise GatekeeperError(f"--checkpoint {path}: no such file") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise GatekeeperError(f"--checkpoint {path}: not a JSON checkpoint ({e}); write one with 'gatekeeper ledger checkpoint'") from None
+    except RecursionError:
+        raise GatekeeperError(f"--checkpoint {path}: not a JSON checkpoint (nested too deeply); "
+                              "write one with 'gatekeeper ledger checkpoint'") from None
     if not isinstance(data, dict) or data.get("type") != FORMAT:
         raise GatekeeperError(f"--checkpoint {path}: not a gatekeeper checkpoint (no \"type\": \"{FORMAT}\")")
     for name, kind in (("ledger", str), ("seq", int), ("hash", str), ("entries", int), ("at", str)):
@@ -94,6 +98,13 @@ def load(path: Path) -> dict[str, Any]:
         raise GatekeeperError(f"--checkpoint {path}: field 'seq' must be 1 or more")
     if ("signature" in data) != ("signer" in data):
         raise GatekeeperError(f"--checkpoint {path}: a signed checkpoint has both 'signature' and 'signer'")
+    for name in ("signature", "signer"):
+        if name in data and not isinstance(data[name], str):
+            raise GatekeeperError(f"--checkpoint {path}: field {name!r} is not a string")
+    try:
+        signing.parse_time(data["at"])
+    except ValueError:
+        raise GatekeeperError(f"--checkpoint {path}: field 'at' is not an ISO-8601 time") from None
     return data
 
 

@@ -3,6 +3,10 @@
 Every append reads the chain's tail and writes after it, so the lock must be held
 from the read on: with SQLite that is ``BEGIN IMMEDIATE``. pysqlite would issue its
 own deferred BEGIN, so its transaction handling is switched off and ours emitted.
+On PostgreSQL (psycopg 3) a write transaction takes one transaction-level advisory
+lock first, so writers from any number of processes and hosts queue for it, checks
+and migrations included, and it is released at commit or rollback; a read is one
+REPEATABLE READ snapshot, so ``verify`` sees rows and entries from the same moment.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from gatekeeper.errors import GatekeeperError
 
 BUSY_TIMEOUT_S = 30  # concurrent writers wait this long for the lock before failing
 _WRITE = "ledger_write"  # execution option that asks for BEGIN IMMEDIATE
+# PostgreSQL: the advisory lock every write transaction holds (advisory locks are per database). "gkledger".
+PG_WRITE_LOCK = int.from_bytes(b"gkledger", "big")  # below 2**63: a bigint
+URL_HINT = "use e.g. sqlite:///ledger/evidence.db or postgresql+psycopg://USER@HOST/DATABASE"
+
+
+def _postgres(conn_or_engine) -> bool:
+    return conn_or_engine.dialect.name == "postgresql"
 
 
 def make_engine(url: str) -> Engine:
@@ -27,9 +38,18 @@ def make_engine(url: str) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError as e:
-        raise GatekeeperError(f"ledger URL {url!r} is not valid ({e}); use e.g. sqlite:///ledger/evidence.db") from e
+        raise GatekeeperError(f"ledger URL {url!r} is not valid ({e}); {URL_HINT}") from e
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(parsed)
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3 is the driver gatekeeper ships with
+        shown = parsed.render_as_string(hide_password=True)
+        try:
+            return create_engine(parsed, pool_pre_ping=True)
+        except ArgumentError as e:
+            raise GatekeeperError(f"ledger URL {shown!r} is not valid ({e}); {URL_HINT}") from e
+        except ImportError as e:
+            raise GatekeeperError(f"ledger URL {shown!r} needs a database driver that is not installed ({e}); "
+                                  "for PostgreSQL use postgresql+psycopg://") from e
 
     database = parsed.database or ""
     memory = database in ("", ":memory:")
@@ -62,11 +82,16 @@ def make_engine(url: str) -> Engine:
 def write(engine: Engine) -> Iterator[Connection]:
     """One write transaction, holding the database's write lock from its first statement."""
     with engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+        if _postgres(conn):
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})")
         yield conn
 
 
 @contextmanager
 def read(engine: Engine) -> Iterator[Connection]:
     """One read transaction: a consistent snapshot of the ledger."""
-    with engine.connect() as conn, conn.begin():
-        yield conn
+    with engine.connect() as conn:
+        if _postgres(conn):
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn

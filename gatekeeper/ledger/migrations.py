@@ -41,15 +41,31 @@ def _evaluation_id(nullable: bool = False) -> Column:
     return Column("evaluation_id", Integer, ForeignKey("evaluation.id"), nullable=nullable)
 
 
+# PostgreSQL: the trigger function every append-only table calls (plain string literals, no %: the driver
+# would read them as placeholders).
+_PG_REJECT = """CREATE OR REPLACE FUNCTION gatekeeper_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'restrict_violation',
+        MESSAGE = 'ledger is append-only: ' || TG_OP || ' on ' || TG_TABLE_NAME || ' rejected';
+END
+$$"""
+
+
 def _append_only(conn: Connection, table: str) -> None:
-    """Triggers that make a table reject UPDATE and DELETE (SQLite only)."""
-    if conn.dialect.name != "sqlite":
-        return
-    for op in ("UPDATE", "DELETE"):
-        conn.exec_driver_sql(
-            f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-            "BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END"
-        )
+    """Triggers that make a table reject UPDATE and DELETE (on PostgreSQL TRUNCATE too); SQLite and PostgreSQL only."""
+    if conn.dialect.name == "sqlite":
+        for op in ("UPDATE", "DELETE"):
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                "BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END"
+            )
+    elif conn.dialect.name == "postgresql":
+        conn.exec_driver_sql(_PG_REJECT)  # idempotent; every migration runs under the write lock
+        for op, each in (("UPDATE", "ROW"), ("DELETE", "ROW"), ("TRUNCATE", "STATEMENT")):
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                f"FOR EACH {each} EXECUTE FUNCTION gatekeeper_append_only()"
+            )
 
 
 _MIGRATIONS_TABLE = Table(

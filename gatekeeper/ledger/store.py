@@ -8,10 +8,11 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, func, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Boolean, Connection, func, insert, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from gatekeeper.errors import GatekeeperError
+from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
@@ -48,7 +49,7 @@ class Ledger:
         except BaseException as e:
             self.engine.dispose()
             if isinstance(e, DBAPIError):
-                raise GatekeeperError(f"cannot open the ledger at {url}: {e.orig}") from e
+                raise GatekeeperError(f"cannot open the ledger at {shown(url)}: {e.orig}") from e
             raise
 
     @classmethod
@@ -273,3 +274,61 @@ def open_ledger(url: str, *, create: bool) -> Ledger | None:
     if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return None
     return Ledger(url)
+
+
+def shown(url: str) -> str:
+    """A ledger URL fit for messages: its password hidden."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _count(conn: Connection, table: str) -> int:
+    return conn.scalar(text(f"SELECT COUNT(*) FROM {table}")) or 0
+
+
+def copy_ledger(source: Ledger, destination: Ledger) -> VerifyReport:
+    """Replay ``source`` into the empty ``destination`` entry by entry, in seq order: each typed row with
+    its id, then its entry with its seq and hash, as stored. The source must verify first; the copy is one
+    write transaction on the destination that is verified before it commits, so a failed copy leaves the
+    destination empty. Returns the destination's verification, read afresh after the commit."""
+    with read(source.engine) as src:
+        report = verify(src)
+        if not report.ok:
+            raise LedgerIntegrityError(f"the source ledger does not verify ({report.problem}); nothing was copied")
+        rows = {kind: {r["id"]: dict(r) for r in src.execute(text(f"SELECT * FROM {kind}")).mappings()}
+                for kind in KINDS}
+        chain = Entry.__table__  # type: ignore[attr-defined]
+        entries = [dict(e) for e in src.execute(select(chain).order_by(chain.c.seq)).mappings()]
+
+    with write(destination.engine) as dst:
+        held = {t: n for t in ("entry", *KINDS) if (n := _count(dst, t))}
+        if held:
+            what = ", ".join(f"{t}: {n}" for t, n in held.items())
+            raise GatekeeperError(f"the destination {shown(destination.url)} is not empty (rows of {what}); "
+                                  "ledger copy only fills an empty ledger")
+        for e in entries:
+            table = _table(e["kind"])
+            row = rows[e["kind"]][e["record_id"]]
+            unknown = set(row) - set(table.c.keys())
+            if unknown:
+                raise GatekeeperError(f"{e['kind']} {e['record_id']} has columns this gatekeeper does not know: "
+                                      f"{', '.join(sorted(unknown))}")
+            # SQLite keeps booleans as 0/1; the destination's own type takes them.
+            values = {k: bool(v) if v is not None and isinstance(table.c[k].type, Boolean) else v for k, v in row.items()}
+            dst.execute(insert(table).values(**values))
+            dst.execute(insert(chain).values(**e))
+        if dst.dialect.name == "postgresql":
+            # Rows came with their ids: move each id sequence past them, or the next append would collide.
+            for kind in KINDS:
+                dst.exec_driver_sql(
+                    f"SELECT setval(pg_get_serial_sequence('{kind}', 'id'), COALESCE(MAX(id), 1), MAX(id) IS NOT NULL) "
+                    f"FROM {kind}"
+                )
+        copied = verify(dst)
+        if not copied.ok or copied.entries != len(entries):
+            raise LedgerIntegrityError(
+                f"the copy does not verify ({copied.problem or f'{copied.entries} of {len(entries)} entries'}); "
+                "nothing was copied")
+    return destination.verify()

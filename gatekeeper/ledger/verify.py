@@ -1,19 +1,27 @@
-"""Proving the ledger was not edited: recheck the chain and every typed row against it."""
+"""Proving the ledger was not edited: recheck the chain and every typed row against it, and what the
+chain does not hash: the append-only triggers, the table layout and the ``migrations`` table.
+
+Everything read here may be damaged (a flipped byte in the file, an edit with the sqlite3 shell), so
+nothing is assumed of a stored value: a value that is not the type its column holds, text that is not
+UTF-8, a table that cannot be read, each is a named problem, never an exception.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Boolean, Connection, Integer, text
+from sqlalchemy.exc import SQLAlchemyError
 
 from gatekeeper.errors import LedgerIntegrityError
 from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.chain import GENESIS, entry_hash
-from gatekeeper.ledger.tables import KINDS, encode
-
+from gatekeeper.ledger.tables import KINDS, Entry, Migration, encode
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -28,32 +36,279 @@ class VerifyReport:
             raise LedgerIntegrityError(f"ledger verification failed: {self.problem}")
 
 
+class _Fault:
+    """A stored value that cannot be what its column holds; equal to nothing, so it never matches an entry."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+    def __repr__(self) -> str:
+        return f"<{self.problem}>"
+
+
+def _why(e: BaseException) -> str:
+    """One line for a database error: the driver's message, not SQLAlchemy's statement dump."""
+    lines = str(getattr(e, "orig", None) or e).splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _sqlite(conn: Connection) -> bool:
+    return conn.dialect.name == "sqlite"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _select(conn: Connection, table: str) -> list[dict[str, Any]]:
+    """Every row of ``table`` as stored, with ``__rowid`` on SQLite. There, text is fetched as bytes and decoded
+    here, so one value that is not UTF-8 is a ``_Fault`` in its row instead of an error for the whole table."""
+    if not _sqlite(conn):
+        return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}")).mappings()]
+    columns = [str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(table)})").fetchall()]
+    if not columns:
+        raise LookupError(f"no table {table}")
+    parts = ["rowid"]
+    for c in columns:
+        q = _quote(c)
+        parts += [f"typeof({q})", f"CASE typeof({q}) WHEN 'text' THEN CAST({q} AS BLOB) ELSE {q} END"]
+    out = []
+    for raw in conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {_quote(table)}").fetchall():
+        row: dict[str, Any] = {"__rowid": raw[0]}
+        for n, c in enumerate(columns):
+            kind, value = raw[1 + 2 * n], raw[2 + 2 * n]
+            if kind == "text":
+                try:
+                    value = bytes(value).decode("utf-8")
+                except UnicodeDecodeError:
+                    value = _Fault("is not UTF-8 text")
+            elif kind == "blob":
+                value = _Fault("holds bytes (a blob), not text or a number")
+            row[c] = value
+        out.append(row)
+    return out
+
+
+def _faults(model: Any, row: dict[str, Any]) -> list[str]:
+    """What is wrong with the stored values of one row, field by field, against its table's model."""
+    out = []
+    for name, value in row.items():
+        if name == "__rowid":
+            continue
+        if isinstance(value, _Fault):
+            out.append(f"field {name!r} {value.problem}")
+            continue
+        col = model.__table__.c.get(name)
+        if col is None or value is None:
+            if col is not None and not col.nullable and not col.primary_key:
+                out.append(f"field {name!r} is NULL")
+            continue
+        if isinstance(col.type, Boolean):
+            ok = isinstance(value, bool) or (type(value) is int and value in (0, 1))
+            want = "0 or 1"
+        elif isinstance(col.type, Integer):
+            ok, want = type(value) is int, "an integer"
+        else:
+            ok, want = isinstance(value, str), "text"
+        if not ok:
+            out.append(f"field {name!r} is {type(value).__name__} {value!r:.40}, not {want}")
+    return out
+
+
 def _mismatch(kind: str, row: dict[str, Any], payload: Any) -> str | None:
     """The first field in which a stored row differs from its entry's payload, else None."""
     if not isinstance(payload, dict):
         return "payload"
+    row = {k: v for k, v in row.items() if k != "__rowid"}
     for name in sorted(set(row) | set(payload)):
         if name not in row:
             return name
         # A column missing from the payload was added by a later migration: it must still be NULL.
-        want = encode(kind, {name: payload[name]})[name] if name in payload else None
+        try:
+            want = encode(kind, {name: payload[name]})[name] if name in payload else None
+        except (TypeError, ValueError):
+            return name
         have = int(row[name]) if isinstance(row[name], bool) else row[name]
         if type(have) is not type(want) or have != want:
             return name
     return None
 
 
-def verify(conn: Connection) -> VerifyReport:
-    rows = {
-        kind: {r["id"]: dict(r) for r in conn.execute(text(f"SELECT * FROM {kind}")).mappings()} for kind in KINDS
-    }
-    found: list[tuple[float, str]] = []  # (seq, text); rows without an entry sort last
-    seen: set[tuple[str, int]] = set()
-    expected, prev, count = 1, GENESIS, 0
+# --- what the chain does not hash: layout, triggers, migrations ---------------------------------
 
-    entries = conn.execute(text("SELECT seq, prev_hash, kind, record_id, payload, hash FROM entry ORDER BY seq"))
-    for e in entries.mappings():
-        count += 1
+
+@lru_cache(maxsize=None)
+def reference(version: int | None = None) -> dict[str, Any]:
+    """The SQLite layout the migrations make, up to ``version`` (default: all): table -> column names,
+    index names per table, and trigger name -> (table, sql). Built once, on a blank in-memory database."""
+    from gatekeeper.ledger.engine import make_engine, read
+    from gatekeeper.ledger.migrations import migrate
+
+    engine = make_engine("sqlite://")
+    try:
+        migrate(engine, target=version)
+        with read(engine) as conn:
+            return layout(conn)
+    finally:
+        engine.dispose()
+
+
+def layout(conn: Connection) -> dict[str, Any]:
+    """A SQLite database's tables (column names), indexes and triggers, as ``reference`` gives them."""
+    tables: dict[str, tuple[str, ...]] = {}
+    indexes: dict[str, tuple[str, ...]] = {}
+    triggers: dict[str, tuple[str, str]] = {}
+    master = conn.exec_driver_sql("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+    for kind, name, table, sql in master:
+        if str(name).startswith("sqlite_"):
+            continue
+        if kind == "table":
+            tables[name] = tuple(str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})"))
+        elif kind == "trigger":
+            triggers[name] = (table, sql)
+    for kind, name, table, sql in master:
+        if kind == "index" and not str(name).startswith("sqlite_"):
+            indexes[table] = (*indexes.get(table, ()), name)
+    return {"tables": tables, "indexes": indexes, "triggers": triggers}
+
+
+def _schema_problems(conn: Connection) -> list[str]:
+    """The triggers present and unaltered, and every table with the columns and indexes the migrations gave it."""
+    if not _sqlite(conn):
+        return []
+    want, have = reference(), layout(conn)
+    out = []
+    for name, (table, sql) in sorted(want["triggers"].items()):
+        got = have["triggers"].get(name)
+        if got is None:
+            out.append(f"trigger {name}: missing; {table} is no longer append-only (it was dropped)")
+        elif got != (table, sql):
+            out.append(f"trigger {name}: altered; it is not the append-only trigger on {table} the migrations created")
+    for name, (table, _) in sorted(have["triggers"].items()):
+        if name not in want["triggers"]:
+            out.append(f"trigger {name} (on {table}): not one gatekeeper creates; someone added it")
+    for table, columns in sorted(want["tables"].items()):
+        got = have["tables"].get(table)
+        if got is None:
+            out.append(f"table {table}: missing")
+        elif got != columns:
+            out.append(f"table {table}: columns are {', '.join(got)}; the schema has {', '.join(columns)}")
+        elif have["indexes"].get(table, ()) != want["indexes"].get(table, ()):
+            out.append(f"table {table}: indexes are {', '.join(have['indexes'].get(table, ())) or 'none'}; "
+                       f"the schema has {', '.join(want['indexes'].get(table, ())) or 'none'}")
+    for table in sorted(set(have["tables"]) - set(want["tables"])):
+        out.append(f"table {table}: not one gatekeeper creates")
+    return out
+
+
+def _timestamp(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def migration_problems(conn: Connection, upto: int | None = None) -> list[str]:
+    """The ``migrations`` table against the migrations this gatekeeper has, through ``upto`` (default: all):
+    each version once, under its own name, with a timestamp no earlier than the one before it."""
+    from gatekeeper.ledger.migrations import MIGRATIONS
+
+    try:
+        rows = _select(conn, "migrations")
+    except (LookupError, SQLAlchemyError) as e:
+        return [f"migrations: the table cannot be read ({_why(e)})"]
+    out: list[str] = []
+    by_version: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        faults = _faults(Migration, r)
+        v = r.get("version")
+        if faults or type(v) is not int:
+            out += [f"migrations: row {v!r}: {f}" for f in faults] or [f"migrations: row {v!r}: field 'version' is not an integer"]
+            continue
+        by_version[v] = r
+    known = {v: name for v, name, _ in MIGRATIONS if upto is None or v <= upto}
+    names = {name: v for v, name, _ in MIGRATIONS}
+    previous: datetime | None = None
+    for v, name in sorted(known.items()):
+        r = by_version.get(v)
+        if r is None:
+            out.append(f"migrations: version {v} ({name}) is not recorded, yet the schema is past it (its row was deleted or changed)")
+            continue
+        if r.get("name") != name:
+            out.append(f"migrations: version {v} is recorded as {r.get('name')!r}, not {name!r}")
+        at = _timestamp(r.get("applied_at"))
+        if at is None:
+            out.append(f"migrations: version {v}: field 'applied_at' {r.get('applied_at')!r} is not a timestamp")
+        elif previous is not None and at.tzinfo is not None and previous.tzinfo is not None and at < previous:
+            out.append(f"migrations: version {v} was applied at {r.get('applied_at')}, before the version before it")
+        previous = at or previous
+    for v, r in sorted(by_version.items()):
+        if v not in known:
+            theirs = names.get(r.get("name"))
+            also = f" (that is migration {theirs}'s name)" if theirs is not None and theirs != v else ""
+            out.append(f"migrations: version {v} ({r.get('name')!r}){also} is not a migration of this schema")
+    return out
+
+
+def preflight(conn: Connection) -> list[str]:
+    """Before opening (which migrates): problems in the ``migrations`` table that would make opening act on a
+    damaged ledger, judged against the layout the database has. [] when it is blank, a version this gatekeeper
+    can upgrade, or newer than it knows (opening says so)."""
+    from gatekeeper.ledger.migrations import CURRENT_VERSION, MIGRATIONS
+
+    if not _sqlite(conn):
+        return []
+    have = layout(conn)["tables"]
+    if not have:
+        return []  # blank: opening lays out a new ledger
+    if "migrations" not in have:
+        return ["migrations: the table is missing, yet the database has the ledger's tables"]
+    try:
+        recorded = {r.get("version"): r.get("name") for r in _select(conn, "migrations")}
+    except (LookupError, SQLAlchemyError) as e:
+        return [f"migrations: the table cannot be read ({_why(e)})"]
+    if all(recorded.get(v) == name for v, name, _ in MIGRATIONS) and any(
+            type(v) is int and v > CURRENT_VERSION for v in recorded):
+        return []  # a newer gatekeeper's ledger: opening refuses it, naming its version
+    at = next((v for v in (*(v for v, _, _ in reversed(MIGRATIONS)), 0) if reference(v)["tables"] == have), None)
+    if at is None:
+        return [*migration_problems(conn), "schema: the tables match no schema version this gatekeeper knows"]
+    return migration_problems(conn, upto=at)
+
+
+def verify(conn: Connection) -> VerifyReport:
+    found: list[tuple[float, str]] = []  # (seq, text); rows without an entry, then the schema, sort last
+    rows: dict[str, dict[Any, dict[str, Any]]] = {}
+    faults: dict[tuple[str, Any], list[str]] = {}
+    for kind, model in KINDS.items():
+        rows[kind] = {}
+        try:
+            stored = _select(conn, kind)
+        except (LookupError, SQLAlchemyError) as e:
+            found.append((math.inf, f"table {kind}: cannot be read ({_why(e)})"))
+            continue
+        for r in stored:
+            key = r.get("id") if type(r.get("id")) is int else r.get("__rowid")
+            rows[kind][key] = r
+            if problems := _faults(model, r):
+                faults[(kind, key)] = problems
+
+    try:
+        stored_entries = _select(conn, "entry")
+    except (LookupError, SQLAlchemyError) as e:
+        found.append((0, f"table entry: cannot be read ({_why(e)})"))
+        stored_entries = []
+    entries = []
+    for e in stored_entries:
+        if type(e.get("seq")) is not int:
+            found.append((math.inf, f"entry at rowid {e.get('__rowid')}: field 'seq' is {e.get('seq')!r}, not an integer"))
+        else:
+            entries.append(e)
+    entries.sort(key=lambda e: e["seq"])
+
+    seen: set[tuple[str, Any]] = set()
+    expected, prev, count = 1, GENESIS, len(stored_entries)
+    for e in entries:
         seq = e["seq"]
 
         def bad(msg: str) -> None:
@@ -65,13 +320,17 @@ def verify(conn: Connection) -> VerifyReport:
         elif seq < expected:
             bad("seq out of order")
         expected = seq + 1
-        if e["prev_hash"] != prev:
+        if e.get("prev_hash") != prev:
             bad("prev_hash does not link to the entry before it")
-        prev = e["hash"]
+        prev = e.get("hash")
+        if problems := _faults(Entry, e):
+            for p in problems:
+                bad(f"entry {p}")
+            continue
         try:
             payload = json.loads(e["payload"])
             canonical = canonical_json(payload).decode()
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             bad("payload is not valid JSON")
             continue
         if canonical != e["payload"]:
@@ -90,13 +349,20 @@ def verify(conn: Connection) -> VerifyReport:
         row = rows[kind].get(record_id)
         if row is None:
             bad(f"{kind} {record_id} is missing (its entry has no row)")
+        elif (kind, record_id) in faults:
+            for p in faults[(kind, record_id)]:
+                bad(f"{kind} {record_id}: {p}")
         elif (field := _mismatch(kind, row, payload)) is not None:
             bad(f"{kind} {record_id} does not match its entry (field {field!r})")
 
     for kind, by_id in rows.items():
         for record_id in by_id:
             if (kind, record_id) not in seen:
-                found.append((math.inf, f"{kind} {record_id} has no entry in the chain"))
+                more = "".join(f"; {p}" for p in faults.get((kind, record_id), []))
+                found.append((math.inf, f"{kind} {record_id} has no entry in the chain{more}"))
+
+    for problem in (*_checked(_schema_problems, conn), *_checked(migration_problems, conn), *_checked(_integrity, conn)):
+        found.append((math.inf, problem))
 
     if not found:
         return VerifyReport(ok=True, entries=count, first_bad_seq=None, problem="")
@@ -109,3 +375,18 @@ def verify(conn: Connection) -> VerifyReport:
         problem=first_problem,
         problems=tuple(p for _, p in found),
     )
+
+
+def _checked(check: Any, conn: Connection) -> list[str]:
+    try:
+        return check(conn)
+    except (LookupError, SQLAlchemyError) as e:
+        return [f"schema: cannot be read ({_why(e)})"]
+
+
+def _integrity(conn: Connection) -> list[str]:
+    """SQLite's own check of the file: pages, b-trees, every index against its table."""
+    if not _sqlite(conn):
+        return []
+    lines = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA integrity_check(20)").fetchall()]
+    return [] if lines == ["ok"] else [f"database file: {line}" for line in lines]
