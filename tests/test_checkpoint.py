@@ -1,5 +1,7 @@
 """Checkpoints: the ledger's head kept outside the database shows what the hash chain alone cannot:
-a cut-off tail, a rewrite re-hashed to the end, rows forged with correct hashes."""
+a cut-off tail, a rewrite re-hashed to the end, rows forged with correct hashes. The attacks run on SQLite
+and PostgreSQL both (backend_ws); what the chain does not hash, the triggers and ``migrations``, verify
+finds by itself."""
 
 from __future__ import annotations
 
@@ -13,14 +15,17 @@ from gatekeeper.ledger import Ledger
 from gatekeeper.ledger import checkpoint as cp
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, write
-from trust import (cli, db_of, flip, keys, needs_ssh_keygen, rehash, rewrite_row, set_approvals, ssh_sign,  # noqa: F401
-                   ssh_verify, trust_ws, unlocked)
+from gatekeeper.ledger.tables import KINDS
+from postgres import Raw
+from trust import (backend_ws, cli, db_of, flip, keys, ledger_of, needs_ssh_keygen, rehash, rewrite_row,  # noqa: F401
+                   set_approvals, ssh_sign, ssh_verify, trust_ws, unlocked)
 
+pytest_plugins = ["postgres"]
 pytestmark = needs_ssh_keygen
 
 
 def lg(ws: Path) -> Ledger:
-    return Ledger(f"sqlite:///{db_of(ws)}")
+    return Ledger(ledger_of(ws))
 
 
 def checkpoint(run_cli, ws: Path, out: Path, *extra) -> dict:
@@ -82,54 +87,54 @@ def test_a_checkpoint_survives_moving_the_workspace_but_not_another_ledger(run_c
 # --- the motivating attacks --------------------------------------------------------------------
 
 
-def test_attack_a_deleting_the_last_flip_is_truncation(run_cli, trust_ws, keys, tmp_path):
-    on_then_off(run_cli, trust_ws, keys)
-    checkpoint(run_cli, trust_ws, tmp_path / "cp.json")
-    conn = unlocked(db_of(trust_ws))  # delete the flip that turned the flag back off, entry and row
+def test_attack_a_deleting_the_last_flip_is_truncation(run_cli, backend_ws, keys, tmp_path):
+    on_then_off(run_cli, backend_ws, keys)
+    checkpoint(run_cli, backend_ws, tmp_path / "cp.json")
+    conn = unlocked(ledger_of(backend_ws))  # delete the flip that turned the flag back off, entry and row
     conn.execute("DELETE FROM entry WHERE seq = 5")
     conn.execute("DELETE FROM flip WHERE id = 2")
     conn.close()
-    assert state(trust_ws) == "on"
-    with lg(trust_ws) as ledger:
+    assert state(backend_ws) == "on"
+    with lg(backend_ws) as ledger:
         assert ledger.verify().ok  # the chain alone cannot tell
-    assert verify(run_cli, trust_ws)[0] == 0  # nor can the signatures: what is left is genuine
-    code, report = verify(run_cli, trust_ws, tmp_path / "cp.json")
+    assert verify(run_cli, backend_ws)[0] == 0  # nor can the signatures: what is left is genuine
+    code, report = verify(run_cli, backend_ws, tmp_path / "cp.json")
     assert code == 1 and report["problem"].startswith("truncated: the ledger ends at seq 4, below checkpoint"), report
     assert "entry 5 were deleted" in report["problem"]
 
 
-def test_attack_b_rewriting_a_verdict_and_rehashing_is_a_fork(run_cli, trust_ws, keys, tmp_path):
-    on_then_off(run_cli, trust_ws, keys)
-    checkpoint(run_cli, trust_ws, tmp_path / "cp.json", "--sign", keys["bob"])
-    conn = unlocked(db_of(trust_ws))
+def test_attack_b_rewriting_a_verdict_and_rehashing_is_a_fork(run_cli, backend_ws, keys, tmp_path):
+    on_then_off(run_cli, backend_ws, keys)
+    checkpoint(run_cli, backend_ws, tmp_path / "cp.json", "--sign", keys["bob"])
+    conn = unlocked(ledger_of(backend_ws))
     rewrite_row(conn, "verdict", 1, verdict="FAIL")  # PASS -> FAIL, and every later hash recomputed
     conn.close()
-    with lg(trust_ws) as ledger:
+    with lg(backend_ws) as ledger:
         assert ledger.verify().ok and ledger.evaluation(1)["status"] == "FAIL"
-    code, report = verify(run_cli, trust_ws, tmp_path / "cp.json")
+    code, report = verify(run_cli, backend_ws, tmp_path / "cp.json")
     assert code == 1 and report["problem"].startswith("forked: entry seq 5 is"), report
     assert "rewritten at or before seq 5" in report["problem"]
-    conn = unlocked(db_of(trust_ws))
+    conn = unlocked(ledger_of(backend_ws))
     rewrite_row(conn, "verdict", 1, verdict="PASS")
     conn.close()
-    assert verify(run_cli, trust_ws, tmp_path / "cp.json")[0] == 0  # put back exactly: the same hashes again
+    assert verify(run_cli, backend_ws, tmp_path / "cp.json")[0] == 0  # put back exactly: the same hashes again
 
 
-def test_cutting_the_tail_and_appending_again_is_a_fork(run_cli, trust_ws, keys, tmp_path):
-    on_then_off(run_cli, trust_ws, keys)
-    checkpoint(run_cli, trust_ws, tmp_path / "cp.json")
-    conn = unlocked(db_of(trust_ws))
+def test_cutting_the_tail_and_appending_again_is_a_fork(run_cli, backend_ws, keys, tmp_path):
+    on_then_off(run_cli, backend_ws, keys)
+    checkpoint(run_cli, backend_ws, tmp_path / "cp.json")
+    conn = unlocked(ledger_of(backend_ws))
     conn.execute("DELETE FROM entry WHERE seq = 5")
     conn.execute("DELETE FROM flip WHERE id = 2")
     conn.close()
-    assert flip(run_cli, trust_ws, "on", "--sign", keys["bob"], operator="bob")[0] == 0  # seq 5 and 6 anew
-    code, report = verify(run_cli, trust_ws, tmp_path / "cp.json")
+    assert flip(run_cli, backend_ws, "on", "--sign", keys["bob"], operator="bob")[0] == 0  # seq 5 and 6 anew
+    code, report = verify(run_cli, backend_ws, tmp_path / "cp.json")
     assert code == 1 and report["problem"].startswith("forked: entry seq 5 is"), report
 
 
 def forge_on(ws: Path, signature: dict | None = None) -> None:
     """Append an approval and a flip to on, with correct hashes, through gatekeeper's own code."""
-    engine = make_engine(f"sqlite:///{db_of(ws)}")
+    engine = make_engine(ledger_of(ws))
     seal = signature or {}
     with write(engine) as conn:
         ap = append(conn, "approval", dict(flag="prefix_cache", evaluation_id=1, operator="ana", reason="ok", **seal))
@@ -138,18 +143,18 @@ def forge_on(ws: Path, signature: dict | None = None) -> None:
     engine.dispose()
 
 
-def test_attack_c_a_forged_approval_and_flip_are_found(run_cli, trust_ws, keys, tmp_path):
-    set_approvals(trust_ws, signed=True, checkpoint_after_flip=True)
-    on_then_off(run_cli, trust_ws, keys)
-    assert (trust_ws / "ledger" / "checkpoint.json").is_file()  # written by the flip itself, signed
-    assert json.loads((trust_ws / "ledger" / "checkpoint.json").read_text())["signer"] == "ana"
-    assert verify(run_cli, trust_ws)[0] == 0
+def test_attack_c_a_forged_approval_and_flip_are_found(run_cli, backend_ws, keys, tmp_path):
+    set_approvals(backend_ws, signed=True, checkpoint_after_flip=True)
+    on_then_off(run_cli, backend_ws, keys)
+    assert (backend_ws / "ledger" / "checkpoint.json").is_file()  # written by the flip itself, signed
+    assert json.loads((backend_ws / "ledger" / "checkpoint.json").read_text())["signer"] == "ana"
+    assert verify(run_cli, backend_ws)[0] == 0
 
-    forge_on(trust_ws)
-    assert state(trust_ws) == "on"
-    with lg(trust_ws) as ledger:
+    forge_on(backend_ws)
+    assert state(backend_ws) == "on"
+    with lg(backend_ws) as ledger:
         assert ledger.verify().ok  # correct hashes
-    code, report = verify(run_cli, trust_ws)  # ledger/checkpoint.json by default
+    code, report = verify(run_cli, backend_ws)  # ledger/checkpoint.json by default
     problems = report["problems"]
     assert code == 1
     assert any(p.startswith("seq 6: approval 2 (prefix_cache): unsigned:") for p in problems), problems  # signatures
@@ -157,50 +162,90 @@ def test_attack_c_a_forged_approval_and_flip_are_found(run_cli, trust_ws, keys, 
     assert any(p.startswith("no_checkpoint: prefix_cache's last flip (seq 7)") for p in problems), problems  # checkpoint
 
     # the forger writes a fresh checkpoint too, but has no allowed key to sign it with
-    checkpoint(run_cli, trust_ws, trust_ws / "ledger" / "checkpoint.json")
-    code, report = verify(run_cli, trust_ws)
+    checkpoint(run_cli, backend_ws, backend_ws / "ledger" / "checkpoint.json")
+    code, report = verify(run_cli, backend_ws)
     assert code == 1 and any(p.startswith("unsigned: no signed checkpoint covers") for p in report["problems"])
 
 
-def test_attack_c_without_signatures_is_found_by_the_fresh_checkpoint_rule(run_cli, trust_ws, keys, tmp_path):
-    set_approvals(trust_ws, checkpoint_after_flip=True)
-    assert flip(run_cli, trust_ws, "on", operator="ana")[0] == 0
-    assert flip(run_cli, trust_ws, "off", operator="ana", evaluation=None)[0] == 0
-    assert verify(run_cli, trust_ws)[0] == 0
-    forge_on(trust_ws)
-    code, report = verify(run_cli, trust_ws)
+def test_attack_c_without_signatures_is_found_by_the_fresh_checkpoint_rule(run_cli, backend_ws, keys, tmp_path):
+    set_approvals(backend_ws, checkpoint_after_flip=True)
+    assert flip(run_cli, backend_ws, "on", operator="ana")[0] == 0
+    assert flip(run_cli, backend_ws, "off", operator="ana", evaluation=None)[0] == 0
+    assert verify(run_cli, backend_ws)[0] == 0
+    forge_on(backend_ws)
+    code, report = verify(run_cli, backend_ws)
     assert code == 1 and report["problems"] == [report["problem"]] and report["problem"].startswith("no_checkpoint:")
 
 
-def test_attack_c_signed_by_an_unknown_key(run_cli, trust_ws, keys, tmp_path):
-    set_approvals(trust_ws, signed=True)
-    on_then_off(run_cli, trust_ws, keys)
+def test_attack_c_signed_by_an_unknown_key(run_cli, backend_ws, keys, tmp_path):
+    set_approvals(backend_ws, signed=True)
+    on_then_off(run_cli, backend_ws, keys)
     from gatekeeper import attestation, signing
     from gatekeeper.identity import sha256_hex
 
-    with lg(trust_ws) as ledger:
+    with lg(backend_ws) as ledger:
         digest = attestation.identity_digest(ledger.evaluation(1))
     at = "2999-01-01T00:00:00.000000Z"
     message = attestation.record_message(attestation.flip_record("prefix_cache", "on", 1, digest, "ana", "ok", at))
     forged = signing.load_key(keys["mallory"]).sign(message)
-    forge_on(trust_ws, {"signature": forged, "signer": "ana", "signed_at": at, "record_digest": sha256_hex(message)})
-    code, report = verify(run_cli, trust_ws)
+    forge_on(backend_ws, {"signature": forged, "signer": "ana", "signed_at": at, "record_digest": sha256_hex(message)})
+    code, report = verify(run_cli, backend_ws)
     assert code == 1 and report["problem"].startswith("seq 6: approval 2 (prefix_cache): unknown_signer:"), report
 
 
-def test_a_checkpoint_whose_signature_is_bad(run_cli, trust_ws, keys, tmp_path):
-    on_then_off(run_cli, trust_ws, keys)
+def test_attack_d_dropping_every_trigger_is_found_by_verify_alone(run_cli, backend_ws, keys, backend):
+    on_then_off(run_cli, backend_ws, keys)
+    with Raw(ledger_of(backend_ws)) as raw:
+        triggers = raw.triggers()
+        raw.drop_triggers()
+    # on entry and every record table: UPDATE and DELETE, and on PostgreSQL TRUNCATE too
+    assert len(triggers) == (1 + len(KINDS)) * (3 if backend == "postgresql" else 2)
+    code, report = verify(run_cli, backend_ws)  # no checkpoint: the chain and the rows are all still genuine
+    assert code == 1 and report["first_bad_seq"] is None, report
+    assert report["problems"] == [f"trigger {name}: missing; {table} is no longer append-only (it was dropped)"
+                                  for name, table in triggers], report
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite has no way to switch a trigger off but dropping it
+def test_attack_d_disabling_every_trigger_is_found_by_verify_alone(run_cli, backend_ws, keys, backend):
+    on_then_off(run_cli, backend_ws, keys)
+    with Raw(ledger_of(backend_ws)) as raw:
+        triggers = raw.triggers()
+        for table in {t for _, t in triggers}:
+            raw.execute(f"ALTER TABLE {table} DISABLE TRIGGER ALL")  # the superuser's way: internal ones too
+    code, report = verify(run_cli, backend_ws)
+    assert code == 1 and report["problems"] == [
+        f"trigger {name}: disabled; {table} is no longer append-only (ALTER TABLE ... DISABLE TRIGGER)"
+        for name, table in triggers], report
+
+
+@pytest.mark.parametrize("edit, named", [
+    ("UPDATE migrations SET name = '0002_other' WHERE version = 2",
+     "migrations: version 2 is recorded as '0002_other', not '0002_flush_measurement'"),
+    ("DELETE FROM migrations WHERE version = 3",
+     "migrations: version 3 (0003_calibration) is not recorded, yet the schema is past it"),
+], ids=["renamed", "deleted"])
+def test_an_edit_of_migrations_is_found_by_verify_alone(run_cli, backend_ws, keys, edit, named):
+    on_then_off(run_cli, backend_ws, keys)
+    with Raw(ledger_of(backend_ws)) as raw:
+        raw.execute(edit)  # the migrations table has no append-only triggers: it is only written when migrating
+    code, report = verify(run_cli, backend_ws)
+    assert code == 1 and report["problems"] == [report["problem"]] and report["problem"].startswith(named), report
+
+
+def test_a_checkpoint_whose_signature_is_bad(run_cli, backend_ws, keys, tmp_path):
+    on_then_off(run_cli, backend_ws, keys)
     path = tmp_path / "cp.json"
-    checkpoint(run_cli, trust_ws, path, "--sign", keys["bob"])
-    conn = unlocked(db_of(trust_ws))  # cut the tail, and move the checkpoint down to match
+    checkpoint(run_cli, backend_ws, path, "--sign", keys["bob"])
+    conn = unlocked(ledger_of(backend_ws))  # cut the tail, and move the checkpoint down to match
     conn.execute("DELETE FROM entry WHERE seq = 5")
     conn.execute("DELETE FROM flip WHERE id = 2")
     conn.close()
-    with lg(trust_ws) as ledger:
+    with lg(backend_ws) as ledger:
         head = ledger.entries()[-1]
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "seq": 4, "entries": 4, "hash": head["hash"]}))
-    code, report = verify(run_cli, trust_ws, path)
+    code, report = verify(run_cli, backend_ws, path)
     assert code == 1 and report["problem"].startswith("bad_signature: checkpoint"), report
 
     mallory = tmp_path / "mallory.json"  # signed, but by a key nobody allowed
@@ -209,7 +254,7 @@ def test_a_checkpoint_whose_signature_is_bad(run_cli, trust_ws, keys, tmp_path):
     body = {**data, "seq": 4, "entries": 4, "hash": head["hash"]}
     body["signature"] = signing.load_key(keys["mallory"]).sign(cp.message(body))
     mallory.write_text(json.dumps(body))
-    code, report = verify(run_cli, trust_ws, mallory)
+    code, report = verify(run_cli, backend_ws, mallory)
     assert code == 1 and report["problem"].startswith("unknown_signer: checkpoint"), report
 
 

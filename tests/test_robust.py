@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.ledger import Ledger
+from postgres import Raw, is_postgres
+
+pytest_plugins = ["postgres"]
 
 GARBAGE = {
     "binary": bytes(range(256)) * 4,  # NULs, control bytes and bytes that are no UTF-8
@@ -25,9 +28,10 @@ def db_of(ws: Path) -> Path:
     return ws / "ledger" / "evidence.db"
 
 
-def fill(db: Path) -> None:
-    """A small ledger with one record of most kinds, closed (its WAL folded back into the file)."""
-    with Ledger(f"sqlite:///{db}") as ledger:
+def fill(db: Path | str) -> None:
+    """A small ledger with one record of most kinds (at a SQLite file, or any ledger URL), closed (its WAL folded
+    back into the file)."""
+    with Ledger(db if isinstance(db, str) else f"sqlite:///{db}") as ledger:
         eid = ledger.start_evaluation("prefix_cache", "ana", "byte_equivalence", {"off": {"m": 1}, "on": {"m": 1}},
                                       {"limit": 2})
         for i in range(3):
@@ -38,11 +42,11 @@ def fill(db: Path) -> None:
         ledger.add_flip("prefix_cache", "on", "bo", "ship it", eid, [aid])
         ledger.add_refusal("prefix_cache", "cy", ["stale: evidence"], eid)
         ledger.add_measurement("ana", {"suite": "s"}, {"tax": 0.5})
-    assert not db.with_name(db.name + "-wal").exists()
+    assert isinstance(db, str) or not db.with_name(db.name + "-wal").exists()
 
 
-def verify(run_cli, ws: Path, *extra) -> tuple[int, dict, str]:
-    code, out, err = run_cli("--workspace", ws, "ledger", "verify", *extra, "--json")
+def verify(run_cli, ws: Path, *extra, ledger: str | None = None) -> tuple[int, dict, str]:
+    code, out, err = run_cli("--workspace", ws, *(("--ledger", ledger) if ledger else ()), "ledger", "verify", *extra, "--json")
     assert "Traceback" not in out + err
     return code, json.loads(out), err
 
@@ -152,33 +156,84 @@ def test_invalid_utf8_in_a_row_is_named(run_cli, workspace):
 # --- what the chain does not hash --------------------------------------------------------------
 
 
-def test_a_dropped_trigger_is_named(run_cli, workspace):
-    fill(db_of(workspace))
-    sql(db_of(workspace), "DROP TRIGGER flip_no_update")
-    code, report, _ = verify(run_cli, workspace)
+@pytest.fixture
+def filled(backend, request, workspace) -> str:
+    """The workspace's ledger, filled, on this test's backend (its SQLite file or a fresh PostgreSQL database): its URL."""
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{db_of(workspace)}"
+    fill(url)
+    return url
+
+
+def verify_at(run_cli, ws: Path, url: str) -> tuple[int, dict, str]:
+    return verify(run_cli, ws, ledger=url)
+
+
+def snapshot(url: str) -> object:
+    """What verify must leave as it found it: the SQLite file's bytes, or PostgreSQL's tables, columns and migrations."""
+    if not is_postgres(url):
+        return Path(url[len("sqlite:///"):]).read_bytes()
+    with Raw(url) as raw:
+        tables = raw.columns()
+        return tables, raw.execute("SELECT * FROM migrations ORDER BY version").fetchall() if "migrations" in tables else None
+
+
+# SQL per backend: SQLite's trigger bodies, PostgreSQL's EXECUTE FUNCTION
+ALTERED = {"sqlite": "CREATE TRIGGER flip_no_update BEFORE UPDATE ON flip BEGIN SELECT 1; END",
+           # still a BEFORE UPDATE trigger calling the function, but only for one column: state can be changed
+           "postgresql": "CREATE TRIGGER flip_no_update BEFORE UPDATE OF flag ON flip FOR EACH ROW "
+                         "EXECUTE FUNCTION gatekeeper_append_only()"}
+ADDED = {"sqlite": "CREATE TRIGGER sneaky AFTER INSERT ON verdict BEGIN SELECT 1; END",
+         "postgresql": "CREATE TRIGGER sneaky AFTER INSERT ON verdict FOR EACH ROW EXECUTE FUNCTION gatekeeper_append_only()"}
+
+
+def test_a_dropped_trigger_is_named(run_cli, workspace, filled):
+    with Raw(filled) as raw:
+        raw.drop_trigger("flip_no_update", "flip")
+    code, report, _ = verify_at(run_cli, workspace, filled)
     assert code == 1 and report["problem"].startswith("trigger flip_no_update: missing"), report
     assert report["problems"] == [report["problem"]] and report["first_bad_seq"] is None
-    with Ledger(f"sqlite:///{db_of(workspace)}") as ledger:
+    with Ledger(filled) as ledger:
         assert not ledger.verify().ok  # the library's verify, not only the command
 
 
-def test_an_altered_trigger_is_named(run_cli, workspace):
-    fill(db_of(workspace))
-    sql(db_of(workspace), "DROP TRIGGER flip_no_update",
-        "CREATE TRIGGER flip_no_update BEFORE UPDATE ON flip BEGIN SELECT 1; END")
-    code, report, _ = verify(run_cli, workspace)
+def test_an_altered_trigger_is_named(run_cli, workspace, filled, backend):
+    with Raw(filled) as raw:
+        raw.drop_trigger("flip_no_update", "flip")
+        raw.execute(ALTERED[backend])
+    code, report, _ = verify_at(run_cli, workspace, filled)
     assert code == 1 and report["problems"] == ["trigger flip_no_update: altered; it is not the append-only "
                                                 "trigger on flip the migrations created"], report
 
 
-def test_an_added_trigger_is_named(run_cli, workspace):
-    fill(db_of(workspace))
-    sql(db_of(workspace), "CREATE TRIGGER sneaky AFTER INSERT ON verdict BEGIN SELECT 1; END")
-    code, report, _ = verify(run_cli, workspace)
+def test_an_added_trigger_is_named(run_cli, workspace, filled, backend):
+    with Raw(filled) as raw:
+        raw.execute(ADDED[backend])
+    code, report, _ = verify_at(run_cli, workspace, filled)
     assert code == 1 and "trigger sneaky (on verdict): not one gatekeeper creates" in report["problem"], report
 
 
-@pytest.mark.parametrize("edit, named", [
+@pytest.mark.parametrize("backend", ["postgresql"])  # SQLite triggers cannot be switched off, only dropped
+@pytest.mark.parametrize("mode, named", [("DISABLE", "disabled"), ("ENABLE REPLICA", "enabled for replication sessions only")])
+def test_a_disabled_trigger_is_named(run_cli, workspace, filled, mode, named):
+    with Raw(filled) as raw:
+        raw.execute(f"ALTER TABLE verdict {mode} TRIGGER verdict_no_update")
+    code, report, _ = verify_at(run_cli, workspace, filled)
+    assert code == 1 and report["problems"] == [f"trigger verdict_no_update: {named}; verdict is no longer "
+                                                "append-only (ALTER TABLE ... DISABLE TRIGGER)"], report
+
+
+@pytest.mark.parametrize("backend", ["postgresql"])  # the triggers' function: PostgreSQL's only
+@pytest.mark.parametrize("body", ["BEGIN RETURN NEW; END", "BEGIN RETURN NULL; END"])
+def test_an_altered_trigger_function_is_named(run_cli, workspace, filled, body):
+    with Raw(filled) as raw:  # every trigger left as it was, each now calling a function that lets the change through
+        raw.execute(f"CREATE OR REPLACE FUNCTION gatekeeper_append_only() RETURNS trigger LANGUAGE plpgsql AS $${body}$$")
+        raw.execute("UPDATE verdict SET verdict = 'FAIL'")
+    code, report, _ = verify_at(run_cli, workspace, filled)
+    assert code == 1 and "function gatekeeper_append_only: altered; it is not the append-only function the " \
+                         "migrations created" in report["problems"], report
+
+
+MIGRATION_EDITS = [
     ("UPDATE migrations SET name = '0002_other' WHERE version = 2", "migrations: version 2 is recorded as '0002_other'"),
     ("UPDATE migrations SET version = 9 WHERE version = 4", "migrations: version 4 (0004_signatures) is not recorded"),
     ("UPDATE migrations SET version = 5 WHERE version = 3", "migrations: version 3 (0003_calibration) is not recorded"),
@@ -187,22 +242,39 @@ def test_an_added_trigger_is_named(run_cli, workspace):
     ("UPDATE migrations SET applied_at = 'yesterday' WHERE version = 1", "migrations: version 1: field 'applied_at'"),
     ("UPDATE migrations SET applied_at = '1999-01-01T00:00:00Z' WHERE version = 3", "migrations: version 3 was applied at"),
     ("DROP TABLE migrations", "migrations: the table is missing"),
-])
-def test_an_edit_of_the_migrations_table_is_named(run_cli, workspace, edit, named):
-    db = db_of(workspace)
-    fill(db)
-    sql(db, edit)
-    before = db.read_bytes()
-    code, report, _ = verify(run_cli, workspace)
+]
+@pytest.mark.parametrize("edit, named", MIGRATION_EDITS)
+def test_an_edit_of_the_migrations_table_is_named(run_cli, workspace, filled, backend, edit, named):
+    # Some edits would make opening migrate again: the command judges the migrations table before it opens.
+    with Raw(filled) as raw:
+        raw.execute(edit)
+    before = snapshot(filled)
+    code, report, _ = verify_at(run_cli, workspace, filled)
     assert code == 1 and any(p.startswith(named) for p in report["problems"]), report
-    assert db.read_bytes() == before  # verify did not "repair" it by migrating again
+    assert snapshot(filled) == before  # verify did not "repair" it by migrating again
 
 
-def test_a_ledger_from_a_newer_gatekeeper_is_exit_2_not_tampered(run_cli, workspace):
-    db = db_of(workspace)
-    fill(db)
-    sql(db, "INSERT INTO migrations VALUES (7, '0007_future', '2030-01-01T00:00:00Z')")
-    code, report, _ = verify(run_cli, workspace)
+@pytest.mark.parametrize("edit, named", MIGRATION_EDITS)
+def test_preflight_names_an_edit_of_the_migrations_table(filled, edit, named):
+    """What the command judges before opening the ledger (which would migrate it), on both backends."""
+    from gatekeeper.ledger.engine import make_engine, read
+    from gatekeeper.ledger.verify import preflight
+
+    with Raw(filled) as raw:
+        raw.execute(edit)
+    engine = make_engine(filled)
+    try:
+        with read(engine) as conn:
+            problems = preflight(conn)
+    finally:
+        engine.dispose()
+    assert any(p.startswith(named) for p in problems), problems
+
+
+def test_a_ledger_from_a_newer_gatekeeper_is_exit_2_not_tampered(run_cli, workspace, filled):
+    with Raw(filled) as raw:
+        raw.execute("INSERT INTO migrations VALUES (7, '0007_future', '2030-01-01T00:00:00Z')")
+    code, report, _ = verify_at(run_cli, workspace, filled)
     assert code == 2 and "newer than this gatekeeper knows" in report["error"], report
 
 

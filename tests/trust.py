@@ -1,5 +1,6 @@
 """Shared by the signing and checkpoint tests: real SSH keys, a workspace whose evaluations need no
-model, and the tools of someone who can write the ledger's database file."""
+model (its ledger on SQLite, or on either backend), and the tools of someone who can write the ledger's
+database: its SQLite file, or a PostgreSQL database as its superuser."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.identity import canonical_json
+from postgres import Raw, is_postgres
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 needs_ssh_keygen = pytest.mark.skipif(SSH_KEYGEN is None, reason="ssh-keygen (OpenSSH) is not installed")
@@ -39,10 +41,38 @@ def allowed_line(principal: str, key: Path, options: str = "") -> str:
     return f"{principal} {options + ' ' if options else ''}{kind} {b64}\n"
 
 
+# workspace -> the URL of its ledger, where that is not the workspace's own SQLite file (backend_ws); cli()
+# passes it as --ledger
+LEDGERS: dict[Path, str] = {}
+
+
+def ledger_of(ws: Path) -> str:
+    """The URL of the workspace's ledger: a PostgreSQL database for backend_ws[postgresql], else its SQLite file."""
+    return LEDGERS.get(ws, f"sqlite:///{db_of(ws)}")
+
+
 @pytest.fixture
 def trust_ws(workspace, keys, monkeypatch) -> Path:
     """A workspace whose allowed_signers lists everyone but mallory, with one PASS evaluation (id 1, run
     by "ci") whose flag-off identity is taken as the pipeline's now, so no model has to load."""
+    return _trusting(workspace, keys, monkeypatch)
+
+
+@pytest.fixture
+def backend_ws(backend, request, workspace, keys, monkeypatch):
+    """trust_ws with its ledger on each backend (``backend`` and ``pg_url`` come from the postgres plugin): the
+    workspace's SQLite file, or a fresh PostgreSQL database that cli(), ledger_of() and unlocked() use."""
+    if backend == "postgresql":
+        LEDGERS[workspace] = request.getfixturevalue("pg_url")
+    try:
+        yield _trusting(workspace, keys, monkeypatch)
+        if backend == "postgresql":
+            assert not db_of(workspace).exists(), "a command wrote the workspace's SQLite file, not --ledger"
+    finally:
+        LEDGERS.pop(workspace, None)
+
+
+def _trusting(workspace: Path, keys, monkeypatch) -> Path:
     from gatekeeper import gate
 
     monkeypatch.setattr(gate, "identity_now", lambda ws, evaluation, ledger: evaluation["identity"]["off"])
@@ -56,7 +86,7 @@ def trust_ws(workspace, keys, monkeypatch) -> Path:
 def add_passing_evaluation(ws: Path, operator: str = "ci") -> int:
     from gatekeeper.ledger import Ledger
 
-    with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as lg:
+    with Ledger(ledger_of(ws)) as lg:
         identity = {"off": {"model_digest": "m1", "flags": {"prefix_cache": "off"}},
                     "on": {"model_digest": "m1", "flags": {"prefix_cache": "on"}}}
         eid = lg.start_evaluation("prefix_cache", operator, "byte_equivalence", identity, {"engine": "tiny"})
@@ -73,8 +103,10 @@ def set_approvals(ws: Path, **settings) -> None:
 
 
 def cli(run_cli, ws: Path, *args):
-    """Run a command with --json; returns (exit code, parsed JSON)."""
-    code, out, err = run_cli("--workspace", ws, *args, "--json")
+    """Run a command with --json (and --ledger, for a workspace whose ledger is elsewhere); returns (exit code,
+    parsed JSON)."""
+    ledger = ("--ledger", LEDGERS[ws]) if ws in LEDGERS and "--ledger" not in args else ()
+    code, out, err = run_cli("--workspace", ws, *ledger, *args, "--json")
     return code, (json.loads(out) if out.strip() else {"stderr": err})
 
 
@@ -100,7 +132,7 @@ def db_of(ws: Path) -> Path:
     return ws / "ledger" / "evidence.db"
 
 
-# --- the attacker: write access to the database file, no signing key ---------------------------
+# --- the attacker: write access to the database (the file, or PostgreSQL's superuser), no signing key ---
 
 
 class _Relocking(sqlite3.Connection):
@@ -115,10 +147,30 @@ class _Relocking(sqlite3.Connection):
         super().close()
 
 
-def unlocked(db: Path) -> sqlite3.Connection:
-    """The database with its append-only triggers dropped, as anyone with the file can; closing it
-    recreates them, so the edit leaves no trace but what the chain, signatures and checkpoints can see."""
-    conn = sqlite3.connect(db, isolation_level=None, factory=_Relocking)
+class _RelockingPostgres(Raw):
+    """The same on PostgreSQL: every trigger dropped on opening, recreated from its own definition on close."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.dropped = [sql for (sql,) in self.execute(
+            "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal").fetchall()]
+        self.drop_triggers()
+
+    def close(self) -> None:
+        for sql in self.dropped:
+            self.execute(sql)
+        self.dropped = []
+        super().close()
+
+
+def unlocked(db: Path | str):
+    """The database (a SQLite file, or any ledger URL) with its append-only triggers dropped, as anyone with the
+    file or the database's superuser can; closing it recreates them, so the edit leaves no trace but what the
+    chain, signatures and checkpoints can see. Its ``execute`` takes ``?`` placeholders on both backends."""
+    if isinstance(db, str) and is_postgres(db):
+        return _RelockingPostgres(db)
+    path = db[len("sqlite:///"):] if isinstance(db, str) else db
+    conn = sqlite3.connect(path, isolation_level=None, factory=_Relocking)
     triggers = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'").fetchall()
     for name, _ in triggers:
         conn.execute(f"DROP TRIGGER {name}")
@@ -126,7 +178,7 @@ def unlocked(db: Path) -> sqlite3.Connection:
     return conn
 
 
-def rehash(conn: sqlite3.Connection) -> None:
+def rehash(conn) -> None:
     """Recompute every entry's prev_hash and hash in order, so the chain verifies again after an edit."""
     from gatekeeper.ledger.chain import GENESIS, entry_hash
 
@@ -138,7 +190,7 @@ def rehash(conn: sqlite3.Connection) -> None:
         prev = h
 
 
-def rewrite_row(conn: sqlite3.Connection, kind: str, record_id: int, **values) -> None:
+def rewrite_row(conn, kind: str, record_id: int, **values) -> None:
     """Change a typed row and its entry's payload to match, then re-hash the whole chain."""
     sets = ", ".join(f"{k} = ?" for k in values)
     conn.execute(f"UPDATE {kind} SET {sets} WHERE id = ?", (*values.values(), record_id))

@@ -120,21 +120,26 @@ def _reached(report, what: str, check):
 
 
 def _preflight(url: str):
-    """Problems in an SQLite ledger's ``migrations`` table and layout, read without opening (migrating) it,
-    with everything else verify finds where the tables are the current ones; and that report, if made."""
-    from ..ledger.engine import make_engine, read
-    from ..ledger.verify import layout, preflight, reference, verify
+    """Problems in a ledger's ``migrations`` table and layout, read without opening (migrating) it, with
+    everything else verify finds where the tables are the current ones; and that report, if made."""
+    from sqlalchemy.exc import OperationalError
 
-    if not url.startswith("sqlite:///") or not Path(url[len("sqlite:///"):]).is_file():
-        return [], None  # another database, or none there: opening it says what there is
+    from ..ledger.engine import make_engine, read
+    from ..ledger.verify import preflight, reference, tables, verify
+
+    sqlite = url.startswith("sqlite:///")
+    if sqlite and not Path(url[len("sqlite:///"):]).is_file() or not (sqlite or url.startswith("postgresql")):
+        return [], None  # none there, or another database: opening it says what there is
     engine = make_engine(url)
     try:
         with read(engine) as conn:
             early = preflight(conn)
-            if early and layout(conn)["tables"] == reference()["tables"]:  # the rest can be checked unopened too
+            if early and tables(conn) == reference()["tables"]:  # the rest can be checked unopened too
                 report = verify(conn)
                 return list(dict.fromkeys([*report.problems, *early])), report
             return early, None
+    except OperationalError:
+        return [], None  # a server that cannot be reached: opening the ledger says so
     finally:
         engine.dispose()
 

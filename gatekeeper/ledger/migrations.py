@@ -42,13 +42,24 @@ def _evaluation_id(nullable: bool = False) -> Column:
 
 
 # PostgreSQL: the trigger function every append-only table calls (plain string literals, no %: the driver
-# would read them as placeholders).
-_PG_REJECT = """CREATE OR REPLACE FUNCTION gatekeeper_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+# would read them as placeholders). ``ledger verify`` compares the stored function and triggers with these.
+PG_APPEND_ONLY_FUNCTION = "gatekeeper_append_only"
+PG_APPEND_ONLY_BODY = """
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'restrict_violation',
         MESSAGE = 'ledger is append-only: ' || TG_OP || ' on ' || TG_TABLE_NAME || ' rejected';
 END
-$$"""
+"""
+_PG_REJECT = (f"CREATE OR REPLACE FUNCTION {PG_APPEND_ONLY_FUNCTION}() RETURNS trigger LANGUAGE plpgsql "
+              f"AS $${PG_APPEND_ONLY_BODY}$$")
+PG_APPEND_ONLY_EVENTS = (("UPDATE", "ROW"), ("DELETE", "ROW"), ("TRUNCATE", "STATEMENT"))  # (event, FOR EACH)
+
+
+def pg_trigger_sql(table: str, op: str, each: str, on: str | None = None) -> str:
+    """The CREATE TRIGGER of ``table``'s append-only trigger for ``op``; ``on`` names the table in it
+    (default ``table``; PostgreSQL's ``pg_get_triggerdef`` gives it schema-qualified)."""
+    return (f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {on or table} "
+            f"FOR EACH {each} EXECUTE FUNCTION {PG_APPEND_ONLY_FUNCTION}()")
 
 
 def _append_only(conn: Connection, table: str) -> None:
@@ -61,11 +72,8 @@ def _append_only(conn: Connection, table: str) -> None:
             )
     elif conn.dialect.name == "postgresql":
         conn.exec_driver_sql(_PG_REJECT)  # idempotent; every migration runs under the write lock
-        for op, each in (("UPDATE", "ROW"), ("DELETE", "ROW"), ("TRUNCATE", "STATEMENT")):
-            conn.exec_driver_sql(
-                f"CREATE TRIGGER {table}_no_{op.lower()} BEFORE {op} ON {table} "
-                f"FOR EACH {each} EXECUTE FUNCTION gatekeeper_append_only()"
-            )
+        for op, each in PG_APPEND_ONLY_EVENTS:
+            conn.exec_driver_sql(pg_trigger_sql(table, op, each))
 
 
 _MIGRATIONS_TABLE = Table(

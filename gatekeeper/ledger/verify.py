@@ -172,8 +172,89 @@ def layout(conn: Connection) -> dict[str, Any]:
     return {"tables": tables, "indexes": indexes, "triggers": triggers}
 
 
+def tables(conn: Connection) -> dict[str, tuple[str, ...]]:
+    """The database's tables (in the current schema on PostgreSQL), each with its column names in order, as
+    ``reference()["tables"]`` gives them."""
+    return layout(conn)["tables"] if _sqlite(conn) else _pg_tables(conn)
+
+
+def _pg_tables(conn: Connection) -> dict[str, tuple[str, ...]]:
+    """A PostgreSQL database's tables in the current schema, each with its column names in order."""
+    tables: dict[str, tuple[str, ...]] = {}
+    for table, column in conn.execute(text(
+            "SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+            "WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+            "AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped ORDER BY c.relname, a.attnum")):
+        tables[table] = (*tables.get(table, ()), column)
+    return tables
+
+
+def _pg_schema_problems(conn: Connection) -> list[str]:
+    """PostgreSQL: the append-only function unaltered; on ``entry`` and every record table its three triggers,
+    present, enabled and unaltered, and no other; and every table with the columns the migrations gave it."""
+    from gatekeeper.ledger.migrations import (PG_APPEND_ONLY_BODY, PG_APPEND_ONLY_EVENTS, PG_APPEND_ONLY_FUNCTION,
+                                              pg_trigger_sql)
+
+    schema = conn.scalar(text("SELECT quote_ident(current_schema())"))
+    out = []
+    function = conn.execute(text(
+        "SELECT p.oid, p.prosrc, l.lanname, p.prorettype = 'trigger'::regtype, p.pronargs, p.prosecdef, p.proconfig "
+        "FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+        "WHERE p.proname = :name AND p.pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"),
+        {"name": PG_APPEND_ONLY_FUNCTION}).all()
+    ours = None
+    if not function:
+        out.append(f"function {PG_APPEND_ONLY_FUNCTION}: missing; no table is append-only (it was dropped)")
+    elif len(function) > 1 or tuple(function[0][1:]) != (PG_APPEND_ONLY_BODY, "plpgsql", True, 0, False, None):
+        out.append(f"function {PG_APPEND_ONLY_FUNCTION}: altered; it is not the append-only function the migrations created")
+    else:
+        ours = function[0][0]
+    want = {f"{table}_no_{op.lower()}": (table, pg_trigger_sql(table, op, each, on=f"{schema}.{table}"))
+            for table in ("entry", *KINDS) for op, each in PG_APPEND_ONLY_EVENTS}
+    # name -> (table, tgenabled, the function's oid, the definition as PostgreSQL gives it back)
+    have = {r[0]: tuple(r[1:]) for r in conn.execute(text(
+        "SELECT t.tgname, c.relname, t.tgenabled, t.tgfoid, pg_get_triggerdef(t.oid) "
+        "FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+        "WHERE NOT t.tgisinternal "
+        "AND c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())"))}
+    for name, (table, sql) in sorted(want.items()):
+        if name not in have:
+            out.append(f"trigger {name}: missing; {table} is no longer append-only (it was dropped)")
+            continue
+        on, enabled, calls, definition = have[name]
+        if (on, definition) != (table, sql) or (ours is not None and calls != ours):
+            out.append(f"trigger {name}: altered; it is not the append-only trigger on {table} the migrations created")
+        elif enabled not in ("O", "A"):  # D: disabled; R: fires only in a replication session
+            how = "disabled" if enabled == "D" else "enabled for replication sessions only"
+            out.append(f"trigger {name}: {how}; {table} is no longer append-only (ALTER TABLE ... DISABLE TRIGGER)")
+    for name, (table, *_) in sorted(have.items()):
+        if name not in want:
+            out.append(f"trigger {name} (on {table}): not one gatekeeper creates; someone added it")
+    return out + _table_problems(reference(), {"tables": _pg_tables(conn)}, indexes=False)
+
+
+def _table_problems(want: dict[str, Any], have: dict[str, Any], indexes: bool = True) -> list[str]:
+    """Every table of ``want`` (a ``layout``) in ``have`` with the same columns, and (if ``indexes``) indexes."""
+    out = []
+    for table, columns in sorted(want["tables"].items()):
+        got = have["tables"].get(table)
+        if got is None:
+            out.append(f"table {table}: missing")
+        elif got != columns:
+            out.append(f"table {table}: columns are {', '.join(got)}; the schema has {', '.join(columns)}")
+        elif indexes and have["indexes"].get(table, ()) != want["indexes"].get(table, ()):
+            out.append(f"table {table}: indexes are {', '.join(have['indexes'].get(table, ())) or 'none'}; "
+                       f"the schema has {', '.join(want['indexes'].get(table, ())) or 'none'}")
+    for table in sorted(set(have["tables"]) - set(want["tables"])):
+        out.append(f"table {table}: not one gatekeeper creates")
+    return out
+
+
 def _schema_problems(conn: Connection) -> list[str]:
-    """The triggers present and unaltered, and every table with the columns and indexes the migrations gave it."""
+    """The triggers present and unaltered, and every table with the columns and indexes the migrations gave it
+    (on PostgreSQL: the columns, and the triggers enabled and their function unaltered too)."""
+    if conn.dialect.name == "postgresql":
+        return _pg_schema_problems(conn)
     if not _sqlite(conn):
         return []
     want, have = reference(), layout(conn)
@@ -187,18 +268,7 @@ def _schema_problems(conn: Connection) -> list[str]:
     for name, (table, _) in sorted(have["triggers"].items()):
         if name not in want["triggers"]:
             out.append(f"trigger {name} (on {table}): not one gatekeeper creates; someone added it")
-    for table, columns in sorted(want["tables"].items()):
-        got = have["tables"].get(table)
-        if got is None:
-            out.append(f"table {table}: missing")
-        elif got != columns:
-            out.append(f"table {table}: columns are {', '.join(got)}; the schema has {', '.join(columns)}")
-        elif have["indexes"].get(table, ()) != want["indexes"].get(table, ()):
-            out.append(f"table {table}: indexes are {', '.join(have['indexes'].get(table, ())) or 'none'}; "
-                       f"the schema has {', '.join(want['indexes'].get(table, ())) or 'none'}")
-    for table in sorted(set(have["tables"]) - set(want["tables"])):
-        out.append(f"table {table}: not one gatekeeper creates")
-    return out
+    return out + _table_problems(want, have)
 
 
 def _timestamp(value: Any) -> datetime | None:
@@ -256,9 +326,9 @@ def preflight(conn: Connection) -> list[str]:
     can upgrade, or newer than it knows (opening says so)."""
     from gatekeeper.ledger.migrations import CURRENT_VERSION, MIGRATIONS
 
-    if not _sqlite(conn):
+    if conn.dialect.name not in ("sqlite", "postgresql"):
         return []
-    have = layout(conn)["tables"]
+    have = tables(conn)
     if not have:
         return []  # blank: opening lays out a new ledger
     if "migrations" not in have:
