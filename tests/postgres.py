@@ -62,6 +62,11 @@ class Server:
     port: int
     proc: subprocess.Popen
     log: Path
+    bindir: Path | None = None
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.port}/{database}"
@@ -80,6 +85,44 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m fast``: the server goes away mid-work, cutting every connection. (Not ``immediate``:
+        the test server runs with fsync and synchronous_commit off, so that would lose committed rows.)"""
+        drop, _, _ = _as_server_user()
+        subprocess.run([str(self.bindir / "pg_ctl"), "stop", "-D", str(self.data), "-m", "fast", "-w"],
+                       cwd=self.root, capture_output=True, check=True, **drop)
+        self.proc.wait(timeout=30)
+
+    def restart(self) -> None:
+        """Start postgres again on the same data and port (after ``crash``); raises RuntimeError if it will not."""
+        self.proc = _launch(self.bindir, self.root, self.port, self.log)
+        if not _wait_ready(self):
+            raise RuntimeError(f"postgres did not restart: {self.log.read_text(errors='replace').strip()[-2000:]}")
+
+
+def _launch(bindir: Path, root: Path, port: int, log: Path) -> subprocess.Popen:
+    drop, _, _ = _as_server_user()
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [str(bindir / "postgres"), "-D", str(root / "data"), "-p", str(port), "-c", "listen_addresses=127.0.0.1",
+             "-c", f"unix_socket_directories={root}", "-c", "fsync=off", "-c", "synchronous_commit=off",
+             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+            cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, **drop,
+        )
+
+
+def _wait_ready(server: Server) -> bool:
+    """Whether ``server`` accepts connections within START_TIMEOUT_S (False once its process has exited)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while server.proc.poll() is None and time.monotonic() < deadline:
+        try:
+            server.connect().close()
+            return True
+        except Exception:  # not accepting connections yet
+            time.sleep(0.1)
+    return False
 
 
 def _as_server_user() -> tuple[dict[str, Any], int | None, int | None]:
@@ -120,26 +163,13 @@ def start_server() -> Server:
         last = ""
         for _ in range(3):  # a port taken between choosing and binding it: try another
             port = _free_port()
-            with open(log, "ab") as out:
-                proc = subprocess.Popen(
-                    [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1",
-                     "-c", f"unix_socket_directories={root}", "-c", "fsync=off", "-c", "synchronous_commit=off",
-                     "-c", "full_page_writes=off", "-c", "max_connections=200"],
-                    cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, **drop,
-                )
-            server = Server(root, port, proc, log)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    server.connect().close()
-                    return server
-                except Exception as e:  # not accepting connections yet
-                    last = str(e)
-                    time.sleep(0.1)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            last = log.read_text(errors="replace").strip()[-2000:] or last
+            server = Server(root, port, _launch(bindir, root, port, log), log, bindir)
+            if _wait_ready(server):
+                return server
+            if server.proc.poll() is None:
+                server.proc.kill()
+                server.proc.wait()
+            last = log.read_text(errors="replace").strip()[-2000:] or "it never accepted a connection"
         raise RuntimeError(f"postgres did not start: {last}")
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)

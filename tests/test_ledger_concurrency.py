@@ -1,4 +1,4 @@
-"""Concurrent writers from separate OS processes wait for the lock and lose nothing: one chain, on SQLite
+"""Concurrent writers from separate OS processes (8 x 25 appends at once) wait for the lock and lose nothing: one chain, on SQLite
 (BEGIN IMMEDIATE) and on PostgreSQL (a transaction-level advisory lock)."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from gatekeeper.ledger.engine import read
 pytest_plugins = ["postgres"]
 
 REPO = Path(gatekeeper.__file__).resolve().parents[1]
-WORKERS = 4
-RECORDS = 50  # per worker: start + 24 case results + 24 measurements + verdict
+WORKERS = 8
+CASES, MEASUREMENTS = 12, 11
+RECORDS = 1 + CASES + MEASUREMENTS + 1  # per worker, 25: start, case results, measurements, verdict
 
 # Each worker opens the ledger, reports ready, waits for "go", then appends as fast as it can.
 WORKER = """
@@ -26,14 +27,17 @@ import sys, time
 from pathlib import Path
 from gatekeeper.ledger import Ledger
 url, tmp, worker = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+cases, measurements = int(sys.argv[4]), int(sys.argv[5])
 with Ledger(url) as ledger:
     (tmp / f"ready-{worker}").touch()
     while not (tmp / "go").exists():
         time.sleep(0.005)
     eid = ledger.start_evaluation("prefix_cache", f"w{worker}", "byte_equivalence", {}, {"worker": worker})
-    for i in range(24):
-        ledger.add_case_result(eid, f"suite/case-{i}", "on", 0, {"worker": worker, "i": i})
-        ledger.add_measurement(f"w{worker}", {"worker": worker}, {"i": i})
+    for i in range(max(cases, measurements)):
+        if i < cases:
+            ledger.add_case_result(eid, f"suite/case-{i}", "on", 0, {"worker": worker, "i": i})
+        if i < measurements:
+            ledger.add_measurement(f"w{worker}", {"worker": worker}, {"i": i})
     ledger.finish_evaluation(eid, "PASS", [], {"worker": worker})
 """
 
@@ -43,7 +47,7 @@ def race(worker: str, url: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", worker, url, str(tmp_path), str(w)], env=env, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", worker, url, str(tmp_path), str(w), str(CASES), str(MEASUREMENTS)], env=env, stderr=subprocess.PIPE, text=True
         )
         for w in range(WORKERS)
     ]
@@ -79,13 +83,13 @@ def test_concurrent_processes_append_without_loss(ledger_url: str, tmp_path: Pat
     assert [e["seq"] for e in entries] == list(range(1, WORKERS * RECORDS + 1))
     assert len({(e["kind"], e["record_id"]) for e in entries}) == len(entries)
     assert sorted(e["operator"] for e in evaluations) == [f"w{w}" for w in range(WORKERS)]
-    assert all(e["status"] == "PASS" and e["case_results"] == 24 for e in evaluations)
+    assert all(e["status"] == "PASS" and e["case_results"] == CASES for e in evaluations)
     # Every record present exactly once.
     assert Counter((m["config"]["worker"], m["result"]["i"]) for m in measurements) == Counter(
-        {(w, i): 1 for w in range(WORKERS) for i in range(24)}
+        {(w, i): 1 for w in range(WORKERS) for i in range(MEASUREMENTS)}
     )
     assert Counter((c["result"]["worker"], c["result"]["i"]) for c in cases) == Counter(
-        {(w, i): 1 for w in range(WORKERS) for i in range(24)}
+        {(w, i): 1 for w in range(WORKERS) for i in range(CASES)}
     )
     # Stamped under the lock, so time never runs backwards along the chain.
     stamps = [e["payload"].get("at") or e["payload"].get("started_at") or e["payload"]["finished_at"] for e in entries]

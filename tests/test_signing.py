@@ -184,9 +184,15 @@ def rows(ws: Path) -> int:
         return len(ledger.entries())
 
 
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 @pytest.mark.parametrize("make, expected", [
     (lambda d, k: ["--sign", d / "nope"], "no such file"),
     (lambda d, k: ["--sign", k["ana"].with_name("ana.pub")], "this is a public key"),
+    (lambda d, k: ["--sign", _text(d / "notakey", "hello\n")], "not an SSH private key"),
     (lambda d, k: ["--signature", d / "x.sig"], "--signature and --record go together"),
     (lambda d, k: ["--sign", k["ana"], "--record", d / "r", "--signature", d / "r.sig"], "not both"),
     (lambda d, k: ["--record", d / "r", "--signature", d / "r.sig"], "--record"),  # the files do not exist
@@ -201,8 +207,10 @@ def test_bad_signing_input_exits_2_and_writes_nothing(run_cli, trust_ws, keys, t
 def test_a_passphrase_protected_key_points_at_ssh_keygen(run_cli, trust_ws, tmp_path):
     key = tmp_path / "locked"
     subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "secret", "-f", str(key)], check=True)
+    before = rows(trust_ws)
     code, out = flip(run_cli, trust_ws, "on", "--sign", key)
     assert code == 2 and "passphrase" in out["error"] and "ssh-keygen -Y sign" in out["error"]
+    assert rows(trust_ws) == before
 
 
 def test_a_record_that_is_not_this_flips_is_exit_2(run_cli, trust_ws, keys, tmp_path):

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from gatekeeper.errors import GatekeeperError
@@ -78,10 +78,36 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
+def _lost_server(e: OperationalError) -> bool:
+    """A PostgreSQL connection that could not be made or was lost: no SQLSTATE (refused, unknown host),
+    class 08 (connection exception) or 57P (the server shut down or is starting up)."""
+    state = getattr(e.orig, "sqlstate", None)
+    return e.connection_invalidated or state is None or state.startswith(("08", "57P"))
+
+
+def unreachable(url, e: OperationalError) -> GatekeeperError:
+    """The one-line error for a PostgreSQL ledger whose server cannot be reached (the URL's password hidden)."""
+    why = (str(e.orig).splitlines() or [type(e.orig).__name__])[0].strip()
+    return GatekeeperError(f"cannot open the ledger at {make_url(url).render_as_string(hide_password=True)}: {why}; "
+                           "check that the PostgreSQL server is running and reachable, and that the URL's host, "
+                           "port, user and database are right")
+
+
+@contextmanager
+def _reachable(engine: Engine) -> Iterator[None]:
+    """On PostgreSQL, a server that cannot be reached (or goes away) is a GatekeeperError, not a crash."""
+    try:
+        yield
+    except OperationalError as e:
+        if not _postgres(engine) or not _lost_server(e):
+            raise
+        raise unreachable(engine.url, e) from e
+
+
 @contextmanager
 def write(engine: Engine) -> Iterator[Connection]:
     """One write transaction, holding the database's write lock from its first statement."""
-    with engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+    with _reachable(engine), engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
         if _postgres(conn):
             conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})")
         yield conn
@@ -90,7 +116,7 @@ def write(engine: Engine) -> Iterator[Connection]:
 @contextmanager
 def read(engine: Engine) -> Iterator[Connection]:
     """One read transaction: a consistent snapshot of the ledger."""
-    with engine.connect() as conn:
+    with _reachable(engine), engine.connect() as conn:
         if _postgres(conn):
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
