@@ -42,7 +42,7 @@ openssh:
 	@command -v ssh-keygen >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client; \
-	  else echo "warning: ssh-keygen is missing; install openssh-client, or the signing tests are skipped" >&2; fi; }
+	  else echo "warning: ssh-keygen is missing and cannot be installed without root; the signing tests will fail" >&2; fi; }
 
 # The ledger tests also run on a real PostgreSQL server, which they start themselves in a temporary
 # directory (tests/postgres.py); this installs Debian's server binaries (initdb, pg_ctl, postgres) once

@@ -176,9 +176,8 @@ def start_server() -> Server:
         raise
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[Server]:
-    """The run's PostgreSQL server; a test that needs it fails (not skips) when it cannot start."""
+def serving() -> Iterator[Server]:
+    """A fresh server for as long as the caller holds it; a test that needs one fails (not skips) without it."""
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -186,11 +185,17 @@ def pg_server() -> Iterator[Server]:
     try:
         server = start_server()
     except (RuntimeError, OSError) as e:
-        pytest.fail(f"cannot start the PostgreSQL server for the ledger tests: {e}", pytrace=False)
+        pytest.fail(f"cannot start a PostgreSQL server for the tests: {e}", pytrace=False)
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Server]:
+    """The run's PostgreSQL server."""
+    yield from serving()
 
 
 _databases = itertools.count(1)

@@ -100,7 +100,6 @@ def test_calibration_needs_a_cache_flag_and_an_in_process_engine(run_cli, tiny_w
 
 @pytest.mark.slow
 def test_llamacpp_positional_faults(run_cli, tiny_ws):
-    pytest.importorskip("llama_cpp")
     (tiny_ws / "engines" / "gguf.yaml").write_text("adapter: llamacpp\nmodel: default\nprefill: monolithic\n"
                                                  "options: {n_ctx: 2048, n_threads: 1}\n")
     code, result = calibrate(run_cli, tiny_ws, "--engine", "gguf")

@@ -17,11 +17,10 @@ from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, write
 from gatekeeper.ledger.tables import KINDS
 from postgres import Raw
-from trust import (backend_ws, cli, db_of, flip, keys, ledger_of, needs_ssh_keygen, rehash, rewrite_row,  # noqa: F401
+from trust import (backend_ws, cli, db_of, flip, keys, ledger_of, rehash, rewrite_row,  # noqa: F401
                    set_approvals, ssh_sign, ssh_verify, trust_ws, unlocked)
 
 pytest_plugins = ["postgres"]
-pytestmark = needs_ssh_keygen
 
 
 def lg(ws: Path) -> Ledger:

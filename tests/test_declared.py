@@ -78,8 +78,7 @@ def test_dtype_change_follows_the_outputs_and_runs_when_on(run_cli, tiny_ws):
                for c in {k[0] for k in results})
     assert (out["verdict"] == "PASS") == same
     assert out["differing_cases"] == [] if same else out["differing_cases"]
-    if out["verdict"] != "PASS":
-        pytest.skip("float16 changed a token on this model: the flip half of the test needs a PASS")
+    assert out["verdict"] == "PASS", out  # measured here: float16 gives the tiny model's float32 tokens
     code, before = cli(run_cli, tiny_ws, "hash", "--engine", "tiny")
     code, result = flip_on(run_cli, tiny_ws, "half", out["evaluation_id"])
     assert code == 0 and result["state"] == "on", result

@@ -13,7 +13,7 @@ from gatekeeper.identity import file_digest
 from gatekeeper.models import find_gguf
 from gatekeeper.workspace import EngineProfile
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="install the extra: pip install -e '.[llamacpp]'")
+import llama_cpp  # noqa: E402  (the llamacpp extra, which make test installs)
 pytestmark = pytest.mark.slow
 
 from gatekeeper.engines.llamacpp import LlamaCppEngine, LlamaCppSession, resolve_gguf  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, SUITE, ledger
 
-pytest.importorskip("llama_cpp", reason="install the extra: pip install -e '.[llamacpp]'")
+import llama_cpp  # noqa: F401,E402  (the llamacpp extra, which make test installs)
 pytestmark = pytest.mark.slow
 
 EXAMPLES = ROOT / "policies" / "examples"

@@ -13,26 +13,15 @@ from typing import Iterator
 
 import pytest
 
-from postgres import Server, new_database, start_server
+from postgres import Server, new_database, serving
 
 TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
 def own_server() -> Iterator[Server]:
-    """A PostgreSQL server of this test's own, which it may crash and restart (not the run's shared one)."""
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.fail("psycopg (3) is not installed; `pip install -e .` installs it", pytrace=False)
-    try:
-        server = start_server()
-    except (RuntimeError, OSError) as e:
-        pytest.fail(f"cannot start a PostgreSQL server for the test: {e}", pytrace=False)
-    try:
-        yield server
-    finally:
-        server.stop()
+    """A PostgreSQL server of this test's own, which it may stop and restart (not the run's shared one)."""
+    yield from serving()
 
 
 def gatekeeper(ws: Path, url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

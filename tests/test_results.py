@@ -89,7 +89,6 @@ def test_a_bug_in_the_reader_propagates(tmp_path, error):
 
 @pytest.mark.parametrize("how", ["truncated", "garbage", "empty"])
 def test_mlx_reader_on_an_unparseable_file_is_tampered(tmp_path, how):
-    pytest.importorskip("mlx.core")
     from mlx_lm.models.cache import load_prompt_cache
 
     layer, data = saved(tmp_path)

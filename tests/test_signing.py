@@ -13,10 +13,9 @@ import pytest
 from gatekeeper import signing
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger import Ledger
-from trust import (SSH_KEYGEN, allowed_line, cli, db_of, flip, keys, needs_ssh_keygen, rewrite_row, set_approvals,  # noqa: F401
+from trust import (SSH_KEYGEN, allowed_line, cli, db_of, flip, keys, rewrite_row, set_approvals,  # noqa: F401
                    ssh_sign, ssh_verify, trust_ws, unlocked)
 
-pytestmark = needs_ssh_keygen
 
 
 def lg(ws: Path) -> Ledger:

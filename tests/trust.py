@@ -16,7 +16,6 @@ from gatekeeper.identity import canonical_json
 from postgres import Raw, is_postgres
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
-needs_ssh_keygen = pytest.mark.skipif(SSH_KEYGEN is None, reason="ssh-keygen (OpenSSH) is not installed")
 # principal -> ssh-keygen -t; "mallory" is never in allowed_signers
 KEYS = {"ana": "ed25519", "bob": "ed25519", "cy": "rsa", "dee": "ecdsa", "ci": "ed25519", "mallory": "ed25519"}
 
@@ -24,8 +23,8 @@ KEYS = {"ana": "ed25519", "bob": "ed25519", "cy": "rsa", "dee": "ecdsa", "ci": "
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory) -> dict[str, Path]:
     """Private key files made by the real ssh-keygen (public key beside each, as NAME.pub)."""
-    if SSH_KEYGEN is None:
-        pytest.skip("ssh-keygen (OpenSSH) is not installed")
+    if SSH_KEYGEN is None:  # make test installs it: a missing one fails, never skips
+        pytest.fail("ssh-keygen (OpenSSH) is not installed: 'make test' installs it (apt-get install openssh-client)")
     folder = tmp_path_factory.mktemp("keys")
     out = {}
     for name, kind in KEYS.items():
