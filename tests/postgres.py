@@ -101,14 +101,15 @@ class Server:
             raise RuntimeError(f"postgres did not restart: {self.log.read_text(errors='replace').strip()[-2000:]}")
 
 
-def _launch(bindir: Path, root: Path, port: int, log: Path) -> subprocess.Popen:
+def _launch(bindir: Path, root: Path, port: int, log: Path, durable: bool = False) -> subprocess.Popen:
     drop, _, _ = _as_server_user()
     env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    # Tests need no durability; a benchmark keeps the server's defaults (fsync on) to measure what a team gets.
+    fast = [] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
     with open(log, "ab") as out:
         return subprocess.Popen(
             [str(bindir / "postgres"), "-D", str(root / "data"), "-p", str(port), "-c", "listen_addresses=127.0.0.1",
-             "-c", f"unix_socket_directories={root}", "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-c", f"unix_socket_directories={root}", *fast, "-c", "max_connections=200"],
             cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, **drop,
         )
 
@@ -139,8 +140,9 @@ def _as_server_user() -> tuple[dict[str, Any], int | None, int | None]:
     return {"preexec_fn": drop}, nobody.pw_uid, nobody.pw_gid
 
 
-def start_server() -> Server:
-    """initdb a cluster in a fresh temporary directory and start postgres on it; raises RuntimeError with the reason."""
+def start_server(durable: bool = False) -> Server:
+    """initdb a cluster in a fresh temporary directory and start postgres on it (``durable``: with fsync, as
+    deployed); raises RuntimeError with the reason."""
     bindir = server_binaries()
     if bindir is None:
         raise RuntimeError(f"no PostgreSQL server binaries (initdb, postgres) found; {_BIN_HINT}")
@@ -163,7 +165,7 @@ def start_server() -> Server:
         last = ""
         for _ in range(3):  # a port taken between choosing and binding it: try another
             port = _free_port()
-            server = Server(root, port, _launch(bindir, root, port, log), log, bindir)
+            server = Server(root, port, _launch(bindir, root, port, log, durable), log, bindir)
             if _wait_ready(server):
                 return server
             if server.proc.poll() is None:
