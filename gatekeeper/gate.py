@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import battery, checks, kinds, partition, pipeline
-from .engines.base import Engine, Session
+from .engines.base import Engine, Session, plus
 from .errors import GatekeeperError
 from .identity import digest, directory_digest, sha256_hex
 from .workspace import EngineProfile, Policy, Workspace
@@ -283,12 +283,19 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     strength = (kinds.strength([(i.case_id, reference[i.case_id], on[i.case_id]) for i in p.items], bool(differing))
                 if p.kind.numeric else None)
     census = kinds.near_ties([(i.suite.suite, reference[i.case_id]) for i in p.items])
+    g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
-                              sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] for t in on_turns),
+                              _sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] // g * g for t in on_turns),
                               p.exercises_cache, p.policy.baseline_repeats, strength)
+    baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     if unstable:
         verdict = "INCONCLUSIVE"
         reasons = [f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs" for cid in unstable]
+    elif baseline_cached:
+        verdict = "INCONCLUSIVE"
+        reasons = [f"baseline_cached: the flag-off side ({p.configs['off'].profile.where}) reports {baseline_cached} prompt "
+                   "tokens served from a cache, so it is no cold baseline; point 'url' at a deployment with its prefix "
+                   "cache off (vLLM --no-enable-prefix-caching, mlx_lm.server --prompt-cache-size 0) or set 'cache_switch'"]
     else:
         verdict, reasons = p.kind.decide(evidence)
     reasons += _blind(p, models)
@@ -300,7 +307,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         cases=len(p.items), assertions=sum(len(i.case.assert_) for i in p.items),
         differing_cases=[cid for cid, _ in differing], equal=equal,
         tokens={"prompt_off": sum(t["prompt_tokens"] for t in off_turns),
-                "computed_on": sum(t["prompt_tokens"] - t["cached_tokens"] for t in on_turns),
+                "computed_on": None if evidence.cached is None else sum(t["prompt_tokens"] for t in on_turns) - evidence.cached,
                 "cached_on": evidence.cached, "stable_prefix_bound": evidence.bound},
         seconds={"off": round(runs.seconds["off"] / p.policy.baseline_repeats, 3), "on": round(runs.seconds["on"], 3)},
         cacheable_share=shares, exercised_share=round(evidence.exercised, 4), passes=evidence.passes,
@@ -318,8 +325,9 @@ def _telemetry(p: Plan, results: dict[str, dict]) -> dict[str, dict[str, Any]]:
                                                 "prefill_s": 0.0, "decode_s": 0.0})
         for t in results[item.case_id]["turns"]:
             row["calls"] += 1
-            for k in ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s"):
+            for k in ("prompt_tokens", "prefill_s", "decode_s"):
                 row[k] += t[k]
+            row["cached_tokens"] = plus(row["cached_tokens"], t["cached_tokens"])
     for row in out.values():
         model_s = row["prefill_s"] + row["decode_s"]
         row.update(prefill_s=round(row["prefill_s"], 6), decode_s=round(row["decode_s"], 6),
@@ -352,6 +360,14 @@ def _cases(session: Session, p: Plan, mode: partition.Mode) -> Iterator[tuple[ba
             yield item, future.result()
     finally:
         pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
+
+
+def _sum(values: Iterator[int | None]) -> int | None:
+    """A total, or None when any part was not reported."""
+    total: int | None = 0
+    for v in values:
+        total = plus(total, v)
+    return total
 
 
 def _passes(results: dict[str, dict]) -> int:

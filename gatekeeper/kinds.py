@@ -139,15 +139,15 @@ class Evidence:
     cases: int
     differing: list[tuple[str, dict[str, Any]]]  # case id, its comparison
     passes: dict[str, int]  # assertions passed, flag off (first run) and on
-    cached: int  # prompt tokens the flag-on side served from cache
-    bound: int  # the stable-prefix bound of the flag-on side's prompts
+    cached: int | None  # prompt tokens the flag-on side served from cache; None: the engine did not say
+    bound: int  # the stable-prefix bound of the flag-on side's prompts, in whole units of the cache's granularity
     exercises_cache: bool  # the flag turns the prefix cache on: it must be shown to serve
     baseline_repeats: int
     strength: Strength | None = None  # the top-2 logit drift between the sides (kinds with ``numeric``)
 
     @property
     def exercised(self) -> float:
-        return min(1.0, self.cached / self.bound) if self.bound else 0.0
+        return min(1.0, self.cached / self.bound) if self.bound and self.cached else 0.0
 
 
 def _margin(step: list[list[float]] | None) -> float | None:
@@ -229,18 +229,26 @@ class ByteEquivalence(GateKind):
             return "FAIL", reasons
         same = (f"equal: all {e.cases} cases identical in token ids, text and assertion outcomes; "
                 f"baseline stable over {e.baseline_repeats} runs")
-        if e.exercises_cache and e.cached == 0:
+        notes = []
+        if e.exercises_cache and e.cached is None:
+            blind = (f"not_observable: the flag-on engine reports no cached-token figure, so it cannot show that its "
+                     f"cache served any of the {e.bound}-token stable-prefix bound")
+            if not self.policy.exercise_floor.accept_unobservable:
+                return "INCONCLUSIVE", [blind + "; use a server that reports usage.prompt_tokens_details.cached_tokens "
+                                        "(or timings.cache_n), or set exercise_floor.accept_unobservable: true", same]
+            notes.append(blind + " (accepted: exercise_floor.accept_unobservable)")
+        elif e.exercises_cache and e.cached == 0:
             return "INCONCLUSIVE", [f"not_exercised: the cache served 0 tokens of a {e.bound}-token stable-prefix bound"]
-        if e.exercises_cache and e.exercised < floor:
+        elif e.exercises_cache and e.exercised < floor:
             return "INCONCLUSIVE", [f"not_exercised: the cache served {e.cached} of a {e.bound}-token stable-prefix bound "
                                     f"({e.exercised:.2f} < floor {floor})"]
-        if e.exercises_cache:
+        elif e.exercises_cache:
             same += f"; cache served {e.exercised:.0%} of the stable-prefix bound"
         s = e.strength
         if self.policy.require == "bit_exact" and (s is None or s.grade != "bit_exact"):
             why = s.drift_reason() if s else "drift: the policy requires bit_exact, but no top-2 logits were compared"
-            return "INCONCLUSIVE", [why, same]
-        return "PASS", [same] + ([s.reason()] if s else [])
+            return "INCONCLUSIVE", [why, same, *notes]
+        return "PASS", [same, *notes] + ([s.reason()] if s else [])
 
 
 class AssertionEquivalence(GateKind):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import battery
+from .engines.base import plus
 from .errors import GatekeeperError
 from .workspace import Workspace
 
@@ -25,7 +26,7 @@ class Figures:
 
     calls: int = 0
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int | None = 0  # None once a call's engine did not report it (printed n/a, never 0)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     wall_s: float = 0.0
@@ -33,14 +34,14 @@ class Figures:
     def add(self, c, wall_s: float) -> None:
         self.calls += 1
         self.prompt_tokens += c.prompt_tokens
-        self.cached_tokens += c.cached_tokens
+        self.cached_tokens = plus(self.cached_tokens, c.cached_tokens)
         self.prefill_s += c.prefill_s
         self.decode_s += c.decode_s
         self.wall_s += wall_s
 
     def merge(self, other: "Figures") -> None:
         for k, v in asdict(other).items():
-            setattr(self, k, getattr(self, k) + v)
+            setattr(self, k, plus(getattr(self, k), v))
 
     def to_dict(self) -> dict[str, Any]:
         model_s = self.prefill_s + self.decode_s
@@ -48,7 +49,7 @@ class Figures:
             "calls": self.calls,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
-            "computed_tokens": self.prompt_tokens - self.cached_tokens,
+            "computed_tokens": None if self.cached_tokens is None else self.prompt_tokens - self.cached_tokens,
             "prefill_s": round(self.prefill_s, 6),
             "decode_s": round(self.decode_s, 6),
             "model_s": round(model_s, 6),
@@ -153,10 +154,11 @@ def reduction(off: Run, on: Run) -> dict[str, Any]:
     rows["total"] = (off.total(), on.total())
     out = {}
     for name, (a, b) in rows.items():
-        ca, cb = a.prompt_tokens - a.cached_tokens, b.prompt_tokens - b.cached_tokens
+        ca, cb = a.to_dict()["computed_tokens"], b.to_dict()["computed_tokens"]
+        known = ca is not None and cb is not None
         out[name] = {
-            "computed_tokens_off": ca, "computed_tokens_on": cb, "computed_tokens_saved": ca - cb,
-            "computed_tokens_reduction": _drop(ca, cb),
+            "computed_tokens_off": ca, "computed_tokens_on": cb, "computed_tokens_saved": ca - cb if known else None,
+            "computed_tokens_reduction": _drop(ca, cb) if known else None,
             "prefill_s_off": round(a.prefill_s, 6), "prefill_s_on": round(b.prefill_s, 6),
             "prefill_s_reduction": _drop(a.prefill_s, b.prefill_s),
         }

@@ -51,7 +51,7 @@ class Completion:
     from_response_cache: bool
     pipeline_hash: str
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int | None  # None: the engine did not report it
     prefill_s: float
     decode_s: float
     ttft_s: float

@@ -8,7 +8,8 @@ Servers report in different places, and some not at all; a figure a server does 
   from ``usage``.
 - vLLM, mlx_lm.server, OpenAI: ``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens``
   (vLLM only with ``--enable-prompt-tokens-details``); vLLM's per-request ``metrics`` (with
-  ``--enable-per-request-metrics``) carry prefill and decode seconds.
+  ``--enable-per-request-metrics``) carry ``time_to_first_token_ms`` (scheduled to first token: the
+  prefill) and ``generation_time_ms`` (first to last token: the decode).
 - SGLang's ``/generate``: ``meta_info`` (``prompt_tokens``, ``cached_tokens``).
 """
 
@@ -70,7 +71,7 @@ def read(answer: Any) -> Telemetry:
     prefill = _seconds(timings, "prompt_ms", scale=1e-3)
     decode = _seconds(timings, "predicted_ms", scale=1e-3)
     if prefill is None:
-        prefill = _seconds(metrics, "prefill_time", "prefill_s")
+        prefill = _seconds(metrics, "time_to_first_token_ms", scale=1e-3)
     if decode is None:
-        decode = _seconds(metrics, "decode_time", "decode_s")
+        decode = _seconds(metrics, "generation_time_ms", scale=1e-3)
     return Telemetry(prompt, cached, prefill, decode)

@@ -53,6 +53,10 @@ class EngineProfile(Strict):
     url: str | None = None
     url_on: str | None = None
     cache_switch: str | None = None
+    # how the server is spoken to (engines/dialects.py); servers without a tokenize endpoint need
+    # ``tokenizer``: the served model's folder (or 'default'), rendered and tokenized locally
+    dialect: Literal["auto", "llamacpp", "vllm", "mlx", "openai"] = "auto"
+    tokenizer: str | None = None
     timeout: float = Field(60, gt=0)
     concurrency: int = Field(1, ge=1)
 
@@ -96,6 +100,9 @@ ASSERTION_TYPES = (
     "not-regex", "one-of", "is-json", "contains-json", "max-length", "min-length",
     "contains-any", "contains-all", "icontains-any", "icontains-all",
 )
+# promptfoo's not- prefix inverts any type it shares with gatekeeper (checks.SHARED)
+ASSERTION_TYPES += tuple(f"not-{t}" for t in (
+    "equals", "starts-with", "is-json", "contains-json", "contains-any", "contains-all", "icontains-any", "icontains-all"))
 
 
 class Segment(Strict):
@@ -145,11 +152,17 @@ class Suite(Strict):
     stage: str
     prompt: list[Segment] = Field(min_length=1)
     decoding: Decoding = Decoding()
-    cases: list[Case] = Field(min_length=1)
+    cases: list[Case] = []
+    promptfoo: str | None = None  # a promptfoo config whose tests are the cases (gatekeeper/promptfoo.py)
     path: Path | None = Field(None, exclude=True)
+    skipped: tuple[str, ...] = Field((), exclude=True)  # promptfoo assertions gatekeeper cannot evaluate
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Suite":
+        if not self.cases and self.promptfoo is None:
+            raise ValueError("cases: required; add at least one case, or name a promptfoo config with 'promptfoo: FILE'")
+        if self.cases and self.promptfoo is not None:
+            raise ValueError("promptfoo: the cases come from the promptfoo config; remove 'cases' or 'promptfoo'")
         seen: set[str] = set()
         for case in self.cases:
             if case.id in seen:
@@ -165,6 +178,8 @@ HASH_PARTS = ("flags", "model", "adapter", "engine", "render", "prefill", "decod
 
 class ExerciseFloor(Strict):
     min_cached_share: float = Field(0.5, ge=0, le=1)
+    # a server that reports no cached-token figure cannot show its cache served: INCONCLUSIVE unless accepted
+    accept_unobservable: bool = False
 
 
 class MinPower(Strict):
@@ -310,12 +325,13 @@ def read_text(path: Path, what: str = "workspace files are UTF-8 text") -> str:
                               f"{what}") from None
 
 
-def read_yaml(path: Path) -> Any:
+def read_yaml(path: Path, load: Any = yaml.safe_load) -> Any:
+    """``load``: how YAML reads (promptfoo configs read as promptfoo's js-yaml reads them)."""
     text = read_text(path)
     if "\x00" in text:
         raise GatekeeperError(f"{path}: not YAML: it holds NUL bytes (binary data?); fix the file")
     try:
-        return yaml.safe_load(text)
+        return load(text)
     except RecursionError:
         raise GatekeeperError(f"{path}: not usable YAML: nested too deeply for the parser; flatten it") from None
     except yaml.YAMLError as e:
@@ -344,6 +360,8 @@ def find_root(explicit: str | os.PathLike | None = None) -> Path:
 
 class Workspace:
     """A workspace folder; each kind of file is loaded (and validated) when first asked for."""
+
+    skip_unsupported = False  # evaluate --skip-unsupported: promptfoo assertions gatekeeper cannot evaluate are skipped
 
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = find_root(root)
@@ -379,9 +397,13 @@ class Workspace:
 
     @cached_property
     def suites(self) -> dict[str, Suite]:
+        from . import promptfoo
+
         out: dict[str, Suite] = {}
         for path in self._files(ASSERTIONS):
-            suite = parse(Suite, path, path=path)
+            suite = promptfoo.load_suite(path, self.root) if promptfoo.is_config(path) else parse(Suite, path, path=path)
+            if suite.promptfoo is not None and not suite.cases:
+                suite = promptfoo.with_cases(suite, self.root)
             if suite.suite in out:
                 raise GatekeeperError(f"{path}: field 'suite': {suite.suite!r} is already defined by {out[suite.suite].path}; rename one")
             for seg_no, seg in enumerate(suite.prompt):

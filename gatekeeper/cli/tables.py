@@ -95,8 +95,8 @@ def print_outcome(o) -> None:
         ("cases / assertions", f"{o.cases} / {o.assertions}"),
         ("equal off~off / off~on", f"{o.equal['baseline']} / {o.equal['off_on']} (of {o.cases} cases)"),
         ("assertions passed off / on", f"{o.passes['off']} / {o.passes['on']}"),
-        ("prompt tokens off / computed on", f"{o.tokens['prompt_off']} / {o.tokens['computed_on']}"),
-        ("cached tokens on", f"{o.tokens['cached_on']} ({o.exercised_share:.0%} of the {o.tokens['stable_prefix_bound']}-token stable-prefix bound)"),
+        ("prompt tokens off / computed on", f"{o.tokens['prompt_off']} / {_na(o.tokens['computed_on'])}"),
+        ("cached tokens on", f"{_na(o.tokens['cached_on'])} ({o.exercised_share:.0%} of the {o.tokens['stable_prefix_bound']}-token stable-prefix bound)"),
         ("cacheable share as written / partitioned", f"{o.cacheable_share['as_written']:.0%} / {o.cacheable_share['partitioned']:.0%}"),
         ("wall seconds off (per run) / on", f"{o.seconds['off']:.1f} / {o.seconds['on']:.1f}"),
     ]
@@ -124,7 +124,7 @@ def print_measurement(m: dict, capture: Optional[Path]) -> None:
                       "prefill share", "wall s", "model s",
                       title=f"measurement {m['measurement_id']}: {m['flag']} {run['flag_state']}")
         for name, f in [*run["stages"].items(), ("total", run["total"])]:
-            table.add_row(name, str(f["calls"]), str(f["prompt_tokens"]), str(f["cached_tokens"]), str(f["computed_tokens"]),
+            table.add_row(name, str(f["calls"]), str(f["prompt_tokens"]), _na(f["cached_tokens"]), _na(f["computed_tokens"]),
                           f"{f['prefill_s']:.3f}", f"{f['decode_s']:.3f}", f"{f['prefill_share']:.0%}",
                           f"{f['wall_s']:.3f}", f"{f['prefill_s'] + f['decode_s']:.3f}")
         console.print(table)
@@ -134,8 +134,8 @@ def print_measurement(m: dict, capture: Optional[Path]) -> None:
         table = Table("stage", "computed tok off", "on", "saved", "reduction", "prefill s off", "on", "reduction",
                       title="what the flag saves")
         for name, r in m["reduction"].items():
-            table.add_row(name, str(r["computed_tokens_off"]), str(r["computed_tokens_on"]), str(r["computed_tokens_saved"]),
-                          f"{r['computed_tokens_reduction']:.0%}", f"{r['prefill_s_off']:.3f}", f"{r['prefill_s_on']:.3f}",
+            table.add_row(name, _na(r["computed_tokens_off"]), _na(r["computed_tokens_on"]), _na(r["computed_tokens_saved"]),
+                          _na(r["computed_tokens_reduction"], "{:.0%}"), f"{r['prefill_s_off']:.3f}", f"{r['prefill_s_on']:.3f}",
                           f"{r['prefill_s_reduction']:.0%}")
         console.print(table)
     if capture is not None:
@@ -156,6 +156,8 @@ def print_analysis(r: dict) -> None:
         table.add_row(name, str(s["calls"]), str(s["mean_prompt_bytes"] or "-"), str(s["stable_prefix_bytes"] or "-"),
                       _share(s["byte_stable_share"]), _share(c.get("as_written")), _share(c.get("partitioned")))
     console.print(table)
+    if r.get("telemetry"):
+        print_telemetry(console, r["stages"], r["telemetry"])
     if r["consecutive"] is None:
         console.print("consecutive requests: some lines carry only tokens and others only text; no common unit")
         return
@@ -167,6 +169,22 @@ def print_analysis(r: dict) -> None:
     for key, label in ((f"share_under_{SHORT}", f"share < {SHORT}"), (f"share_at_least_{LONG}", f"share >= {LONG}"),
                        ("reusable_share", "reusable share")):
         table.add_row(label, *(_share(c[key]) for c in views.values()))
+    console.print(table)
+
+
+def print_telemetry(console, stages: dict, total: dict) -> None:
+    """The prefill tax as the server reported it (captures from 'gatekeeper proxy'); '-' where not reported."""
+    from rich.table import Table
+
+    def num(v: Any, fmt: str = "{}") -> str:
+        return "-" if v is None else fmt.format(v)
+
+    table = Table("stage", "calls", "reported", "prompt tok", "cached tok", "prefill s", "decode s", "prefill share",
+                  title="prefill tax, as the server reported it")
+    for name, t in [*((n, s["telemetry"]) for n, s in stages.items()), ("total", total)]:
+        if t:
+            table.add_row(name, str(t["calls"]), str(t["calls_reported"]), num(t["prompt_tokens"]), num(t["cached_tokens"]),
+                          num(t["prefill_s"], "{:.3f}"), num(t["decode_s"], "{:.3f}"), _share(t["prefill_share"]))
     console.print(table)
 
 
@@ -250,3 +268,8 @@ def print_calibration(c: dict) -> None:
     console.print(table)
     if "per_flag_on_run" in c["seconds"]:
         console.print(f"cost: {c['seconds']['per_flag_on_run']:.1f} flag-on runs")
+
+
+def _na(value, form: str = "{}") -> str:
+    """A figure, or n/a where the engine did not report it (never a 0 it did not measure)."""
+    return "n/a" if value is None else form.format(value)

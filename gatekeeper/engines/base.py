@@ -28,7 +28,7 @@ class Generation:
     tokens: list[int]
     text: str
     prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose state came from the prefix cache
+    cached_tokens: int | None  # prompt tokens whose state came from the prefix cache; None: not reported
     prefill_s: float
     decode_s: float
     ttft_s: float
@@ -45,16 +45,21 @@ class EngineStats:
 
     calls: int = 0
     prompt_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int | None = 0  # None once a call did not report it
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
     def add(self, g: Generation) -> None:
         self.calls += 1
         self.prompt_tokens += g.prompt_tokens
-        self.cached_tokens += g.cached_tokens
+        self.cached_tokens = plus(self.cached_tokens, g.cached_tokens)
         self.prefill_s += g.prefill_s
         self.decode_s += g.decode_s
+
+
+def plus(a: int | None, b: int | None) -> int | None:
+    """A running total that stays unknown once one part of it is."""
+    return None if a is None or b is None else a + b
 
 
 def checked_request(prompt: Sequence[int], max_tokens: int) -> list[int]:
@@ -122,6 +127,7 @@ class Engine(ABC):
     hybrid: bool = False  # a state that cannot be cut back: prefixes are reused through snapshots
     persists: bool = False  # pinned prefix states can be saved to and loaded from the result layer
     observes: ClassVar[frozenset[str]] = frozenset(FIGURES)  # the figures its calls really measure
+    granularity: int = 1  # the prefix cache reuses whole multiples of this many tokens (a server's KV block)
     # profile ``options`` the adapter understands (name -> what it does); None: any (a plugin's own)
     options: ClassVar[Mapping[str, str] | None] = None
     # calibration: the session class that plants faults, and the fault kinds it knows (none: cannot)

@@ -17,6 +17,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from ..engines.base import plus
 from ..kinds import AT_RISK, NEAR_TIE
 from ..partition import common_prefix
 
@@ -42,15 +43,25 @@ def _stages(case_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = totals[(r["case_id"].split("/", 1)[0], r["config"])]
         for t in r["result"]["turns"]:
             row["calls"] += 1
-            for key in ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s"):
+            for key in ("prompt_tokens", "prefill_s", "decode_s"):
                 row[key] += t.get(key) or 0
+            # a server that did not report cached tokens makes the stage's figure unknown, not 0
+            row["cached_tokens"] = plus(row.get("cached_tokens", 0), t.get("cached_tokens"))
     out = []
     for (stage, config), row in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1] != "off")):
         out.append({"stage": stage, "config": config, "calls": int(row["calls"]),
-                    "prompt_tokens": int(row["prompt_tokens"]), "cached_tokens": int(row["cached_tokens"]),
-                    "computed_tokens": int(row["prompt_tokens"] - row["cached_tokens"]),
+                    "prompt_tokens": int(row["prompt_tokens"]), "cached_tokens": _int(row["cached_tokens"]),
+                    "computed_tokens": _int(None if row["cached_tokens"] is None else row["prompt_tokens"] - row["cached_tokens"]),
                     "prefill_s": round(row["prefill_s"], 4), "decode_s": round(row["decode_s"], 4)})
     return out
+
+
+def _int(x: float | None) -> int | None:
+    return None if x is None else int(x)
+
+
+def _na(x: Any) -> Any:
+    return "n/a" if x is None else x
 
 
 def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -60,7 +71,8 @@ def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if s["config"] == "off":
             row["prompt_off"] = s["prompt_tokens"]
         elif s["config"] == "on":
-            row["computed_on"] = s["computed_tokens"]
+            # not reported: nothing is known to be saved, so the bar shows every prompt token as computed
+            row["computed_on"] = s["prompt_tokens"] if s["computed_tokens"] is None else s["computed_tokens"]
     return list(rows.values())
 
 
@@ -216,8 +228,8 @@ def markdown(v: dict[str, Any]) -> str:
     lines += ["", "## Per stage (first run of each configuration)", "",
               "| stage | config | calls | prompt tokens | cached tokens | computed tokens | prefill s | decode s |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {_md(s['stage'])} | {s['config']} | {s['calls']} | {s['prompt_tokens']} | {s['cached_tokens']} | "
-              f"{s['computed_tokens']} | {s['prefill_s']:.4f} | {s['decode_s']:.4f} |" for s in v["stages"]]
+    lines += [f"| {_md(s['stage'])} | {s['config']} | {s['calls']} | {s['prompt_tokens']} | {_na(s['cached_tokens'])} | "
+              f"{_na(s['computed_tokens'])} | {s['prefill_s']:.4f} | {s['decode_s']:.4f} |" for s in v["stages"]]
 
     lines += ["", "## Prompt tokens per stage: off vs computed on", ""]
     peak = max([max(c["prompt_off"], c["computed_on"]) for c in v["chart"]] + [1])

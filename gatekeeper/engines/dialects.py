@@ -1,0 +1,164 @@
+"""How each OpenAI-compatible server is spoken to: rendering and tokenizing, the completion request,
+where token ids and top-2 logprobs come back, and the granularity of its prefix cache.
+
+- ``llamacpp`` (llama-server, ik_llama.cpp): ``/apply-template``, ``/tokenize``, ``/detokenize``;
+  token-id prompts; ``logprobs.content`` with ids; the cache switched per request (``cache_prompt``)
+  or by two deployments.
+- ``vllm``: ``/tokenize`` (text, or messages with the generation prompt) and ``/detokenize``;
+  token-id prompts; ``choices[0].token_ids`` with ``return_token_ids`` and legacy logprobs (keys
+  ``token_id:N`` with ``--return-tokens-as-token-ids``, else token text); prefix caching is a
+  deployment switch and caches whole KV blocks, whose size ``/metrics`` reports.
+- ``mlx`` (mlx_lm.server) and ``openai`` (any other, e.g. llama-cpp-python's server): no
+  tokenize endpoint, so the profile's ``tokenizer`` folder renders and tokenizes locally and
+  prompts go as text; mlx returns ``logprobs.content`` with ids, others what they return.
+
+SGLang is not here: its package needs CUDA to install and serve, so a dialect for it could not be
+tested against the real server on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+from ..errors import GatekeeperError
+
+if TYPE_CHECKING:
+    from .http import HTTPEngine
+
+NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
+_BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
+
+
+class Dialect:
+    name: ClassVar[str]
+    token_prompts: ClassVar[bool] = True  # prompts go as token ids (else as text, tokenized by the server)
+    local_tokenizer: ClassVar[bool] = False  # renders and tokenizes with the profile's ``tokenizer``
+
+    def __init__(self, engine: "HTTPEngine"):
+        self.engine = engine
+        self.tokenizer = _local_tokenizer(engine) if self.local_tokenizer else None
+
+    # --- text <-> tokens ----------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.tokenizer.render(messages)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize(text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.detokenize(tokens)
+
+    # --- a completion -------------------------------------------------------------------------
+    def request(self, prompt: list[int]) -> dict[str, Any]:
+        """The prompt and the fields that ask for top-2 logprobs and token ids."""
+        return {"prompt": prompt if self.token_prompts else self.detokenize(prompt), "logprobs": 2}
+
+    def step_token(self, step: dict[str, Any]) -> int:
+        """The generated token of one ``logprobs.content`` step."""
+        return int(step["id"])
+
+    def granularity(self, url: str) -> int:
+        """Tokens per unit the server's prefix cache reuses (1: any prefix)."""
+        return 1
+
+
+class LlamaCpp(Dialect):
+    name = "llamacpp"
+
+    def render(self, messages):
+        return self.engine.text_op("/apply-template", {"messages": [dict(m) for m in messages]}, "prompt")
+
+    def tokenize(self, text):
+        tokens = self.engine.text_op("/tokenize", {"content": text, "add_special": False, "parse_special": True}, "tokens")
+        return [int(t["id"] if isinstance(t, dict) else t) for t in tokens]
+
+    def detokenize(self, tokens):
+        return self.engine.text_op("/detokenize", {"tokens": [int(t) for t in tokens]}, "content")
+
+
+class VLLM(Dialect):
+    name = "vllm"
+
+    def render(self, messages):
+        tokens = self.engine.text_op("/tokenize", {"messages": [dict(m) for m in messages], "add_generation_prompt": True,
+                                                   **self._model()}, "tokens")
+        return self.detokenize(tokens)
+
+    def tokenize(self, text):
+        return [int(t) for t in self.engine.text_op("/tokenize", {"prompt": text, "add_special_tokens": False,
+                                                                  **self._model()}, "tokens")]
+
+    def detokenize(self, tokens):
+        return self.engine.text_op("/detokenize", {"tokens": [int(t) for t in tokens], **self._model()}, "prompt")
+
+    def _model(self) -> dict[str, str]:
+        model = self.engine.model_ids["off"]
+        return {"model": model} if model else {}
+
+    def request(self, prompt):
+        return {"prompt": prompt, "logprobs": 2, "return_token_ids": True}
+
+    def granularity(self, url):
+        try:
+            metrics = self.engine.call_text(url, "/metrics")
+        except GatekeeperError:
+            return 1
+        found = _BLOCK.search(metrics)
+        return int(found.group(1)) if found else 1
+
+
+class MLX(Dialect):
+    name = "mlx"
+    token_prompts = False
+    local_tokenizer = True
+
+    def request(self, prompt):
+        return {"prompt": self.detokenize(prompt), "logprobs": True, "top_logprobs": 2}
+
+    def step_token(self, step):
+        # mlx_lm.server labels each step with the first of its top-N, in no set order; greedy took the best
+        top = step.get("top_logprobs") or []
+        return int(max(top, key=lambda t: t["logprob"])["id"]) if top else int(step["id"])
+
+
+class OpenAI(Dialect):
+    name = "openai"
+    token_prompts = False
+    local_tokenizer = True
+
+
+DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (LlamaCpp, VLLM, MLX, OpenAI)}
+
+
+def detect(described: dict[str, Any]) -> tuple[str, str]:
+    """The dialect a server speaks, from what ``/v1/models`` and ``/props`` said, and why."""
+    props = described.get("props") or {}
+    owners = {m.get("owned_by") for m in described.get("models") or []}
+    if props:
+        return "llamacpp", "GET /props answered (llama.cpp's server)"
+    if "vllm" in owners:
+        return "vllm", "/v1/models says owned_by vllm"
+    if described.get("models") and owners == {None}:
+        return "mlx", "/v1/models lists models without owned_by (mlx_lm.server)"
+    return "openai", f"no llama.cpp /props, owned_by {sorted(map(str, owners))}"
+
+
+def _local_tokenizer(engine: "HTTPEngine"):
+    from ..models import resolve_model
+    from .hf_tokenizer import ChatTokenizer, load_tokenizer
+
+    spec = engine.profile.tokenizer
+    if not spec:
+        raise GatekeeperError(f"{engine.profile.where}: field 'tokenizer' is required for dialect {engine.dialect_name}: "
+                              "this server has no tokenize endpoint; set it to the served model's folder (its "
+                              "tokenizer and chat template), or 'default' for the prepared default model")
+    folder = resolve_model(spec, engine.workspace_root) if spec == "default" else Path(spec).expanduser()
+    if not folder.is_absolute() and engine.workspace_root is not None:
+        folder = engine.workspace_root / folder
+    try:
+        return ChatTokenizer(load_tokenizer(folder), folder)
+    except (OSError, ValueError) as e:
+        raise GatekeeperError(f"{engine.profile.where}: field 'tokenizer': cannot load a tokenizer from {folder} ({e}); "
+                              "point it at a Hugging Face-format folder with tokenizer.json") from None
