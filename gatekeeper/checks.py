@@ -1,80 +1,178 @@
 """Assertion types: each one a pure function of the model's output text.
 
-Names and meanings follow promptfoo's deterministic assertions, so existing test cases carry over.
+The types promptfoo also has (``SHARED``) mean exactly what promptfoo 0.123.1 means, down to how a
+numeric value prints, how a comma-separated list splits, JavaScript's RegExp and JSON.parse, and which
+values it refuses (refused here at load, exit 2, where promptfoo would error at run time); a ``not-``
+prefix inverts any of them. tests/test_promptfoo_oracle.py proves it against promptfoo itself.
+``one-of``, ``max-length`` and ``min-length`` are gatekeeper's own (promptfoo has no such types).
 """
 
 from __future__ import annotations
 
-import json
-import re
+import math
 from typing import Any, Callable
 
+from . import jsregex, jsyaml
+from .jsvalue import JSONError, deep_equal, is_js_space, is_json, js_string, js_trim, parse_json, truthy
 from .workspace import Assertion, Suite
 
 
-def _json_values(text: str):
-    """Every JSON object or array that parses starting at some '{' or '['."""
-    decoder = json.JSONDecoder()
-    for i, ch in enumerate(text):
-        if ch in "{[":
-            try:
-                yield decoder.raw_decode(text, i)[0]
-            except json.JSONDecodeError:
-                continue
+class Refused(ValueError):
+    """A value promptfoo cannot use (it would error) or gatekeeper will not guess at."""
 
 
-def _is_json(text: str) -> bool:
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _needle(kind: str) -> Callable[[Any], str]:
+    def prepare(v: Any) -> str:
+        if (isinstance(v, str) and v) or (_is_number(v) and not math.isnan(v)):
+            return js_string(v)
+        raise Refused(f"'value' must be a non-empty string or a number (promptfoo's {kind} refuses {js_string(v)!r})")
+    return prepare
+
+
+def _text(kind: str) -> Callable[[Any], str]:
+    def prepare(v: Any) -> str:
+        if isinstance(v, str) and v:
+            return v
+        raise Refused(f"'value' must be a non-empty string ({kind})")
+    return prepare
+
+
+def _regex(v: Any) -> jsregex.JSRegExp:
     try:
-        json.loads(text)
-        return True
-    except json.JSONDecodeError:
+        return jsregex.compile(_text("regex")(v))
+    except ValueError as e:
+        if isinstance(e, Refused):
+            raise
+        raise Refused(f"'value' is not a valid regular expression (as JavaScript's RegExp reads it: {e}); fix the pattern") from None
+
+
+def comma_list(s: str) -> list[str]:
+    """promptfoo's parseCommaSeparatedValues: fields split on commas and trimmed; a "quoted, field"
+    keeps its commas (\\" or "" for a quote inside)."""
+    out, i, n = [], 0, len(s)
+    while i < n:
+        while i < n and (is_js_space(s[i]) or s[i] == ","):
+            i += 1
+        if i >= n:
+            break
+        if s[i] != '"':
+            j = s.find(",", i)
+            j = n if j < 0 else j
+            out.append(js_trim(s[i:j]))
+            i = j
+            continue
+        field, i, closed = [], i + 1, False
+        while i < n:
+            if s[i] == "\\" and s[i + 1: i + 2] in ('"', "\\"):
+                field.append(s[i + 1])
+                i += 2
+            elif s[i: i + 2] == '""':
+                field.append('"')
+                i += 2
+            elif s[i] == '"':
+                i, closed = i + 1, True
+                break
+            else:
+                field.append(s[i])
+                i += 1
+        if not closed:
+            raise Refused(f"'value' {s!r} has an unterminated quoted field; close the quote")
+        while i < n and is_js_space(s[i]):
+            i += 1
+        if i < n and s[i] != ",":
+            raise Refused(f"'value' {s!r}: expected a comma after a quoted field")
+        out.append("".join(field))
+    return out
+
+
+def _many(v: Any) -> list[str]:
+    if not truthy(v):
+        raise Refused("'value' must be a list of strings, or a comma-separated string, and not empty")
+    if isinstance(v, str):
+        v = comma_list(v)
+    if not isinstance(v, list):
+        raise Refused(f"'value' must be a list of strings, or a comma-separated string (not {js_string(v)!r})")
+    return [js_string(x) for x in v]
+
+
+def _equals(v: Any) -> tuple[str, Any]:
+    if v is None:
+        raise Refused("needs a 'value' (promptfoo compares a missing one with the text 'undefined'; null with JSON null)")
+    if isinstance(v, (list, dict)):
+        return ("json", v)
+    if not isinstance(v, (str, int, float)):
+        raise Refused(f"'value' {v!r} is a YAML {type(v).__name__}, never equal to an output; quote it")
+    return ("text", js_string(v))
+
+
+def _equals_check(out: str, prepared: tuple[str, Any]) -> bool:
+    kind, v = prepared
+    if kind == "text":
+        return out == v
+    try:
+        return deep_equal(v, parse_json(out))
+    except JSONError:
         return False
 
 
-_STR, _LIST, _INT, _NONE = "a string", "a list of strings", "a non-negative integer", "no value"
+def _no_schema(v: Any) -> None:
+    if truthy(v):
+        raise Refused("a JSON schema 'value' is not supported (promptfoo validates it with ajv); remove it")
 
-# type -> (what `value` must be, check(output, value))
-CHECKS: dict[str, tuple[str, Callable[[str, Any], bool]]] = {
-    "equals": (_STR, lambda out, v: out == v),
-    "contains": (_STR, lambda out, v: v in out),
-    "icontains": (_STR, lambda out, v: v.lower() in out.lower()),
-    "not-contains": (_STR, lambda out, v: v not in out),
-    "not-icontains": (_STR, lambda out, v: v.lower() not in out.lower()),
-    "starts-with": (_STR, lambda out, v: out.startswith(v)),
-    "regex": (_STR, lambda out, v: re.search(v, out) is not None),
-    "not-regex": (_STR, lambda out, v: re.search(v, out) is None),
-    "one-of": (_LIST, lambda out, v: out.strip() in v),
-    "contains-any": (_LIST, lambda out, v: any(s in out for s in v)),
-    "contains-all": (_LIST, lambda out, v: all(s in out for s in v)),
-    "icontains-any": (_LIST, lambda out, v: any(s.lower() in out.lower() for s in v)),
-    "icontains-all": (_LIST, lambda out, v: all(s.lower() in out.lower() for s in v)),
-    "is-json": (_NONE, lambda out, v: _is_json(out.strip())),
-    "contains-json": (_NONE, lambda out, v: next(_json_values(out), None) is not None),
-    "max-length": (_INT, lambda out, v: len(out) <= v),
-    "min-length": (_INT, lambda out, v: len(out) >= v),
+
+def _strings(v: Any) -> list[str]:
+    if isinstance(v, list) and v and all(isinstance(s, str) for s in v):
+        return v
+    raise Refused("'value' must be a list of strings (non-empty)")
+
+
+def _length(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise Refused("'value' must be a non-negative integer")
+
+
+# base type -> (prepare(value) -> prepared, check(output, prepared) -> bool)
+SHARED: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool]]] = {
+    "equals": (_equals, _equals_check),
+    "contains": (_needle("contains"), lambda out, v: v in out),
+    "icontains": (_needle("icontains"), lambda out, v: v.lower() in out.lower()),
+    "starts-with": (_text("starts-with"), lambda out, v: out.startswith(v)),
+    "regex": (_regex, lambda out, r: r.search(out)),
+    "contains-any": (_many, lambda out, v: any(s in out for s in v)),
+    "contains-all": (_many, lambda out, v: all(s in out for s in v)),
+    "icontains-any": (_many, lambda out, v: any(s.lower() in out.lower() for s in v)),
+    "icontains-all": (_many, lambda out, v: all(s.lower() in out.lower() for s in v)),
+    "is-json": (_no_schema, lambda out, v: is_json(out)),
+    "contains-json": (_no_schema, lambda out, v: jsyaml.has_json_object(out)),
 }
+GATEKEEPER_ONLY: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool]]] = {
+    "one-of": (_strings, lambda out, v: out.strip() in v),
+    "max-length": (_length, lambda out, v: len(out) <= v),
+    "min-length": (_length, lambda out, v: len(out) >= v),
+}
+CHECKS = {**SHARED, **{f"not-{t}": SHARED[t] for t in SHARED}, **GATEKEEPER_ONLY}
+
+
+def prepare(a: Assertion) -> Any:
+    """The assertion's value made ready to check; raises Refused for a value it cannot use."""
+    return CHECKS[a.type][0](a.value)
 
 
 def check(assertion: Assertion, output: str) -> bool:
-    return CHECKS[assertion.type][1](output, assertion.value)
+    passed = CHECKS[assertion.type][1](output, prepare(assertion))
+    return passed != assertion.type.startswith("not-")
 
 
 def _value_problem(a: Assertion) -> str | None:
-    kind = CHECKS[a.type][0]
-    v = a.value
-    if kind == _STR and not isinstance(v, str):
-        return f"'value' must be {kind}"
-    if kind == _LIST and not (isinstance(v, list) and v and all(isinstance(s, str) for s in v)):
-        return f"'value' must be {kind} (non-empty)"
-    if kind == _INT and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
-        return f"'value' must be {kind}"
-    if kind == _NONE and v is not None:
-        return "takes no 'value'; remove it"
-    if a.type in ("regex", "not-regex"):
-        try:
-            re.compile(v)
-        except re.error as e:
-            return f"'value' is not a valid regular expression ({e}); fix the pattern"
+    try:
+        prepare(a)
+    except Refused as e:
+        return str(e)
     return None
 
 

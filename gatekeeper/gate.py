@@ -82,7 +82,8 @@ class Plan:
 
 
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
-         limit: int | None = None, *, force: pipeline.InForce, candidate: str | Path | None = None) -> Plan:
+         limit: int | None = None, *, force: pipeline.InForce, candidate: str | Path | None = None,
+         skip_unsupported: bool = False) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
     the evaluated flag off, the flag-on side is that with the flag's change."""
     from .engines.registry import check_profile
@@ -118,12 +119,13 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         sides = (f"without {flag}", f"with {flag}")
     for c in configs.values():
         check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
-    items = battery.load(ws, suites, limit)
+    items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     return Plan(ws, flag, policy, items, engine, battery.battery_digest(ws, items), configs,
                 kinds.KINDS[policy.gate](policy, sides), flag == "prefix_cache", cand,
                 {"engine": engine, "suites": suites, "limit": limit,
-                 "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change})
+                 "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
+                 **({"skip_unsupported": True} if skip_unsupported else {})})
 
 
 def open_engines(p: Plan) -> dict[str, Engine]:
@@ -298,7 +300,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                    "cache off (vLLM --no-enable-prefix-caching, mlx_lm.server --prompt-cache-size 0) or set 'cache_switch'"]
     else:
         verdict, reasons = p.kind.decide(evidence)
-    reasons += _blind(p, models)
+    reasons += _blind(p, models) + battery.skipped(p.items)
     if p.kind.numeric:  # advice, not a failure: a battery far from every tie is blind to numeric drift
         reasons += kinds.insensitive(census)
     model_s = runs.model_s
@@ -383,6 +385,6 @@ def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str,
     force = pipeline.in_force(ws, ledger, {evaluation["flag"]: "off"})
     candidate = (config.get("candidate") or {}).get("path")
     p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"),
-             force=force, candidate=candidate)
+             force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False))
     with build_engine(p.configs["off"].profile, workspace_root=ws.root) as model:
         return _identity(p, "off", model.identity())

@@ -361,8 +361,6 @@ def find_root(explicit: str | os.PathLike | None = None) -> Path:
 class Workspace:
     """A workspace folder; each kind of file is loaded (and validated) when first asked for."""
 
-    skip_unsupported = False  # evaluate --skip-unsupported: promptfoo assertions gatekeeper cannot evaluate are skipped
-
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = find_root(root)
 

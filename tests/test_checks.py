@@ -2,7 +2,7 @@
 
 import pytest
 
-from gatekeeper.checks import CHECKS, check
+from gatekeeper.checks import CHECKS, Refused, check, prepare
 from gatekeeper.workspace import Assertion
 
 CASES = [
@@ -20,9 +20,17 @@ CASES = [
     ("icontains-any", ["CAT"], "a cat", "a dog"),
     ("icontains-all", ["CAT", "DOG"], "Cat, dog", "cat"),
     ("is-json", None, ' {"a": 1} ', "{a: 1}"),
-    ("contains-json", None, 'result: {"a": [1]} ok', "result: {a: 1}"),
+    ("contains-json", None, 'result: {"a": [1]} ok', "result: [1, 2]"),
     ("max-length", 5, "short", "too long"),
     ("min-length", 3, "long", "no"),
+    ("not-equals", "Paris", "Lyon", "Paris"),
+    ("not-starts-with", "Yes", "No", "Yes!"),
+    ("not-is-json", None, "{a: 1}", "[1]"),
+    ("not-contains-json", None, "[1]", '{"a": 1}'),
+    ("not-contains-any", ["cat", "dog"], "a bird", "a cat"),
+    ("not-contains-all", ["cat", "dog"], "a cat", "cat dog"),
+    ("not-icontains-any", ["CAT"], "a dog", "a Cat"),
+    ("not-icontains-all", ["CAT", "DOG"], "cat", "Dog cat"),
 ]
 
 
@@ -35,3 +43,42 @@ def test_assertion_says_yes_and_no(kind, value, good, bad):
 
 def test_every_type_is_covered():
     assert {c[0] for c in CASES} == set(CHECKS)
+
+
+@pytest.mark.parametrize("kind, value, output, expected", [
+    ("contains", 4, "It is 4.", True),             # promptfoo prints numbers as JavaScript does
+    ("contains", 4.0, "It is 4.", True),
+    ("equals", 1e21, "1e+21", True),
+    ("equals", True, "true", True),
+    ("equals", {"a": [1, 2]}, '{"a":[1,2.0]}', True),  # an object value compares parsed JSON
+    ("equals", {"a": 1}, '{"a": true}', False),        # strictly: true is not 1
+    ("contains-any", "cat, dog", "a dog", True),   # comma-separated strings split
+    ("contains-all", 'a, "b, c"', "a b, c", True),
+    ("regex", r"\d$", "4\n", False),              # JavaScript's $ does not match before a final newline
+    ("regex", r"\w", "é", False),                  # \w is ASCII-only
+    ("regex", "^.$", "😀", False),                  # one emoji is two UTF-16 code units
+    ("is-json", None, "NaN", False),
+    ("is-json", None, "\u00a0{}", False),          # no stripping beyond JSON whitespace
+    ("contains-json", None, 'x {"a": "}"} y', False),  # promptfoo's brace counting ignores strings
+    ("contains-json", None, "x {a: 1} y", True),   # and it reads YAML flow mappings as JSON
+])
+def test_promptfoo_meaning(kind, value, output, expected):
+    assert check(Assertion(type=kind, value=value), output) is expected
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("contains", ""), ("contains", True), ("contains-any", ""), ("contains-any", 0), ("starts-with", 4),
+    ("regex", "(?i)a"), ("regex", "(?P<n>a)"), ("equals", None), ("contains-any", '"a, b'), ("is-json", {"type": "object"}),
+])
+def test_values_promptfoo_refuses_are_refused(kind, value):
+    with pytest.raises(Refused):
+        prepare(Assertion(type=kind, value=value))
+
+
+def test_deep_json_does_not_recurse():
+    deep = "[" * 100_000 + "]" * 100_000
+    for kind in ("is-json", "contains-json"):
+        assert check(Assertion(type=kind), deep) is (kind == "is-json")
+    nested = '{"a":' * 5000 + "1" + "}" * 5000
+    assert check(Assertion(type="contains-json"), nested)
+    assert check(Assertion(type="equals", value={"a": 1}), nested) is False

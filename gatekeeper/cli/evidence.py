@@ -22,6 +22,9 @@ def evaluate(
     operator: Operator = None,
     candidate: Annotated[Optional[Path], typer.Option(
         help="adapter flag: the candidate LoRA adapter directory to compare with the current weights.")] = None,
+    skip_unsupported: Annotated[bool, typer.Option(
+        "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
+                                   "the reasons list them (skipped:).")] = False,
     json_: Json = False,
 ) -> None:
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
@@ -34,7 +37,7 @@ def evaluate(
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
     # every input is checked before anything is written
-    plan = gate.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate)
+    plan = gate.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported)
     models = gate.open_engines(plan)
     total = len(plan.items) * (plan.policy.baseline_repeats + 1)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
@@ -132,5 +135,5 @@ def analyze(file: Annotated[Path, typer.Argument(help="A capture: JSONL, one req
     from .. import analyze as analysis
     from .. import capture
 
-    report = analysis.analyze(capture.read(file))
+    report = analysis.analyze(capture.read(file, content=False))
     emit(json_, {"file": str(file), **report}, lambda: tables.print_analysis(report))

@@ -1,0 +1,240 @@
+"""JavaScript's meaning of values, for assertion types that promptfoo (a JavaScript program) defines.
+
+promptfoo turns a numeric `value` into text with `String(v)`, parses output with `JSON.parse` and compares
+JSON with `util.isDeepStrictEqual`; Python's `str`, `json.loads` and `==` differ on each (`4.0`, `NaN`,
+`True == 1`) and recurse on deep JSON. These are iterative re-statements of the JavaScript rules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import date
+from typing import Any
+
+SAFE_INT = 2**53
+# JavaScript's \s and String.prototype.trim: WhiteSpace and LineTerminator (not Python's isspace)
+JS_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+
+
+def is_js_space(ch: str) -> bool:
+    return ch in JS_SPACE
+
+
+def js_trim(s: str) -> str:
+    return s.strip(JS_SPACE)
+
+
+def number_string(x: float) -> str:
+    """ECMAScript Number::toString: shortest round-trip digits, exponent outside 1e-7 .. 1e21."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0:
+        return "0"
+    sign = "-" if x < 0 else ""
+    mantissa, _, exp = repr(abs(x)).partition("e")  # Python's repr is the shortest round-trip too
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    n = len(whole) + int(exp or 0) - (len(whole + frac) - len(digits))  # ECMAScript's n: x = 0.digits * 10**n
+    digits = digits.rstrip("0")
+    k = len(digits)
+    if k <= n <= 21:
+        out = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        out = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        out = "0." + "0" * -n + digits
+    else:
+        e = n - 1
+        out = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return sign + out
+
+
+def js_string(v: Any) -> str:
+    """``String(v)`` for a value read from YAML or JSON."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v) if abs(v) < SAFE_INT else number_string(float(v))
+    if isinstance(v, float):
+        return number_string(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        return ",".join("" if x is None else js_string(x) for x in v)
+    if isinstance(v, dict):
+        return "[object Object]"
+    return str(v)
+
+
+def truthy(v: Any) -> bool:
+    """JavaScript truthiness: "", 0, NaN, null and false are falsy; [] and {} are not."""
+    if isinstance(v, float) and math.isnan(v):
+        return False
+    if isinstance(v, (list, dict)):
+        return True
+    return bool(v) or isinstance(v, (date, bytes))
+
+
+# --- JSON.parse -------------------------------------------------------------------------------
+
+_WS = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_STRING_CHUNK = re.compile(r'[^"\\\x00-\x1f]*')
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_LITERALS = {"true": True, "false": False, "null": None}
+
+
+class JSONError(ValueError):
+    pass
+
+
+def _string(s: str, i: int) -> tuple[str, int]:
+    """A JSON string starting after its opening quote at ``i``; returns (text, index after the quote)."""
+    parts = []
+    while True:
+        m = _STRING_CHUNK.match(s, i)
+        parts.append(m.group())
+        i = m.end()
+        if i >= len(s):
+            raise JSONError("unterminated string")
+        ch = s[i]
+        if ch == '"':
+            return "".join(parts), i + 1
+        if ch != "\\":
+            raise JSONError(f"control character in string at {i}")
+        esc = s[i + 1: i + 2]
+        if esc in _ESCAPES:
+            parts.append(_ESCAPES[esc])
+            i += 2
+        elif esc == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", s[i + 2: i + 6]):
+            parts.append(chr(int(s[i + 2: i + 6], 16)))  # lone surrogates stay, as in JavaScript
+            i += 6
+        else:
+            raise JSONError(f"bad escape at {i}")
+
+
+def parse_json(s: str) -> Any:
+    """``JSON.parse(s)`` without recursion: numbers are doubles, only JSON whitespace, NaN is no JSON."""
+    root: list = []
+    stack: list[tuple[Any, str | None]] = [(root, None)]  # (container, pending key)
+    i = _WS.match(s, 0).end()
+    expect_value = True
+    while True:
+        container, _ = stack[-1]
+        if expect_value:
+            if i >= len(s):
+                raise JSONError("unexpected end")
+            ch = s[i]
+            if ch in "[{":
+                stack.append(([] if ch == "[" else {}, None))
+                i = _WS.match(s, i + 1).end()
+                close = "]" if ch == "[" else "}"
+                if s[i: i + 1] == close:
+                    value, _ = stack.pop()
+                    i += 1
+                else:
+                    if ch == "{":
+                        i = _key(s, i, stack)
+                    continue
+            elif ch == '"':
+                value, i = _string(s, i + 1)
+            elif ch in "-0123456789":
+                m = _NUMBER.match(s, i)
+                if not m:
+                    raise JSONError(f"bad number at {i}")
+                value, i = float(m.group()), m.end()
+            else:
+                word = next((w for w in _LITERALS if s.startswith(w, i)), None)
+                if word is None:
+                    raise JSONError(f"unexpected {ch!r} at {i}")
+                value, i = _LITERALS[word], i + len(word)
+            _put(stack, value)
+        # after a value: a separator, a closer, or the end
+        i = _WS.match(s, i).end()
+        container, _ = stack[-1]
+        if container is root:
+            if i != len(s):
+                raise JSONError(f"unexpected text after JSON at {i}")
+            return root[0]
+        ch = s[i: i + 1]
+        close = "]" if isinstance(container, list) else "}"
+        if ch == ",":
+            i = _WS.match(s, i + 1).end()
+            if isinstance(container, dict):
+                i = _key(s, i, stack)
+            expect_value = True
+        elif ch == close:
+            value, _ = stack.pop()
+            i += 1
+            _put(stack, value)
+            expect_value = False
+        else:
+            raise JSONError(f"expected ',' or {close!r} at {i}")
+
+
+def _key(s: str, i: int, stack: list) -> int:
+    if s[i: i + 1] != '"':
+        raise JSONError(f"expected a key at {i}")
+    key, i = _string(s, i + 1)
+    i = _WS.match(s, i).end()
+    if s[i: i + 1] != ":":
+        raise JSONError(f"expected ':' at {i}")
+    stack[-1] = (stack[-1][0], key)
+    return _WS.match(s, i + 1).end()
+
+
+def _put(stack: list, value: Any) -> None:
+    container, key = stack[-1]
+    if isinstance(container, dict):
+        container[key] = value
+    else:
+        container.append(value)
+
+
+def is_json(s: str) -> bool:
+    try:
+        parse_json(s)
+        return True
+    except JSONError:
+        return False
+
+
+# --- util.isDeepStrictEqual ---------------------------------------------------------------------
+
+
+def _same_primitive(a: Any, b: Any) -> bool:
+    num_a = isinstance(a, (int, float)) and not isinstance(a, bool)
+    num_b = isinstance(b, (int, float)) and not isinstance(b, bool)
+    if num_a or num_b:
+        if not (num_a and num_b):
+            return False
+        fa, fb = float(a), float(b)
+        if math.isnan(fa) or math.isnan(fb):
+            return math.isnan(fa) and math.isnan(fb)
+        return fa == fb and math.copysign(1, fa) == math.copysign(1, fb)  # Object.is: -0 is not 0
+    return type(a) is type(b) and a == b
+
+
+def deep_equal(a: Any, b: Any) -> bool:
+    """``util.isDeepStrictEqual`` on YAML/JSON values, iteratively (deep nesting cannot overflow)."""
+    todo = [(a, b)]
+    while todo:
+        x, y = todo.pop()
+        if isinstance(x, list) or isinstance(y, list):
+            if not (isinstance(x, list) and isinstance(y, list)) or len(x) != len(y):
+                return False
+            todo.extend(zip(x, y))
+        elif isinstance(x, dict) or isinstance(y, dict):
+            if not (isinstance(x, dict) and isinstance(y, dict)) or x.keys() != y.keys():
+                return False
+            todo.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, (date, bytes)) or isinstance(y, (date, bytes)):
+            return False  # a YAML date or !!binary is never equal to parsed JSON
+        elif not _same_primitive(x, y):
+            return False
+    return True
