@@ -7,6 +7,11 @@ static-first partition (every static segment moved ahead). Across consecutive re
 whole trace and within each stream: how long a prefix each request shares with the one before it,
 the bound on what a cache holding only the last request could serve.
 
+Where the lines carry the server's telemetry (``gatekeeper proxy``), the prefill tax per stage too:
+calls, prompt and cached tokens, prefill and decode seconds and the prefill share of model time,
+each summed over the calls that report it (None when none does). Metadata-only lines (no text)
+compare their prefix digests instead, so their shared prefixes are exact to ``capture.BLOCK`` bytes.
+
 Percentiles are nearest-rank: of n sorted values, the p-th percentile is the value at rank
 ceil(p/100 * n) (1-based), so every reported figure is a value that occurred; the median is p50.
 """
@@ -17,7 +22,7 @@ import math
 from collections import defaultdict
 from typing import Any, Sequence
 
-from .capture import Request
+from .capture import BLOCK, TELEMETRY, Request
 from .partition import common_prefix
 
 SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
@@ -59,12 +64,43 @@ def _cacheable(r: Request) -> tuple[int, int]:
     return leading, sum(s.end - s.start for s in r.segments or [] if s.static)
 
 
+def _nbytes(r: Request) -> int:
+    return len(r.text.encode()) if r.text is not None else r.size or 0
+
+
+def _bytes_view(requests: Sequence[Request]) -> tuple[list[Sequence], int] | None:
+    """Each request as a sequence whose common prefixes count bytes: the text's bytes (unit 1), or
+    a metadata-only line's prefix digests (unit ``BLOCK``); None when the lines have neither throughout."""
+    if all(r.text is not None for r in requests):
+        return [r.text.encode() for r in requests], 1  # type: ignore[union-attr]
+    if all(r.blocks is not None for r in requests):
+        return [r.blocks for r in requests], BLOCK  # type: ignore[misc]
+    return None
+
+
+def telemetry(requests: Sequence[Request]) -> dict[str, Any] | None:
+    """The prefill tax the server reported for these calls; None when no line carries telemetry."""
+    reported = [r.telemetry for r in requests if any(v is not None for v in r.telemetry.to_dict().values())]
+    if not reported:
+        return None
+    sums = {}
+    for key in TELEMETRY:
+        values = [getattr(t, key) for t in reported if getattr(t, key) is not None]
+        sums[key] = (round(sum(values), 6) if key.endswith("_s") else sum(values)) if values else None
+    both = [t for t in reported if t.prefill_s is not None and t.decode_s is not None]
+    prefill = sum(t.prefill_s for t in both)  # type: ignore[misc]
+    return {"calls": len(requests), "calls_reported": len(reported), **sums,
+            "prefill_share": _share(prefill, prefill + sum(t.decode_s for t in both)) if both else None}  # type: ignore[misc]
+
+
 def stage(requests: Sequence[Request]) -> dict[str, Any]:
     out: dict[str, Any] = {"calls": len(requests)}
-    if all(r.text is not None for r in requests):
-        texts = [r.text.encode() for r in requests]  # type: ignore[union-attr]
-        mean = sum(map(len, texts)) / len(texts)
-        stable = common_prefix_all(texts)
+    view = _bytes_view(requests)
+    if view is not None:
+        seqs, unit = view
+        sizes = [_nbytes(r) for r in requests]
+        mean = sum(sizes) / len(sizes)
+        stable = min(common_prefix_all(seqs) * unit, min(sizes))
         out.update(mean_prompt_bytes=round(mean, 2), stable_prefix_bytes=stable, byte_stable_share=_share(stable, mean))
     else:
         out.update(mean_prompt_bytes=None, stable_prefix_bytes=None, byte_stable_share=None)
@@ -78,22 +114,30 @@ def stage(requests: Sequence[Request]) -> dict[str, Any]:
         out["cacheable_share"] = {"as_written": _share(written, total), "partitioned": _share(partitioned, total)}
     else:
         out["cacheable_share"] = None
+    out["telemetry"] = telemetry(requests)
     return out
 
 
 def _unit(requests: Sequence[Request]) -> str | None:
     if all(r.tokens is not None for r in requests):
         return "tokens"
-    if all(r.text is not None for r in requests):
+    if _bytes_view(requests) is not None:
         return "bytes"
     return None  # a mix of token-only and text-only lines has no common unit
 
 
+def _prefix(a: Request, b: Request, unit: str) -> int:
+    if unit == "tokens":
+        return common_prefix(a.tokens, b.tokens)  # type: ignore[arg-type]
+    if a.text is not None and b.text is not None:
+        return common_prefix(a.text.encode(), b.text.encode())
+    return min(common_prefix(a.blocks, b.blocks) * BLOCK, _nbytes(a), _nbytes(b))  # type: ignore[arg-type]
+
+
 def consecutive(groups: Sequence[Sequence[Request]], unit: str) -> dict[str, Any]:
     """Each request's common prefix with the one before it in its group; the first of a group reuses nothing."""
-    seq = (lambda r: r.tokens) if unit == "tokens" else (lambda r: r.text.encode())
-    lcps = [common_prefix(seq(a), seq(b)) for g in groups for a, b in zip(g, g[1:])]
-    total = sum(len(seq(r)) for g in groups for r in g)
+    lcps = [_prefix(a, b, unit) for g in groups for a, b in zip(g, g[1:])]
+    total = sum(len(r.tokens) if unit == "tokens" else _nbytes(r) for g in groups for r in g)  # type: ignore[arg-type]
     return {
         "pairs": len(lcps),
         "common_prefix": distribution(lcps),
@@ -118,6 +162,7 @@ def analyze(requests: Sequence[Request]) -> dict[str, Any]:
         "requests": len(ordered),
         "streams": len(by_stream),
         "stages": {name: stage(rs) for name, rs in by_stage.items()},
+        "telemetry": telemetry(ordered),
         "unit": unit,
         "consecutive": None if unit is None else {
             "global": consecutive([ordered], unit),

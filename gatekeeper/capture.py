@@ -5,10 +5,17 @@ A line holds ``stage``, ``stream`` (conversation id; the turns of one conversati
 ``segments``: ``[{static, start, end}]``, offsets into ``tokens`` when the line has them, else
 byte offsets into the UTF-8 ``text``. Other keys are kept for later readers and ignored here.
 Nothing is sent anywhere: the file stays where the caller put it.
+
+A line may carry the call's telemetry as the server reported it (``prompt_tokens``,
+``cached_tokens``, ``prefill_s``, ``decode_s``); a figure the server did not report is left out,
+never written as 0. A metadata-only line (``gatekeeper proxy --no-text``) has no ``tokens`` or
+``text`` but ``bytes`` (the rendered prompt's UTF-8 length), ``digest`` and ``blocks``: salted
+SHA-256 digests of every ``BLOCK``-byte prefix, enough to find shared prefixes without the text.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -18,6 +25,10 @@ from typing import Any, Sequence
 
 from .errors import GatekeeperError
 from .partition import Piece, Rendered
+from .telemetry import Telemetry
+
+BLOCK = 64  # bytes per prefix digest on metadata-only lines
+TELEMETRY = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
 
 
 @dataclass(frozen=True)
@@ -41,11 +52,16 @@ class Request:
     text: str | None
     segments: list[Segment] | None
     line: int
+    telemetry: Telemetry = Telemetry()
+    size: int | None = None  # UTF-8 bytes of a metadata-only line's prompt
+    blocks: list[str] | None = None  # a metadata-only line's prefix digests
 
     @property
     def length(self) -> int:
         """The request's size in the unit its segments use: tokens if present, else text bytes."""
-        return len(self.tokens) if self.tokens is not None else len(self.text.encode())  # type: ignore[union-attr]
+        if self.tokens is not None:
+            return len(self.tokens)
+        return len(self.text.encode()) if self.text is not None else self.size or 0
 
 
 # --- writing -----------------------------------------------------------------------------------
@@ -73,20 +89,35 @@ class CaptureWriter:
         self._file = self.path.open("w", encoding="utf-8")
         self._t0 = time.perf_counter()
 
+    def now(self) -> float:
+        """Seconds since this capture started: a request's ``t``."""
+        return round(time.perf_counter() - self._t0, 6)
+
     def write(self, stage: str, stream: str, rendered: Rendered, segments: Sequence[Segment]) -> None:
-        record = {
-            "stage": stage,
-            "stream": stream,
-            "t": round(time.perf_counter() - self._t0, 6),
-            "tokens": list(rendered.tokens),
-            "text": rendered.text,
-            "segments": [s.to_dict() for s in segments],
-        }
+        self.write_record({"stage": stage, "stream": stream, "t": self.now(), "tokens": list(rendered.tokens),
+                           "text": rendered.text, "segments": [s.to_dict() for s in segments]})
+
+    def write_record(self, record: dict[str, Any], telemetry: Telemetry | None = None) -> None:
+        """One line as given, plus the telemetry figures the server reported (absent ones left out)."""
+        if telemetry is not None:
+            record.update({k: round(v, 6) if isinstance(v, float) else v
+                           for k, v in telemetry.to_dict().items() if v is not None})
         self._file.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
+
+
+def metadata(text: str, salt: bytes) -> dict[str, Any]:
+    """What a metadata-only line keeps of a prompt: its length and salted digests of its prefixes."""
+    data = text.encode()
+    h, blocks = hashlib.sha256(salt), []
+    for start in range(0, len(data) - len(data) % BLOCK, BLOCK):
+        h.update(data[start:start + BLOCK])
+        blocks.append(h.copy().hexdigest()[:16])
+    h.update(data[len(data) - len(data) % BLOCK:])
+    return {"bytes": len(data), "digest": h.hexdigest(), "blocks": blocks}
 
 
 def _token_offset(engine, text: str, tokens: Sequence[int], chars: int) -> int:
@@ -158,7 +189,29 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _parse(path: Path, n: int, raw: str) -> Request:
+def _telemetry(path: Path, n: int, d: dict[str, Any]) -> Telemetry:
+    """The line's telemetry; a figure left out or null is not reported, anything else must be a number >= 0."""
+    values = {}
+    for key in TELEMETRY:
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise _bad(path, n, key, "is not a number >= 0 (leave it out when the server did not report it)")
+        if v is not None and key.endswith("_tokens") and not _int(v):
+            raise _bad(path, n, key, "is not a whole number of tokens")
+        values[key] = v
+    return Telemetry(**values)
+
+
+def _metadata(path: Path, n: int, d: dict[str, Any]) -> tuple[int, list[str]]:
+    size, blocks = d.get("bytes"), d.get("blocks")
+    if not _int(size) or size < 0:
+        raise _bad(path, n, "bytes", "is missing or not a byte count (a line without tokens or text needs it)")
+    if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks) or len(blocks) > size // BLOCK:
+        raise _bad(path, n, "blocks", f"is missing or not the prefix digests of every {BLOCK} bytes")
+    return size, blocks
+
+
+def _parse(path: Path, n: int, raw: str, content: bool = True) -> Request:
     try:
         d = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -177,8 +230,12 @@ def _parse(path: Path, n: int, raw: str) -> Request:
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
         raise _bad(path, n, "t", "is missing or not a finite number of seconds")
     tokens, text = d.get("tokens"), d.get("text")
+    size = blocks = None
     if tokens is None and text is None:
-        raise _bad(path, n, "tokens", "and 'text' are both missing; give at least one")
+        if content or "bytes" not in d:
+            raise _bad(path, n, "tokens", "and 'text' are both missing; give at least one"
+                       + (" (a metadata-only line from 'proxy --no-text' holds no prompt)" if "bytes" in d else ""))
+        size, blocks = _metadata(path, n, d)
     if tokens is not None and (not isinstance(tokens, list) or not all(_int(x) for x in tokens)):
         raise _bad(path, n, "tokens", "is not a list of integer token ids")
     if text is not None and not isinstance(text, str):
@@ -186,7 +243,7 @@ def _parse(path: Path, n: int, raw: str) -> Request:
     for key in ("stage", "stream", "text"):
         if isinstance(d.get(key), str) and not _utf8(d[key]):
             raise _bad(path, n, key, "holds an unpaired surrogate escape (such as \\ud800), which is not text")
-    request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n)
+    request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n, _telemetry(path, n, d), size, blocks)
     raw_segments = d.get("segments")
     if raw_segments is None:
         return request
@@ -206,11 +263,12 @@ def _parse(path: Path, n: int, raw: str) -> Request:
             raise _bad(path, n, where, f"runs from {s['start']} to {s['end']}, outside the request's {request.length} "
                        f"{'tokens' if tokens is not None else 'text bytes'}")
         segs.append(Segment(s["static"], s["start"], s["end"]))
-    return Request(request.stage, request.stream, request.t, tokens, text, segs, n)
+    return Request(request.stage, request.stream, request.t, tokens, text, segs, n, request.telemetry, size, blocks)
 
 
-def read(path: str | Path) -> list[Request]:
-    """Every request in a capture file, in file order; a bad line is an error naming file, line and field."""
+def read(path: str | Path, *, content: bool = True) -> list[Request]:
+    """Every request in a capture file, in file order; a bad line is an error naming file, line and field.
+    ``content=False`` also takes metadata-only lines (no tokens or text), which only ``analyze`` can use."""
     p = Path(path)
     if not p.is_file():
         raise GatekeeperError(f"capture file {p} does not exist; write one with 'gatekeeper measure --capture FILE'")
@@ -227,7 +285,7 @@ def read(path: str | Path) -> list[Request]:
                 raise GatekeeperError(f"{p}:{n}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {e.start + 1}); "
                                       "a capture is JSONL, UTF-8 text") from None
             if raw.strip():
-                requests.append(_parse(p, n, raw))
+                requests.append(_parse(p, n, raw, content))
     if not requests:
         raise GatekeeperError(f"{p}: no requests in the file; a capture has one JSON object a line")
     return requests

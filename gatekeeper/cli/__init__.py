@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import evidence, flags, hybrid, ledger, setup
+from . import evidence, flags, hybrid, ledger, live, setup
 from .common import Settings
 
 app = typer.Typer(help="Decide, with evidence, whether an LLM inference optimization may be switched on.",
@@ -42,5 +42,7 @@ app.command()(evidence.calibrate)
 app.command()(evidence.measure)
 app.command()(evidence.analyze)
 app.command()(hybrid.replay)
+app.command()(live.proxy)
+app.command()(live.forensics)
 
 __all__ = ["app"]

@@ -1,0 +1,81 @@
+"""Live-deployment commands: meter traffic through a capturing proxy, and read a server's own log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..errors import GatekeeperError
+from .common import Json, emit, reporting
+
+
+@reporting
+def proxy(
+    upstream: Annotated[str, typer.Option(help="The OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8080.")],
+    capture: Annotated[Path, typer.Option(help="Local JSONL file: one line per completion call, with its telemetry.")],
+    listen: Annotated[str, typer.Option(help="HOST:PORT to listen on; point the pipeline's client here.")] = "127.0.0.1:8081",
+    no_text: Annotated[bool, typer.Option("--no-text", help="Capture lengths, digests and telemetry only, no prompt text or ids.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds the upstream may stay silent before a call gets 504.")] = 600.0,
+) -> None:
+    """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its telemetry."""
+    from ..proxy import serve
+
+    if timeout <= 0:
+        raise GatekeeperError("--timeout must be above 0 seconds")
+
+    def ready(url: str, up: str) -> None:
+        typer.echo(f"gatekeeper proxy: listening on {url}, forwarding to {up}, capturing to {capture} "
+                   "(local file; Ctrl-C stops)", err=True)
+
+    serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready)
+
+
+@reporting
+def forensics(
+    logs: Annotated[list[Path], typer.Argument(help="The server's log file(s), oldest first.")],
+    json_: Json = False,
+) -> None:
+    """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log."""
+    from .. import forensics as reading
+
+    report = reading.read(logs)
+    emit(json_, report, lambda: print_forensics(report))
+
+
+def _n(v: Any, fmt: str = "{:,}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def print_forensics(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    views = {**{f"slot {k}": v for k, v in r["slots"].items()}, "total": r}
+    table = Table("", *views, title=f"{r['requests']} requests in {len(r['files'])} log file(s), {r['lines']:,} lines")
+    rows = [("prompt tokens", lambda v: _n(v["prompt_tokens"])), ("re-used", lambda v: _n(v["reused"])),
+            ("re-processed", lambda v: _n(v["processed"])), ("reusable, re-processed", lambda v: _n(v["lost"])),
+            ("reusable share", lambda v: _n(v["reusable_share"], "{:.1%}")),
+            ("re-used share", lambda v: _n(v["reused_share"], "{:.1%}")),
+            ("forced full re-processing", lambda v: str(v["full_reprocessing"]["forced"])),
+            ("silent full re-processing", lambda v: str(v["full_reprocessing"]["silent"])),
+            ("checkpoints created", lambda v: str(v["checkpoints"]["created"])),
+            ("checkpoints restored", lambda v: str(v["checkpoints"]["restored"])),
+            ("checkpoints erased", lambda v: ", ".join(f"{k} {n}" for k, n in v["checkpoints"]["erased_by_reason"].items()) or "0"),
+            ("all checkpoints wiped", lambda v: str(v["checkpoints"]["wipes"])),
+            ("prompt cache loads", lambda v: str(v["prompt_cache"]["loaded"])),
+            ("prefill s / decode s", lambda v: f"{_n(v['prefill_s'], '{:.3f}')} / {_n(v['decode_s'], '{:.3f}')}")]
+    for label, cell in rows:
+        table.add_row(label, *(cell(v) for v in views.values()))
+    dist = r["common_prefix"]
+    if dist:
+        table.add_row("common prefix min/median/max", *(
+            "-" if not v["common_prefix"] else f"{v['common_prefix']['min']:,} / {v['common_prefix']['median']:,} / "
+            f"{v['common_prefix']['max']:,}" for v in views.values()))
+    console.print(table)
+    for p in r["problems"]:
+        console.print(f"[yellow]partial:[/yellow] {p}" if not r["complete"] else p, highlight=False)
+    for u in r["unparsed"]["examples"][:5]:
+        console.print(f"  {u['file']}:{u['line']}: {u['text'][:160]}", highlight=False, markup=False)
