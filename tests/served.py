@@ -1,11 +1,14 @@
-"""Servers on loopback for the http adapter's tests: real llama-servers on the default model's GGUF,
-and a tiny stdlib server in front of one that answers completions late or with garbage."""
+"""Servers on loopback for the http adapter's tests: real llama-server, vLLM, mlx_lm.server and
+llama-cpp-python servers, and a tiny stdlib server in front of one that answers completions late or
+with garbage."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -25,10 +28,52 @@ def evaluate(run_cli, ws, engine, *extra, operator="ci"):
         raise AssertionError(f"exit {code}, stdout not JSON: {out[:2000]!r}; stderr: {err[-2000:]!r}") from None
 
 
+def served_ws(workspace, **profiles: str):
+    """The workspace with the tiny suite as its battery and these engine profiles (name -> YAML)."""
+    from conftest import SUITE
+
+    (workspace / "assertions" / "assistant.yaml").unlink()
+    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    for name, body in profiles.items():
+        (workspace / "engines" / f"{name}.yaml").write_text(body)
+    return workspace
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def serving(cmd: list[str], url: str, *, log: Path, ready: str = "/health", within: float = 120, env=None):
+    """A real server process started from ``cmd``, yielded once GET ``url + ready`` answers 200;
+    stopped (SIGTERM, then SIGKILL) when the caller is done. Its output goes to ``log``."""
+    name = Path(cmd[0]).name if "-m" not in cmd[:2] else cmd[2]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + within
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}); see {log}: {log.read_text(errors='replace')[-1500:]}")
+            try:
+                with urllib.request.urlopen(url + ready, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not come up in {within:g} s; see {log}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -37,35 +82,49 @@ def llama_server(gguf: Path, *extra: str, log: Path):
     from gatekeeper.llama_build import build_server
 
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     # One slot and a fixed context: requests run one at a time in the order they come. One thread:
     # on a small shared machine, threads that wait on each other at every op are far slower.
     cmd = [str(build_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-np", "1", "-c", "4096", "-t", "1", *extra]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({proc.returncode}); see {log}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not come up in 120 s; see {log}")
-            time.sleep(0.2)
+    with serving(cmd, f"http://127.0.0.1:{port}", log=log) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+
+@contextmanager
+def vllm_server(model: Path, *extra: str, log: Path):
+    """A real vLLM-for-CPU server (set up once by gatekeeper.vllm_setup) on a free loopback port:
+    float32, blocks of 32 tokens, cached-token and timing figures on, 1 GiB of KV cache."""
+    from gatekeeper.vllm_setup import install
+
+    port = free_port()
+    cmd = [str(install()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--served-model-name", "served", "--max-model-len", "2048", "--block-size", "32",
+           "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--return-tokens-as-token-ids", *extra]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    with serving(cmd, f"http://127.0.0.1:{port}", log=log, within=900, env=env) as url:
+        yield url
+
+
+@contextmanager
+def mlx_server(model: Path, *extra: str, log: Path):
+    """A real mlx_lm.server (the project's venv; CPU backend on Linux) on a free loopback port."""
+    port = free_port()
+    hub = log.parent / "hf-hub"  # an existing folder, or its /v1/models answers an empty body
+    hub.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port), *extra]
+    with serving(cmd, f"http://127.0.0.1:{port}", log=log, ready="/v1/models",
+                 env={**os.environ, "HF_HUB_CACHE": str(hub)}) as url:
+        yield url
+
+
+@contextmanager
+def llama_cpp_python_server(gguf: Path, *extra: str, log: Path):
+    """llama-cpp-python's own OpenAI-compatible server (``llama-cpp-python[server]``) on a free port."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+           "--n_ctx", "4096", "--n_threads", "1", *extra]
+    with serving(cmd, f"http://127.0.0.1:{port}", log=log, ready="/v1/models") as url:
+        yield url
 
 
 @contextmanager

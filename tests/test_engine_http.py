@@ -7,8 +7,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import SUITE, ledger
-from served import evaluate, faulty_front, free_port, llama_server
+from conftest import ledger
+from served import evaluate, faulty_front, free_port, llama_server, served_ws
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models import find_gguf
@@ -33,14 +33,6 @@ def other_server(tmp_path_factory):
     # Same weights, a different RoPE scale: a deployment that answers differently.
     with llama_server(find_gguf(), *EXACT, "--rope-freq-scale", "0.5", log=tmp_path_factory.mktemp("logs") / "other.log") as url:
         yield url
-
-
-def served_ws(workspace, **profiles: str):
-    (workspace / "assertions" / "assistant.yaml").unlink()
-    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
-    for name, body in profiles.items():
-        (workspace / "engines" / f"{name}.yaml").write_text(body)
-    return workspace
 
 
 def http_profile(url: str, *extra: str) -> str:

@@ -1,0 +1,216 @@
+"""The http adapter against the servers people run, each in its own dialect, through the real CLI:
+vLLM for CPUs (set up once by gatekeeper.vllm_setup), mlx_lm.server on a tiny model, and
+llama-cpp-python's own server. For vLLM and mlx: PASS on a healthy pair of deployments (cache off,
+cache on), FAIL against a deployment that really computes differently, a flag-off deployment that
+serves from its cache is no baseline, and bad answers abort the evaluation with the ledger intact.
+llama-cpp-python's server reports no cached tokens: never a PASS on a "0" it did not measure.
+(llama.cpp's llama-server has its own module, test_engine_http.py.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import ledger
+from served import evaluate, faulty_front, llama_cpp_python_server, mlx_server, served_ws, vllm_server
+
+from gatekeeper.models import default_model_dir, find_gguf
+
+pytestmark = pytest.mark.slow
+
+
+def profile(off: str, on: str, *extra: str) -> str:
+    extra = extra if any(e.startswith("timeout:") for e in extra) else (*extra, "timeout: 600")
+    return "\n".join(["adapter: http", f"url: {off}", f"url_on: {on}", *extra]) + "\n"
+
+
+def started(*servers):
+    """Start servers side by side (vLLM takes minutes to come up); yields their URLs, stops them all."""
+    stack = ExitStack()
+    with ThreadPoolExecutor(len(servers)) as pool:
+        futures = [pool.submit(lambda cm: (cm, cm.__enter__()), cm) for cm in servers]
+    try:
+        urls = []
+        for f in futures:
+            cm, url = f.result()  # a server that did not start fails the fixture, naming its log
+            stack.push(cm.__exit__)
+            urls.append(url)
+    except BaseException:
+        for f in futures:
+            if f.exception() is None:
+                f.result()[0].__exit__(None, None, None)
+        raise
+    return stack, urls
+
+
+# --- vLLM ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    """Three deployments of the default model: prefix caching off, on, and on in bfloat16 (another dtype)."""
+    logs = tmp_path_factory.mktemp("vllm")
+    model = default_model_dir()
+    stack, (off, on, bf16) = started(
+        vllm_server(model, "--dtype", "float32", "--no-enable-prefix-caching", log=logs / "off.log"),
+        vllm_server(model, "--dtype", "float32", "--enable-prefix-caching", log=logs / "on.log"),
+        vllm_server(model, "--dtype", "bfloat16", "--enable-prefix-caching", log=logs / "bf16.log"),
+    )
+    with stack:
+        yield {"off": off, "on": on, "bf16": bf16}
+
+
+def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, workspace, run_cli):
+    ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
+    code, out = evaluate(run_cli, ws, "vllm")
+    assert code == 0, out
+    assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
+    bound = out["tokens"]["stable_prefix_bound"]
+    assert bound > 0 and bound % 32 == 0  # whole 32-token blocks: what vLLM can serve
+    assert out["exercised_share"] >= 0.95, out["tokens"]
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    engine = ev["identity"]["on"]["engine"]
+    assert engine["dialect"]["name"] == "vllm" and "owned_by vllm" in engine["dialect"]["detected"]
+    assert engine["cache_granularity"] == 32
+    turns = {cfg: [t for r in ev["case_results"] if r["config"] == cfg for t in r["result"]["turns"]] for cfg in ("off", "on")}
+    assert all(t["cached_tokens"] == 0 for t in turns["off"])
+    assert all(t["cached_tokens"] % 32 == 0 for t in turns["on"]) and any(t["cached_tokens"] for t in turns["on"])
+    # vLLM's own per-request figures, and top-2 logprobs keyed by token id
+    assert all(t["prefill_s"] > 0 and t["decode_s"] > 0 for t in turns["on"])
+    assert all(t["top2"] and t["top2"][0][0][0] == t["tokens"][0] for t in turns["on"])
+    assert ledger(ws).verify().ok
+
+
+def test_vllm_fail_against_another_dtype(vllm, workspace, run_cli):
+    ws = served_ws(workspace, planted=profile(vllm["off"], vllm["bf16"]))
+    code, out = evaluate(run_cli, ws, "planted")
+    assert code == 1, out
+    assert out["verdict"] == "FAIL" and out["differing_cases"]
+    assert all(r.startswith("differs:") for r in out["reasons"] if not r.startswith("insensitive:"))
+
+
+def test_vllm_a_cached_baseline_is_no_baseline(vllm, workspace, run_cli):
+    ws = served_ws(workspace, swapped=profile(vllm["on"], vllm["off"]))
+    code, out = evaluate(run_cli, ws, "swapped")
+    assert code == 1, out
+    assert out["verdict"] == "INCONCLUSIVE" and out["reasons"][0].startswith("baseline_cached:")
+    assert "--no-enable-prefix-caching" in out["reasons"][0]
+
+
+@pytest.mark.parametrize("mode, timeout, message", [
+    ("garbage", 60, "not JSON"),
+    ("wrong", 60, "not an OpenAI-compatible completion"),
+    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
+])
+def test_vllm_bad_answers_abort_the_evaluation_and_keep_the_ledger(vllm, workspace, run_cli, mode, timeout, message):
+    # in front of the flag-off deployment, whose requests come first (a 1 s timeout also bounds the real server)
+    with faulty_front(vllm["off"], mode, delay=3) as front:
+        ws = served_ws(workspace, bad=profile(front, vllm["on"], f"timeout: {timeout}"))
+        code, out = evaluate(run_cli, ws, "bad")
+    assert code == 2, out
+    assert f"{front}/v1/completions" in out["error"] and message in out["error"] and "engines/bad.yaml" in out["error"]
+    lg = ledger(ws)
+    (ev,) = lg.evaluations()
+    assert ev["status"] == "aborted" and ev["verdict"] is None
+    assert lg.verify().ok
+
+
+# --- mlx_lm.server ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlx(tmp_path_factory, tiny_llama):
+    """The tiny model served with its prompt cache off and on, and a copy with another RoPE base."""
+    logs = tmp_path_factory.mktemp("mlx")
+    other = logs / "other-rope"
+    shutil.copytree(tiny_llama, other)
+    config = json.loads((other / "config.json").read_text())
+    config["rope_theta"] = config.get("rope_theta", 10000.0) * 8
+    (other / "config.json").write_text(json.dumps(config))
+    stack, (off, on, rope) = started(
+        mlx_server(tiny_llama, "--prompt-cache-size", "0", log=logs / "off.log"),
+        mlx_server(tiny_llama, log=logs / "on.log"),
+        mlx_server(other, log=logs / "rope.log"),
+    )
+    with stack:
+        yield {"off": off, "on": on, "rope": rope, "model": tiny_llama}
+
+
+def test_mlx_pass_on_a_healthy_pair_with_a_local_tokenizer(mlx, workspace, run_cli):
+    ws = served_ws(workspace, mlx=profile(mlx["off"], mlx["on"], f"tokenizer: {mlx['model']}"))
+    code, out = evaluate(run_cli, ws, "mlx")
+    assert code == 0, out
+    assert out["verdict"] == "PASS" and out["exercised_share"] >= 0.95, out
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    assert ev["identity"]["on"]["engine"]["dialect"]["name"] == "mlx"
+    turns = {cfg: [t for r in ev["case_results"] if r["config"] == cfg for t in r["result"]["turns"]] for cfg in ("off", "on")}
+    assert all(t["cached_tokens"] == 0 for t in turns["off"])  # --prompt-cache-size 0 really reuses nothing
+    assert all(t["top2"] and t["top2"][0][0][0] == t["tokens"][0] for t in turns["on"])
+
+
+def test_mlx_fail_against_another_rope_base(mlx, workspace, run_cli):
+    ws = served_ws(workspace, planted=profile(mlx["off"], mlx["rope"], f"tokenizer: {mlx['model']}"))
+    code, out = evaluate(run_cli, ws, "planted")
+    assert code == 1, out
+    assert out["verdict"] == "FAIL" and out["differing_cases"]
+
+
+def test_mlx_without_a_tokenizer_is_exit_2_naming_the_field(mlx, workspace, run_cli):
+    ws = served_ws(workspace, bare=profile(mlx["off"], mlx["on"]))
+    code, out = evaluate(run_cli, ws, "bare")
+    assert code == 2
+    assert "engines/bare.yaml: field 'tokenizer' is required for dialect mlx" in out["error"]
+    assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
+
+
+def test_mlx_garbage_aborts_the_evaluation_and_keeps_the_ledger(mlx, workspace, run_cli):
+    with faulty_front(mlx["on"], "garbage") as front:
+        ws = served_ws(workspace, bad=profile(mlx["off"], front, f"tokenizer: {mlx['model']}"))
+        code, out = evaluate(run_cli, ws, "bad")
+    assert code == 2 and f"{front}/v1/completions" in out["error"] and "not JSON" in out["error"]
+    lg = ledger(ws)
+    assert [e["status"] for e in lg.evaluations()] == ["aborted"] and lg.verify().ok
+
+
+# --- llama-cpp-python's server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_python(tmp_path_factory):
+    """Its "off" deployment (no prompt cache) and "on" (its RAM prompt cache): neither reports cached tokens."""
+    logs = tmp_path_factory.mktemp("llama-cpp-python")
+    stack, (off, on) = started(llama_cpp_python_server(find_gguf(), log=logs / "off.log"),
+                               llama_cpp_python_server(find_gguf(), "--cache", "true", log=logs / "on.log"))
+    with stack:
+        yield {"off": off, "on": on}
+
+
+def test_llama_cpp_python_is_not_observable_never_a_pass_on_zero(llama_cpp_python, workspace, run_cli):
+    ws = served_ws(workspace, lcp=profile(llama_cpp_python["off"], llama_cpp_python["on"], "tokenizer: default"))
+    code, out = evaluate(run_cli, ws, "lcp")
+    assert code == 1, out
+    assert out["verdict"] == "INCONCLUSIVE" and out["reasons"][0].startswith("not_observable:"), out["reasons"]
+    assert out["tokens"]["cached_on"] is None and out["tokens"]["computed_on"] is None
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    assert ev["identity"]["on"]["engine"]["dialect"]["name"] == "openai"
+    assert all(t["cached_tokens"] is None for r in ev["case_results"] for t in r["result"]["turns"])
+    # a policy that explicitly accepts an unobservable cache may pass on outputs alone, and says so
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("exercise_floor: {min_cached_share: 0.5}",
+                                                 "exercise_floor: {min_cached_share: 0.5, accept_unobservable: true}"))
+    code, out = evaluate(run_cli, ws, "lcp")
+    assert code == 0 and out["verdict"] == "PASS", out["reasons"]
+    assert any(r.startswith("not_observable:") and "(accepted" in r for r in out["reasons"])
+    # its reuse is not exact: the top-2 logprobs moved, which the strength of the PASS shows
+    assert out["strength"]["grade"] == "equal_outputs" and out["strength"]["max_drift"] > 0
+
+
+def test_measure_prints_n_a_for_a_figure_the_server_does_not_report(llama_cpp_python, workspace, run_cli):
+    ws = served_ws(workspace, lcp=profile(llama_cpp_python["off"], llama_cpp_python["on"], "tokenizer: default"))
+    code, out, err = run_cli("--workspace", ws, "measure", "--engine", "lcp", "--limit", "1")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.strip().startswith("│ tiny") or " tiny " in line)
+    assert "n/a" in row and " 0 " not in row.split("│")[4]
