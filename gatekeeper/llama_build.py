@@ -1,14 +1,19 @@
-"""Build llama.cpp's ``llama-server`` once, CPU-only, from the sources vendored in the
-llama-cpp-python source distribution, into the user cache; reuse the build afterwards.
+"""Build llama.cpp once, CPU-only, from the sources vendored in the llama-cpp-python source
+distribution, into the user cache, for both of its users; reuse the build afterwards.
 
-    python -m gatekeeper.llama_build            # prints the binary's path (builds it if missing)
+    python -m gatekeeper.llama_build            # prints llama-server's path (builds llama.cpp if missing)
+    python -m gatekeeper.llama_build --lib      # prints the folder of libllama.so and libggml*.so (the same)
     python -m gatekeeper.llama_build --source   # prints the unpacked llama.cpp tree (convert_hf_to_gguf.py, gguf-py)
 
-The version is the installed llama-cpp-python's (so the served and the in-process engine run the
-same llama.cpp), else ``DEFAULT_VERSION``; ``$GATEKEEPER_LLAMA_VERSION`` overrides both. Everything
-lives under ``$GATEKEEPER_HOME/llama.cpp/VERSION/``: ``src/`` (the vendored tree) and
-``bin/llama-server``. Only the package registry is contacted (``pip download``), and only when the
-source is not unpacked yet.
+One compile gives shared libraries and ``llama-server`` linked to them: the http adapter's tests
+start that server, and llama-cpp-python (installed with ``CMAKE_ARGS=-DLLAMA_BUILD=OFF``, so pip
+compiles nothing) loads the same libraries, through ``$LLAMA_CPP_LIB_PATH``, which
+``gatekeeper.llama_libs`` sets when gatekeeper is imported. The version is the installed
+llama-cpp-python's (so the served and the in-process engine run the same llama.cpp), else
+``DEFAULT_VERSION``; ``$GATEKEEPER_LLAMA_VERSION`` overrides both. Everything lives under
+``$GATEKEEPER_HOME/llama.cpp/VERSION/``: ``src/`` (the vendored tree), ``lib/`` (the libraries) and
+``bin/llama-server`` (RPATH ``$ORIGIN/../lib``). Only the package registry is contacted (``pip
+download``), and only when the source is not unpacked yet.
 """
 
 from __future__ import annotations
@@ -17,42 +22,31 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-from importlib import metadata
 from pathlib import Path
 
 from .errors import GatekeeperError
-from .models import home
+from .llama_libs import DEFAULT_VERSION, LIBRARY, import_llama_cpp, lib_dir, root, use_built_libraries, version  # noqa: F401
 
-DEFAULT_VERSION = "0.3.36"
-
-# CPU only, static, nothing fetched at build time (no prebuilt web UI, no curl, no OpenSSL).
+# CPU only, nothing fetched at build time (no prebuilt web UI, no curl, no OpenSSL). Shared libraries,
+# so that llama-cpp-python loads the very build llama-server runs; every binary and library finds the
+# others through RPATH $ORIGIN/../lib, set at link time, so the build tree needs no install step (whose
+# rules cover every tool, and only llama-server is built).
 CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON",
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON",
     "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DGGML_BLAS=OFF",
     "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib",
 ]
 
 
-def version() -> str:
-    if os.environ.get("GATEKEEPER_LLAMA_VERSION"):
-        return os.environ["GATEKEEPER_LLAMA_VERSION"]
-    try:
-        return metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        return DEFAULT_VERSION
-
-
-def root(ver: str | None = None) -> Path:
-    return home() / "llama.cpp" / (ver or version())
-
-
 def server_binary(ver: str | None = None) -> Path | None:
-    """The built ``llama-server``, or None if it is not built yet."""
+    """The built ``llama-server``, or None if it is not built yet (or is an older static build, with
+    no libraries beside it)."""
     path = root(ver) / "bin" / "llama-server"
-    return path if path.is_file() and os.access(path, os.X_OK) else None
+    built = path.is_file() and os.access(path, os.X_OK) and (lib_dir(ver) / LIBRARY).is_file()
+    return path if built else None
 
 
 def source_dir(ver: str | None = None) -> Path:
@@ -68,6 +62,8 @@ def source_dir(ver: str | None = None) -> Path:
         if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:
             raise GatekeeperError(f"could not download the llama-cpp-python {ver} source distribution; "
                                   "check the package registry is reachable or set GATEKEEPER_LLAMA_VERSION")
+        import tarfile
+
         (archive,) = Path(tmp).glob("*.tar.gz")
         with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):  # refuses links and paths that leave the folder
@@ -83,7 +79,8 @@ def source_dir(ver: str | None = None) -> Path:
 
 
 def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
-    """``llama-server`` for this machine's CPU, built once (several minutes on two cores)."""
+    """``llama-server`` for this machine's CPU, and the libraries it and llama-cpp-python load,
+    built once (about 9 minutes on two cores)."""
     ver = ver or version()
     found = server_binary(ver)
     if found:
@@ -99,20 +96,37 @@ def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
                 ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)]):
         if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:  # stdout is for the path alone
             raise GatekeeperError(f"llama-server build failed ({' '.join(cmd[:3])} ...); see the output above")
-    binary = next(build.rglob("bin/llama-server"))
-    target = root(ver) / "bin" / "llama-server"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tmp")
-    shutil.copy2(binary, tmp)
-    tmp.rename(target)
-    shutil.rmtree(build, ignore_errors=True)  # the binary is static: the build tree is not needed
-    return target
+    # Stage bin/ and lib/ beside the final ones, then rename them into place: an interrupted build
+    # leaves no half-copied tree (server_binary() wants both).
+    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root(ver)))
+    (stage / "bin").mkdir()
+    (stage / "lib").mkdir()
+    shutil.copy2(build / "bin" / "llama-server", stage / "bin" / "llama-server")
+    for lib in (build / "bin").glob("lib*.so*" if sys.platform != "darwin" else "lib*.dylib"):  # llama.cpp puts them there
+        shutil.copy2(lib, stage / "lib" / lib.name, follow_symlinks=False)  # keeps the libllama.so -> .so.0 links
+    if not (stage / "lib" / LIBRARY).exists():
+        shutil.rmtree(stage, ignore_errors=True)
+        raise GatekeeperError(f"llama.cpp build left no {LIBRARY} in {build}; see the output above")
+    for part in ("lib", "bin"):
+        final = root(ver) / part
+        if final.exists():  # e.g. an older static llama-server
+            shutil.rmtree(final)
+        (stage / part).rename(final)
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.rmtree(build, ignore_errors=True)  # the binaries find lib/ by RPATH: the build tree is not needed
+    return root(ver) / "bin" / "llama-server"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        print(source_dir() if "--source" in args else build_server())
+        if "--source" in args:
+            print(source_dir())
+        elif "--lib" in args:
+            build_server()
+            print(lib_dir())
+        else:
+            print(build_server())
     except GatekeeperError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

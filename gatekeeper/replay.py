@@ -182,6 +182,9 @@ def serve(model: Any, items: Sequence[Item], max_tokens: int, cache: bool,
             if item.boundary:
                 session.pin(item.tokens[: item.boundary])
             g = session.generate(list(item.tokens), max_tokens=max_tokens)
+            if g.cached_tokens is None:
+                raise GatekeeperError(f"replay counts the tokens each request reused, and the {model.name} engine "
+                                      f"({model.profile.where}) does not report them; replay on an engine that does")
             out.append(Served(g.tokens, g.text, g.cached_tokens))
             peak = max(peak, session.held()[1] or 0)
             if after:

@@ -13,7 +13,9 @@ from gatekeeper.identity import file_digest
 from gatekeeper.models import find_gguf
 from gatekeeper.workspace import EngineProfile
 
-import llama_cpp  # noqa: E402  (the llamacpp extra, which make test installs)
+from gatekeeper.llama_libs import import_llama_cpp
+
+llama_cpp = import_llama_cpp()  # the llamacpp extra and make llama-server's libraries (make test does both)
 pytestmark = pytest.mark.slow
 
 from gatekeeper.engines.llamacpp import LlamaCppEngine, LlamaCppSession, resolve_gguf  # noqa: E402

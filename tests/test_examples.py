@@ -8,7 +8,9 @@ import pytest
 
 from conftest import ROOT, SUITE, ledger
 
-import llama_cpp  # noqa: F401,E402  (the llamacpp extra, which make test installs)
+from gatekeeper.llama_libs import import_llama_cpp
+
+import_llama_cpp()  # the llamacpp extra and make llama-server's libraries (make test does both)
 pytestmark = pytest.mark.slow
 
 EXAMPLES = ROOT / "policies" / "examples"

@@ -277,8 +277,10 @@ class LlamaCppEngine(Engine):
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         super().__init__(profile, workspace_root=workspace_root)
+        from ..llama_libs import import_llama_cpp
+
         try:
-            import llama_cpp
+            llama_cpp = import_llama_cpp()  # a missing llama.cpp library names `make llama-server`
         except ImportError:
             raise GatekeeperError(f"adapter llamacpp needs llama-cpp-python; install it: {_INSTALL}") from None
         self.lib = llama_cpp

@@ -9,7 +9,7 @@ mlx_lm.server as two (prompt cache size 0 and default), llama-cpp-python's serve
 and `--cache true`; it reports no cached tokens). mlx's CPU backend is slow on this model: give it a
 smaller `--limit-mlx`, or leave it out with `--servers`.
 
-    python bench/served.py [--limit 1] [--limit-mlx 1] [--servers llama-server,vllm,mlx,llama-cpp-python]
+    python bench/servers.py [--limit 1] [--limit-mlx 1] [--servers llama-server,vllm,mlx,llama-cpp-python]
 """
 
 from __future__ import annotations
