@@ -166,11 +166,17 @@ def test_mlx_without_a_tokenizer_is_exit_2_naming_the_field(mlx, workspace, run_
     assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
 
 
-def test_mlx_garbage_aborts_the_evaluation_and_keeps_the_ledger(mlx, workspace, run_cli):
-    with faulty_front(mlx["on"], "garbage") as front:
-        ws = served_ws(workspace, bad=profile(mlx["off"], front, f"tokenizer: {mlx['model']}"))
+@pytest.mark.parametrize("mode, timeout, message", [
+    ("garbage", 60, "not JSON"),
+    ("wrong", 60, "not an OpenAI-compatible completion"),
+    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
+])
+def test_mlx_bad_answers_abort_the_evaluation_and_keep_the_ledger(mlx, workspace, run_cli, mode, timeout, message):
+    with faulty_front(mlx["off"], mode, delay=3) as front:
+        ws = served_ws(workspace, bad=profile(front, mlx["on"], f"tokenizer: {mlx['model']}", f"timeout: {timeout}"))
         code, out = evaluate(run_cli, ws, "bad")
-    assert code == 2 and f"{front}/v1/completions" in out["error"] and "not JSON" in out["error"]
+    assert code == 2, out
+    assert f"{front}/v1/completions" in out["error"] and message in out["error"] and "engines/bad.yaml" in out["error"]
     lg = ledger(ws)
     assert [e["status"] for e in lg.evaluations()] == ["aborted"] and lg.verify().ok
 
