@@ -71,7 +71,8 @@ def tiny_ws(workspace, tiny_llama):
     (workspace / "assertions" / "assistant.yaml").unlink()
     (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
     for name, adapter in [("tiny", "torch"), ("tiny_mlx", "mlx"), ("short", "fault_engines:ShortRestore"),
-                          ("never", "fault_engines:NeverServes"), ("unstable", "fault_engines:Unstable"), ("half", "fault_engines:HalfServes")]:
+                          ("never", "fault_engines:NeverServes"), ("unstable", "fault_engines:Unstable"), ("half", "fault_engines:HalfServes"),
+                          ("uncounted", "fault_engines:Uncounted"), ("warm_off", "fault_engines:WarmBaseline")]:
         (workspace / "engines" / f"{name}.yaml").write_text(profile(adapter, tiny_llama))
     return workspace
 

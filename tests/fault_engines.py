@@ -104,6 +104,29 @@ class Blind(TorchEngine):
     observes = frozenset({"prefill_s", "decode_s"})
 
 
+class UncountedSession(GreedySession):
+    """A meter that reports no cached-token figure for any call (llama-cpp-python's server does not)."""
+
+    def generate(self, prompt, **kwargs):
+        return replace(super().generate(prompt, **kwargs), cached_tokens=None)
+
+
+class Uncounted(TorchEngine):
+    session_class = UncountedSession
+
+
+class WarmBaselineSession(GreedySession):
+    """A flag-off side that reuses a prefix anyway: it reports cache hits with the cache off."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        return g if self.cache else replace(g, cached_tokens=len(prompt) // 2)
+
+
+class WarmBaseline(TorchEngine):
+    session_class = WarmBaselineSession
+
+
 _model_lock = threading.Lock()
 
 

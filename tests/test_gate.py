@@ -66,6 +66,20 @@ def test_cache_never_serving_is_inconclusive(run_cli, tiny_ws):
     assert out["reasons"][0].startswith("not_exercised:") and out["tokens"]["cached_on"] == 0
 
 
+def test_a_cache_that_reports_nothing_is_not_observable_never_a_pass_on_zero(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "uncounted", "--limit", "2")
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert out["reasons"][0].startswith("not_observable:") and "accept_unobservable" in out["reasons"][0]
+    assert out["tokens"]["cached_on"] is None and out["exercised_share"] == 0
+    assert all(row["cached_tokens"] is None for side in out["telemetry"].values() for row in side.values())
+
+
+def test_a_flag_off_side_served_from_a_cache_is_no_baseline(run_cli, tiny_ws):
+    code, out = evaluate(run_cli, tiny_ws, "warm_off", "--limit", "2")
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert out["reasons"][0].startswith("baseline_cached:") and "engines/warm_off.yaml" in out["reasons"][0]
+
+
 @pytest.mark.parametrize("floor, verdict", [(0.9, "INCONCLUSIVE"), (0.4, "PASS")])
 def test_exercise_floor_from_policy(run_cli, tiny_ws, floor, verdict):
     policy = tiny_ws / "policies" / "prefix_cache.yaml"
