@@ -129,6 +129,26 @@ def llama_cpp_python_server(gguf: Path, *extra: str, log: Path):
         yield url
 
 
+# faulty_front modes, the timeout they run under, and what the error must say
+BAD_ANSWERS = [
+    ("garbage", 60, "not JSON"),
+    ("wrong", 60, "not an OpenAI-compatible completion"),
+    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
+]
+
+
+def assert_aborted(code: int, out: dict, front: str, message: str, ws) -> None:
+    """A bad answer from ``front``: exit 2 naming its URL and the profile, the evaluation aborted, the ledger intact."""
+    from conftest import ledger
+
+    assert code == 2, out
+    assert f"{front}/v1/completions" in out["error"] and message in out["error"] and "engines/bad.yaml" in out["error"]
+    lg = ledger(ws)
+    (ev,) = lg.evaluations()
+    assert ev["status"] == "aborted" and ev["verdict"] is None
+    assert lg.verify().ok
+
+
 @contextmanager
 def faulty_front(upstream: str, mode: str, delay: float = 0.0):
     """Forwards every request to ``upstream`` except POST /v1/completions, which it answers with

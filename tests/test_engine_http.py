@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ledger
-from served import evaluate, faulty_front, free_port, llama_server, served_ws
+from served import BAD_ANSWERS, assert_aborted, evaluate, faulty_front, free_port, llama_server, served_ws
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.models import find_gguf
@@ -96,21 +96,12 @@ def test_server_down_is_exit_2_and_writes_nothing(workspace, run_cli):
     assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
 
 
-@pytest.mark.parametrize("mode, timeout, message", [
-    ("garbage", 60, "not JSON"),
-    ("wrong", 60, "not an OpenAI-compatible completion"),
-    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
-])
+@pytest.mark.parametrize("mode, timeout, message", BAD_ANSWERS)
 def test_bad_answers_abort_the_evaluation_and_keep_the_ledger(server, workspace, run_cli, mode, timeout, message):
     with faulty_front(server, mode, delay=3) as front:
         ws = served_ws(workspace, bad=http_profile(front, f"timeout: {timeout}"))
         code, out = evaluate(run_cli, ws, "bad")
-    assert code == 2, out
-    assert f"{front}/v1/completions" in out["error"] and message in out["error"]
-    lg = ledger(ws)
-    (ev,) = lg.evaluations()
-    assert ev["status"] == "aborted" and ev["verdict"] is None
-    assert lg.verify().ok
+    assert_aborted(code, out, front, message, ws)
 
 
 def test_figures_and_tokens_come_from_the_server(server):

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ledger
-from served import evaluate, faulty_front, llama_cpp_python_server, mlx_server, served_ws, vllm_server
+from served import (BAD_ANSWERS, assert_aborted, evaluate, faulty_front, llama_cpp_python_server, mlx_server, served_ws,
+                    vllm_server)
 
 from gatekeeper.models import default_model_dir, find_gguf
 
@@ -100,22 +101,13 @@ def test_vllm_a_cached_baseline_is_no_baseline(vllm, workspace, run_cli):
     assert "--no-enable-prefix-caching" in out["reasons"][0]
 
 
-@pytest.mark.parametrize("mode, timeout, message", [
-    ("garbage", 60, "not JSON"),
-    ("wrong", 60, "not an OpenAI-compatible completion"),
-    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
-])
+@pytest.mark.parametrize("mode, timeout, message", BAD_ANSWERS)
 def test_vllm_bad_answers_abort_the_evaluation_and_keep_the_ledger(vllm, workspace, run_cli, mode, timeout, message):
     # in front of the flag-off deployment, whose requests come first (a 1 s timeout also bounds the real server)
     with faulty_front(vllm["off"], mode, delay=3) as front:
         ws = served_ws(workspace, bad=profile(front, vllm["on"], f"timeout: {timeout}"))
         code, out = evaluate(run_cli, ws, "bad")
-    assert code == 2, out
-    assert f"{front}/v1/completions" in out["error"] and message in out["error"] and "engines/bad.yaml" in out["error"]
-    lg = ledger(ws)
-    (ev,) = lg.evaluations()
-    assert ev["status"] == "aborted" and ev["verdict"] is None
-    assert lg.verify().ok
+    assert_aborted(code, out, front, message, ws)
 
 
 # --- mlx_lm.server ---------------------------------------------------------------------------------
@@ -166,19 +158,12 @@ def test_mlx_without_a_tokenizer_is_exit_2_naming_the_field(mlx, workspace, run_
     assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
 
 
-@pytest.mark.parametrize("mode, timeout, message", [
-    ("garbage", 60, "not JSON"),
-    ("wrong", 60, "not an OpenAI-compatible completion"),
-    ("slow", 1, "no answer within 1 s; raise 'timeout'"),
-])
+@pytest.mark.parametrize("mode, timeout, message", BAD_ANSWERS)
 def test_mlx_bad_answers_abort_the_evaluation_and_keep_the_ledger(mlx, workspace, run_cli, mode, timeout, message):
     with faulty_front(mlx["off"], mode, delay=3) as front:
         ws = served_ws(workspace, bad=profile(front, mlx["on"], f"tokenizer: {mlx['model']}", f"timeout: {timeout}"))
         code, out = evaluate(run_cli, ws, "bad")
-    assert code == 2, out
-    assert f"{front}/v1/completions" in out["error"] and message in out["error"] and "engines/bad.yaml" in out["error"]
-    lg = ledger(ws)
-    assert [e["status"] for e in lg.evaluations()] == ["aborted"] and lg.verify().ok
+    assert_aborted(code, out, front, message, ws)
 
 
 # --- llama-cpp-python's server ---------------------------------------------------------------------

@@ -98,6 +98,7 @@ class HTTPEngine(Engine):
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
         self._memo: dict[tuple, Any] = {}
+        self.dialect_name = profile.dialect  # until detected: messages during the first requests name it
         # Ask both deployments what they serve now: a server that is down fails here, before the
         # gate writes anything, and the answers are the identity.
         described = {url: self._describe(url) for url in dict.fromkeys(self.urls.values())}
@@ -128,7 +129,7 @@ class HTTPEngine(Engine):
         except urllib.error.HTTPError as e:
             detail = e.read()[:300].decode(errors="replace")
             raise GatekeeperError(f"{target}: HTTP {e.code} {detail}; check that {self._where} points at an "
-                                  f"OpenAI-compatible server that accepts this request (dialect {self._dialect()})") from None
+                                  f"OpenAI-compatible server that accepts this request (dialect {self.dialect_name})") from None
         except (TimeoutError, socket.timeout):
             raise GatekeeperError(late) from None
         except (urllib.error.URLError, ConnectionError, OSError) as e:
@@ -136,9 +137,6 @@ class HTTPEngine(Engine):
             if isinstance(reason, (TimeoutError, socket.timeout)):
                 raise GatekeeperError(late) from None
             raise GatekeeperError(f"{target}: cannot connect ({reason}); start the server or fix the URL in {self._where}") from None
-
-    def _dialect(self) -> str:
-        return getattr(self, "dialect_name", self.profile.dialect)
 
     def call(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
         raw = self._raw(url, path, body)
