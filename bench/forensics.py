@@ -1,6 +1,6 @@
 """How fast ``gatekeeper forensics`` reads a server log: lines and MB parsed per second, on one core.
 
-The log is real: a llama-server built by gatekeeper.llama_build runs the interleave scenario
+The log is real: a llama-server built by gatekeeper.setup.llama_build runs the interleave scenario
 (A->C, A->B->C) on the tiny random hybrid model at its most verbose (-v), so every kind of line
 (checkpoints, prompt cache, per-token debug noise) is in it; the file is then read ``--copies``
 times over as one rotated series (about 170 KB each). Target: at least 200 MB of log a minute.
@@ -15,15 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper import forensics
+from gatekeeper.traffic import forensics
 
 
 def make_log(out: Path) -> Path:
     """The interleave scenario's log from a real server (a minute the first time: builds the model)."""
     from transformers import AutoTokenizer
 
-    from gatekeeper import llama_build
-    from gatekeeper.tiny_hybrid import build
+    from gatekeeper.setup import llama_build
+    from gatekeeper.setup.tiny_hybrid import build
     from hybrid_peers import Server, chats, free_port, post, to_gguf
 
     model = build(out / "tiny-hybrid")

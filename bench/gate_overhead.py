@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper import gate, pipeline
+from gatekeeper.gate import evaluator as gate, pipeline
 from gatekeeper.ledger import Ledger
 from gatekeeper.workspace import Workspace
 

@@ -1,7 +1,7 @@
 """The interleave scenario as chat requests on real servers, beside gatekeeper, on one set of tiny weights.
 
 The tiny random hybrid model is converted to GGUF with llama.cpp's own converter (vendored in the
-llama-cpp-python source distribution; ``gatekeeper.llama_build`` builds ``llama-server`` from it)
+llama-cpp-python source distribution; ``gatekeeper.setup.llama_build`` builds ``llama-server`` from it)
 and loaded by mlx-lm's server from a copy whose ``model_type`` reads ``qwen3_5``. Requests:
 A = a long system message (the stage's static prefix) + a long user message, C = the same system
 message + another user message, B = a short unrelated chat; sequences A->C and A->B->C, each on a
@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gatekeeper import replay  # noqa: E402
-from gatekeeper.tiny_hybrid import CORPUS, build  # noqa: E402
+from gatekeeper.traffic import replay  # noqa: E402
+from gatekeeper.setup.tiny_hybrid import CORPUS, build  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 WORDS = " ".join(CORPUS).split()
@@ -104,7 +104,7 @@ class Server:
 
 
 def to_gguf(model: Path, out: Path) -> Path:
-    from gatekeeper import llama_build
+    from gatekeeper.setup import llama_build
 
     src = llama_build.source_dir()
     # Our tiny tokenizer's pre-tokenizer hash is unknown to the converter; it is byte-level BPE like GPT-2.
@@ -177,7 +177,7 @@ def mlx_server(model: Path, seqs: dict[str, list[list[dict]]]) -> dict[str, list
 def run(scale: float, model: Path | None = None, chunk: int = 256, requests: int = 0) -> None:
     from transformers import AutoTokenizer
 
-    from gatekeeper import llama_build
+    from gatekeeper.setup import llama_build
 
     model = model or build(Path(tempfile.mkdtemp(prefix="tiny-hybrid-")))
     tok = AutoTokenizer.from_pretrained(str(model))
@@ -194,7 +194,7 @@ def run(scale: float, model: Path | None = None, chunk: int = 256, requests: int
         cold = replay.serve(loaded, seqs["A->C"], MAX_TOKENS, False)[0]
     binary = llama_build.server_binary()
     if binary is None:
-        print("llama-server is not built (python -m gatekeeper.llama_build builds it, several minutes): skipped")
+        print("llama-server is not built (python -m gatekeeper.setup.llama_build builds it, several minutes): skipped")
     else:
         gguf = to_gguf(model, model.parent / f"{model.name}.gguf")
         for label, extra in (("llama-server", []), ("llama-server --cache-ram 0", ["--cache-ram", "0"])):

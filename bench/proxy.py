@@ -1,6 +1,6 @@
 """Latency the capturing proxy adds per request, against the same llama-server direct, in one run.
 
-A real llama-server (built by gatekeeper.llama_build) serves the default model; ``gatekeeper proxy``
+A real llama-server (built by gatekeeper.setup.llama_build) serves the default model; ``gatekeeper proxy``
 runs in front of it as its own process, capturing to a temporary file. Requests alternate direct
 and proxied on keep-alive connections, so drift on a shared machine hits both alike:
   - GET /health: the server answers at once, so the difference is the proxy's own cost;
@@ -22,9 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper import llama_build
-from gatekeeper.analyze import percentile
-from gatekeeper.models import find_gguf
+from gatekeeper.setup import llama_build
+from gatekeeper.traffic.analyze import percentile
+from gatekeeper.setup.models import find_gguf
 from hybrid_peers import Server, free_port
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "What is 2+2?"}]

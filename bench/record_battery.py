@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gatekeeper import battery, checks, partition  # noqa: E402
+from gatekeeper.battery import checks, partition  # noqa: E402
+from gatekeeper.battery import load as battery  # noqa: E402
 from gatekeeper.identity import digest  # noqa: E402
 from gatekeeper.workspace import Workspace  # noqa: E402
 
@@ -45,7 +46,7 @@ class Chat:
 
 
 def model_dir() -> Path:
-    from gatekeeper.models import is_prepared, prepare_default_model, resolve_model
+    from gatekeeper.setup.models import is_prepared, prepare_default_model, resolve_model
 
     return resolve_model("default") if is_prepared() else prepare_default_model()[0]
 

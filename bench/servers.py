@@ -32,7 +32,7 @@ def deployments(name: str, logs: Path, stack: ExitStack) -> str:
     sys.path.insert(0, str(ROOT / "tests"))
     from served import llama_cpp_python_server, llama_server, mlx_server, vllm_server
 
-    from gatekeeper.models import default_model_dir, find_gguf
+    from gatekeeper.setup.models import default_model_dir, find_gguf
 
     model, gguf = default_model_dir(), find_gguf()
     if name == "llama-server":

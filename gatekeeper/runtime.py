@@ -5,7 +5,7 @@
     answer = rt.complete("router", {"session": "user=ana", "query": "What is 2+2?"})
 
 The runtime reads flag states from the ledger and builds the pipeline they describe (see
-``gatekeeper.pipeline``): the prefix cache on only if ``prefix_cache`` is, prompts partitioned or
+``gatekeeper.gate.pipeline``): the prefix cache on only if ``prefix_cache`` is, prompts partitioned or
 as written per ``static_first``, the adapter ``adapter`` approved. It pins each stage's static
 prefix and serves answers from a response cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
 answers and saved prefix states made under the old one and records the flush in the ledger.
@@ -16,7 +16,7 @@ layer on this machine if their keys match, and are computed and saved there if n
 Measurement options: ``flags={"prefix_cache": "on"}`` forces flag states over the ledger's,
 ``response_cache=False`` answers every call with the engine (a served answer costs nothing, so it
 would measure nothing), ``capture="prompts.jsonl"`` writes each rendered prompt to a local
-JSONL file (see ``gatekeeper.capture``; off unless asked for), and ``persist=True`` uses the
+JSONL file (see ``gatekeeper.traffic.capture``; off unless asked for), and ``persist=True`` uses the
 result layer whatever the recipe says (``gatekeeper pin``, which then rewrites the recipe).
 """
 
@@ -27,15 +27,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import capture as captures
-from . import partition, pipeline
+from .traffic import capture as captures
+from .battery import partition
+from .battery.load import all_suites
+from .gate import pipeline
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache
 from .errors import GatekeeperError
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
-from .models import home
+from .setup.models import home
 from .workspace import Suite, Workspace
 
 
@@ -73,7 +75,7 @@ class Runtime:
             self.force = pipeline.in_force(self.ws, led, flags)
         self.flags, self.render = self.force.states, self.force.render
         capture_path = captures.check_path(capture) if capture is not None else None
-        self.stages: dict[str, Suite] = {s.stage: s for s in self.ws.suites.values()}
+        self.stages: dict[str, Suite] = {s.stage: s for s in all_suites(self.ws).values()}
         self.model = build_engine(pipeline.engine_profile(self.ws, engine, self.force), workspace_root=self.ws.root)
         self.responses = self.session = self.capture = None
         try:

@@ -364,7 +364,7 @@ class Workspace:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = find_root(root)
 
-    def _files(self, kind: str) -> list[Path]:
+    def files(self, kind: str) -> list[Path]:
         folder = self.root / kind
         if not folder.is_dir():
             raise GatekeeperError(f"{folder}: missing; run 'gatekeeper init {self.root}' or pass --workspace")
@@ -373,14 +373,14 @@ class Workspace:
     def engine(self, name: str = "auto") -> EngineProfile:
         path = self.root / ENGINES / f"{name}.yaml"
         if not path.exists():
-            known = ", ".join(p.stem for p in self._files(ENGINES)) or "none"
+            known = ", ".join(p.stem for p in self.files(ENGINES)) or "none"
             raise GatekeeperError(f"{path}: no engine profile '{name}' (profiles here: {known}); pass --engine NAME")
         return parse(EngineProfile, path, name=name)
 
     @cached_property
     def policies(self) -> dict[str, Policy]:
         out: dict[str, Policy] = {}
-        for path in self._files(POLICIES):
+        for path in self.files(POLICIES):
             policy = parse(Policy, path)
             if policy.flag != path.stem:
                 raise GatekeeperError(f"{path}: field 'flag' is {policy.flag!r}; it must match the file name ({path.stem!r})")
@@ -392,25 +392,6 @@ class Workspace:
             known = ", ".join(self.policies) or "none"
             raise GatekeeperError(f"unknown flag {flag!r}: no {self.root / POLICIES / (flag + '.yaml')} (flags here: {known})")
         return self.policies[flag]
-
-    @cached_property
-    def suites(self) -> dict[str, Suite]:
-        from . import promptfoo
-
-        out: dict[str, Suite] = {}
-        for path in self._files(ASSERTIONS):
-            suite = promptfoo.load_suite(path, self.root) if promptfoo.is_config(path) else parse(Suite, path, path=path)
-            if suite.promptfoo is not None and not suite.cases:
-                suite = promptfoo.with_cases(suite, self.root)
-            if suite.suite in out:
-                raise GatekeeperError(f"{path}: field 'suite': {suite.suite!r} is already defined by {out[suite.suite].path}; rename one")
-            for seg_no, seg in enumerate(suite.prompt):
-                if seg.file and not (path.parent / seg.file).is_file() and not (self.root / seg.file).is_file():
-                    raise GatekeeperError(f"{path}: field 'prompt.{seg_no}.file': {seg.file} not found (relative to the workspace or the suite's folder)")
-            out[suite.suite] = suite
-        if not out:
-            raise GatekeeperError(f"{self.root / ASSERTIONS}: no suites (*.yaml); add one or run 'gatekeeper init'")
-        return out
 
     def segment_text(self, suite: Suite, seg: Segment) -> str:
         if seg.text is not None:

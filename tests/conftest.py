@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     """A fresh workspace laid out by the real ``init`` code."""
-    from gatekeeper.scaffold import init_workspace
+    from gatekeeper.setup.scaffold import init_workspace
 
     ws = tmp_path / "ws"
     init_workspace(ws)

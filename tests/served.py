@@ -78,8 +78,8 @@ def serving(cmd: list[str], url: str, *, log: Path, ready: str = "/health", with
 
 @contextmanager
 def llama_server(gguf: Path, *extra: str, log: Path):
-    """A real llama-server (built once by gatekeeper.llama_build) on a free loopback port."""
-    from gatekeeper.llama_build import build_server
+    """A real llama-server (built once by gatekeeper.setup.llama_build) on a free loopback port."""
+    from gatekeeper.setup.llama_build import build_server
 
     port = free_port()
     # One slot and a fixed context: requests run one at a time in the order they come. One thread:
@@ -92,10 +92,10 @@ def llama_server(gguf: Path, *extra: str, log: Path):
 
 @contextmanager
 def vllm_server(model: Path, *extra: str, log: Path):
-    """A real vLLM-for-CPU server (set up once by gatekeeper.vllm_setup) on a free loopback port:
+    """A real vLLM-for-CPU server (set up once by gatekeeper.setup.vllm) on a free loopback port:
     blocks of 32 tokens, cached-token and timing figures on, 1 GiB of KV cache, eager (no compilation:
     it comes up in about 35 s instead of 80 s on two cores)."""
-    from gatekeeper.vllm_setup import install
+    from gatekeeper.setup.vllm import install
 
     port = free_port()
     cmd = [str(install()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gatekeeper.models import is_prepared, prepare_default_model
-from gatekeeper.scaffold import init_workspace
+from gatekeeper.setup.models import is_prepared, prepare_default_model
+from gatekeeper.setup.scaffold import init_workspace
 
 # (case id, query, flips under monolithic here): distinct first words, so every hit lands exactly
 # on the system prefix whatever the order.

@@ -10,7 +10,8 @@ from collections import defaultdict
 
 import pytest
 
-from gatekeeper import battery, checks, partition
+from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import load as battery, checks, partition
 from gatekeeper.workspace import Workspace
 
 from conftest import ROOT
@@ -64,7 +65,7 @@ def test_default_battery_size(items):
 
 
 def test_every_suite_writes_dynamic_content_before_static(ws):
-    for suite in ws.suites.values():
+    for suite in all_suites(ws).values():
         assert not suite.prompt[0].static, suite.suite
         assert any(seg.static for seg in suite.prompt), suite.suite
 
@@ -87,7 +88,7 @@ def test_static_prefixes_are_long_and_only_partitioning_exposes_them(ws, items, 
 def test_planner_has_chained_turns(ws, items, chat):
     chained = [i for i in items if i.suite.suite == "planner" and len(i.case.turns) >= 2]
     assert len(chained) >= 3 and any(len(i.case.turns) >= 3 for i in chained)
-    assert ws.suites["planner"].prompt[-1].role == "user"
+    assert all_suites(ws)["planner"].prompt[-1].role == "user"
     # turn 2's prompt extends turn 1's transcript with the answer and the new user message
     item = chained[0]
     values = {**item.case.vars, **item.case.turns[0]}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gatekeeper import flags
+from gatekeeper.gate import flags
 from gatekeeper.engines.greedy import FaultSession
 from gatekeeper.workspace import MinPower
 

@@ -179,7 +179,8 @@ def test_attack_c_without_signatures_is_found_by_the_fresh_checkpoint_rule(run_c
 def test_attack_c_signed_by_an_unknown_key(run_cli, backend_ws, keys, tmp_path):
     set_approvals(backend_ws, signed=True)
     on_then_off(run_cli, backend_ws, keys)
-    from gatekeeper import attestation, signing
+    from gatekeeper import signing
+    from gatekeeper.gate import attestation
     from gatekeeper.identity import sha256_hex
 
     with lg(backend_ws) as ledger:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gatekeeper.checks import CHECKS, Refused, check, prepare
+from gatekeeper.battery.checks import CHECKS, Refused, check, prepare
 from gatekeeper.workspace import Assertion
 
 CASES = [

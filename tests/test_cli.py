@@ -133,7 +133,7 @@ def test_models_prepare_converts_once(run_cli, tmp_path, monkeypatch):
 
 
 def test_models_prepare_without_the_package(run_cli, monkeypatch, tmp_path):
-    import gatekeeper.models as models
+    import gatekeeper.setup.models as models
 
     monkeypatch.setenv("GATEKEEPER_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(models, "find_spec", lambda name: None)

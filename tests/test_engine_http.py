@@ -11,7 +11,7 @@ from conftest import ledger
 from served import BAD_ANSWERS, assert_aborted, evaluate, faulty_front, free_port, llama_server, served_ws
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.models import find_gguf
+from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile, Workspace
 
 pytestmark = pytest.mark.slow
@@ -159,8 +159,8 @@ def test_bad_profiles_name_the_file_and_field(workspace, body, field):
 def test_llama_server_is_built_once_into_the_user_cache():
     from time import perf_counter
 
-    from gatekeeper import llama_build
-    from gatekeeper.models import home
+    from gatekeeper.setup import llama_build
+    from gatekeeper.setup.models import home
 
     first = llama_build.build_server()  # built by `make test` (or by the first server fixture)
     start = perf_counter()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gatekeeper.engines.registry import build_engine
-from gatekeeper.models import is_prepared, prepare_default_model
+from gatekeeper.setup.models import is_prepared, prepare_default_model
 from gatekeeper.workspace import EngineProfile
 
 

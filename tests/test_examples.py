@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, SUITE, ledger
 
-from gatekeeper.llama_libs import import_llama_cpp
+from gatekeeper.setup.llama_libs import import_llama_cpp
 
 import_llama_cpp()  # the llamacpp extra and make llama-server's libraries (make test does both)
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 @pytest.fixture(scope="module")
 def failed(tmp_path_factory, tiny_llama):
     """A workspace whose ledger holds one FAILED evaluation (the cache restores one position short)."""
-    from gatekeeper.scaffold import init_workspace
+    from gatekeeper.setup.scaffold import init_workspace
 
     ws = tmp_path_factory.mktemp("export") / "ws"
     init_workspace(ws)

@@ -1,4 +1,4 @@
-"""``forensics`` on the logs of a real llama-server (built by gatekeeper.llama_build) running the
+"""``forensics`` on the logs of a real llama-server (built by gatekeeper.setup.llama_build) running the
 interleave scenario on a tiny hybrid model at its most verbose, checked request by request against
 the server's own ``timings``; damaged logs; ik_llama.cpp's line formats; the CLI's errors."""
 
@@ -14,9 +14,9 @@ import pytest
 from served import llama_server
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper import forensics
+from gatekeeper.traffic import forensics
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.partition import common_prefix as lcp
+from gatekeeper.cache.trie import common_prefix as lcp
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -9,7 +9,7 @@ import random
 import pytest
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper import replay
+from gatekeeper.traffic import replay
 from gatekeeper.cache import Hit, PrefixCache
 from gatekeeper.cache.snapshots import Policy, SnapshotStore, layout, parse
 from gatekeeper.engines.greedy import GreedySession

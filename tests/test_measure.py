@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gatekeeper.partition import common_prefix
+from gatekeeper.cache.trie import common_prefix
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.runtime import Runtime
 
@@ -161,8 +161,8 @@ class ChatML:
 
 
 def test_segments_follow_the_prompt_pieces():
-    from gatekeeper.capture import Segment, segments
-    from gatekeeper.partition import Piece, order, render
+    from gatekeeper.traffic.capture import Segment, segments
+    from gatekeeper.battery.partition import Piece, order, render
 
     pieces = [Piece("system", False, "Session: 7"), Piece("system", True, "RULES"), Piece("system", True, "TOOLS"),
               Piece("user", False, "question")]

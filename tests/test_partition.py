@@ -1,6 +1,6 @@
 """Static-first partition: order, merging, and where the static prefix ends."""
 
-from gatekeeper.partition import Piece, messages, order, render
+from gatekeeper.battery.partition import Piece, messages, order, render
 
 
 class ChatML:

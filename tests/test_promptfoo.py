@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper import battery, checks
+from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import load as battery, checks
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -43,7 +44,7 @@ def pf_ws(tiny_ws: Path) -> Path:
 
 
 def test_config_reads_as_a_suite(pf_ws):
-    suite = Workspace(pf_ws).suites["faq"]
+    suite = all_suites(Workspace(pf_ws))["faq"]
     assert suite.stage == "faq" and suite.promptfoo == "faq.promptfoo.yaml"
     assert [(s.role, s.static, s.text) for s in suite.prompt] == [("user", False, "Answer briefly: {question}")]
     assert [c.id for c in suite.cases] == ["arithmetic", "capital", "colour", "expands [1]", "expands [2]"]
@@ -88,7 +89,7 @@ def test_a_gatekeeper_suite_takes_its_cases_from_a_promptfoo_key(tiny_ws):
         "tests:\n  - vars: {query: hi}\n    assert: [{type: equals, value: 4}, {type: contains-all, value: 'a, b'}]\n")
     (tiny_ws / "assertions" / "chat.yaml").write_text(
         "suite: chat\nstage: chat\nprompt:\n  - {role: user, static: false, text: '{query}'}\npromptfoo: evals/tests.yaml\n")
-    (suite,) = [s for s in Workspace(tiny_ws).suites.values() if s.suite == "chat"]
+    (suite,) = [s for s in all_suites(Workspace(tiny_ws)).values() if s.suite == "chat"]
     (case,) = suite.cases
     assert case.id == "test 1" and [a.value for a in case.assert_] == [4, "a, b"]
     assert checks.check(case.assert_[0], "4") and checks.check(case.assert_[1], "b a")
@@ -153,7 +154,7 @@ def test_file_values_and_vars(tiny_ws):
         "prompts: ['Say {{q}}']\ntests:\n  - vars: {q: file://word.txt}\n    assert:\n"
         "      - {type: contains, value: '{{ q }}s'}\n      - {type: contains-any, value: file://words.json}\n"
         "      - {type: equals, value: file://word.txt}\n      - {type: javascript, value: file://check.js}\n")
-    suite = Workspace(tiny_ws).suites["faq"]
+    suite = all_suites(Workspace(tiny_ws))["faq"]
     (case,) = suite.cases
     assert case.vars == {"q": "cat"}
     assert [a.value for a in case.assert_] == ["cats", ["dog", "cow"], "cat"]
@@ -166,6 +167,6 @@ def test_test_files_by_glob_json_and_yaml(tiny_ws):
     (folder / "a.yaml").write_text("- vars: {q: one}\n  assert: [{type: starts-with, value: 'o'}]\n")
     (folder / "b.json").write_text('[{"description": "two", "vars": {"q": "two"}, "assert": [{"type": "not-equals", "value": "x"}]}]')
     (tiny_ws / "assertions" / "faq.promptfoo.yaml").write_text("prompts: ['{{q}}']\ntests: [file://../evals/*]\n")
-    suite = Workspace(tiny_ws).suites["faq"]
+    suite = all_suites(Workspace(tiny_ws))["faq"]
     assert [c.id for c in suite.cases] == ["Row #1", "two"]
     assert [c.assert_[0].type for c in suite.cases] == ["starts-with", "not-equals"]

@@ -15,7 +15,8 @@ from collections import Counter
 
 import pytest
 
-from gatekeeper import checks, promptfoo, promptfoo_build
+from gatekeeper.battery import checks, promptfoo
+from gatekeeper.setup import promptfoo as promptfoo_build
 from gatekeeper.errors import GatekeeperError
 
 from promptfoo_table import ABSENT, ROWS, Raw, config
@@ -26,7 +27,7 @@ CLASSES = {"numbers", "commas", "empty", "regex", "is-json", "contains-json", "t
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """promptfoo's outcome for every row, from one ``promptfoo eval`` (installed by ``make promptfoo``)."""
-    assert promptfoo_build.installed(), "promptfoo is not installed: run 'make promptfoo' (python -m gatekeeper.promptfoo_build)"
+    assert promptfoo_build.installed(), "promptfoo is not installed: run 'make promptfoo' (python -m gatekeeper.setup.promptfoo)"
     folder = tmp_path_factory.mktemp("oracle")
     path = folder / "oracle.promptfoo.yaml"
     path.write_text(config(), encoding="utf-8")

@@ -22,7 +22,7 @@ import pytest
 from conftest import SUITE
 from served import free_port, llama_server
 
-from gatekeeper.models import find_gguf
+from gatekeeper.setup.models import find_gguf
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant. Answer in one line."},
             {"role": "user", "content": "What is 2+2?"}]
@@ -381,7 +381,7 @@ def test_bad_telemetry_is_exit_2_naming_the_line_and_field(run_cli, tmp_path, fi
 
 
 def test_a_metadata_only_capture_feeds_analyze_but_not_replay(tmp_path):
-    from gatekeeper import capture
+    from gatekeeper.traffic import capture
     from gatekeeper.errors import GatekeeperError
 
     salt = b"s" * 16

@@ -8,7 +8,7 @@ import json
 import pytest
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper import replay
+from gatekeeper.traffic import replay
 from gatekeeper.engines.sim import SimEngine
 from gatekeeper.workspace import EngineProfile
 

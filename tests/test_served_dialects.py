@@ -1,5 +1,5 @@
 """The http adapter against the servers people run, each in its own dialect, through the real CLI:
-vLLM for CPUs (set up once by gatekeeper.vllm_setup), mlx_lm.server on a tiny model, and
+vLLM for CPUs (set up once by gatekeeper.setup.vllm), mlx_lm.server on a tiny model, and
 llama-cpp-python's own server. For vLLM and mlx: PASS on a healthy pair of deployments (cache off,
 cache on), FAIL against a deployment that really computes differently, a flag-off deployment that
 serves from its cache is no baseline, and bad answers abort the evaluation with the ledger intact.
@@ -18,7 +18,7 @@ from conftest import ledger
 from served import (BAD_ANSWERS, assert_aborted, evaluate, faulty_front, llama_cpp_python_server, mlx_server, served_ws,
                     vllm_server)
 
-from gatekeeper.models import default_model_dir, find_gguf
+from gatekeeper.setup.models import default_model_dir, find_gguf
 
 pytestmark = pytest.mark.slow
 

@@ -170,7 +170,7 @@ def test_battery_with_near_ties_gets_no_advice(run_cli, tiny_ws, monkeypatch, ca
     assert not any(x.startswith("insensitive:") for x in out["reasons"])
 
     from gatekeeper.cli.tables import print_outcome
-    from gatekeeper.gate import Outcome
+    from gatekeeper.gate.evaluator import Outcome
 
     monkeypatch.setenv("COLUMNS", "250")
     print_outcome(Outcome(**out))
@@ -191,7 +191,7 @@ def step(best, second=0.0, ids=(1, 2)):
 
 
 def test_no_top2_means_drift_unknown_never_bit_exact():
-    from gatekeeper.kinds import ByteEquivalence, Evidence, strength
+    from gatekeeper.gate.kinds import ByteEquivalence, Evidence, strength
     from gatekeeper.workspace import Policy
 
     off = result([1, 1], [step(3.0), step(2.0)])
@@ -206,7 +206,7 @@ def test_no_top2_means_drift_unknown_never_bit_exact():
 
 
 def test_a_fail_counts_only_the_steps_before_the_divergence():
-    from gatekeeper.kinds import strength
+    from gatekeeper.gate.kinds import strength
 
     off = result([1, 1, 5, 1], [step(3.0), step(2.0, 1.99), step(9.0), step(1.0)])
     on = result([1, 1, 6, 1], [step(3.0), step(2.25, 1.99), step(1.0, ids=(6, 5)), step(90.0)])

@@ -2,7 +2,8 @@
 
 import pytest
 
-from gatekeeper import battery
+from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import load as battery
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -118,13 +119,13 @@ def test_missing_var_names_suite_and_case(workspace):
 def test_missing_segment_file(workspace):
     (workspace / "prompts" / "assistant_system.txt").unlink()
     with pytest.raises(GatekeeperError, match=r"field 'prompt.1.file': prompts/assistant_system.txt not found"):
-        Workspace(workspace).suites
+        all_suites(Workspace(workspace))
 
 
 def test_duplicate_case_ids(workspace):
     (workspace / "assertions" / "s.yaml").write_text(SUITE + "      - {type: contains, value: x}\n  - id: a\n    vars: {query: q}\n")
     with pytest.raises(GatekeeperError, match="case id 'a' appears twice"):
-        Workspace(workspace).suites
+        all_suites(Workspace(workspace))
 
 
 def test_battery_digest_follows_segment_files(workspace):

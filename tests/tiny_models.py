@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.tiny_hybrid import CHAT_TEMPLATE, SPECIAL  # the same chat format for every tiny model
+from gatekeeper.setup.tiny_hybrid import CHAT_TEMPLATE, SPECIAL  # the same chat format for every tiny model
 
 # A fixed training text: the tokenizer (and so every test's token ids) is the same on every run.
 CORPUS = [
@@ -59,7 +59,7 @@ def build_tiny_llama(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from gatekeeper.models import _add_legacy_rope_theta
+    from gatekeeper.setup.models import _add_legacy_rope_theta
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -96,6 +96,6 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_hybrid(tmp_path_factory) -> Path:
     """A directory holding a tiny random hybrid model (Gated DeltaNet + attention, Qwen3.5 layout)."""
-    from gatekeeper.tiny_hybrid import build
+    from gatekeeper.setup.tiny_hybrid import build
 
     return build(tmp_path_factory.mktemp("tiny-hybrid"))

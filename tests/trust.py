@@ -72,7 +72,7 @@ def backend_ws(backend, request, workspace, keys, monkeypatch):
 
 
 def _trusting(workspace: Path, keys, monkeypatch) -> Path:
-    from gatekeeper import gate
+    from gatekeeper.gate import evaluator as gate
 
     monkeypatch.setattr(gate, "identity_now", lambda ws, evaluation, ledger: evaluation["identity"]["off"])
     monkeypatch.delenv("GATEKEEPER_SIGNING_KEY", raising=False)

@@ -128,3 +128,13 @@ class TokenTrie(Generic[V]):
                 out.append((node.depth, node.value))
             stack.extend(node.children.values())
         return out
+
+
+def common_prefix(a: Sequence, b: Sequence) -> int:
+    """How many leading items two sequences (token ids, text) share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -30,25 +30,25 @@ def evaluate(
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
     import getpass
 
-    from .. import gate, pipeline
+    from ..gate import evaluator, pipeline
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
     # every input is checked before anything is written
-    plan = gate.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported)
-    models = gate.open_engines(plan)
+    plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported)
+    models = evaluator.open_engines(plan)
     total = len(plan.items) * (plan.policy.baseline_repeats + 1)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
           sigterm_as_interrupt()):
         try:
-            outcome = gate.evaluate(plan, ledger, models, operator or getpass.getuser(), advance)
+            outcome = evaluator.evaluate(plan, ledger, models, operator or getpass.getuser(), advance)
         except KeyboardInterrupt:
             typer.echo("interrupted: the evaluation is recorded as aborted (no verdict); the ledger is intact", err=True)
             raise typer.Exit(130) from None
         finally:
-            gate.close_engines(models)
+            evaluator.close_engines(models)
     emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
     if outcome.verdict != "PASS":
         raise typer.Exit(1)
@@ -69,8 +69,8 @@ def calibrate(
     """Plant faults of graded size in the flag-on run and record the share of cases the gate would flag."""
     import getpass
 
-    from .. import calibrate as calibration
-    from .. import gate, pipeline
+    from ..gate import calibrate as calibration
+    from ..gate import evaluator, pipeline
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -81,13 +81,13 @@ def calibrate(
             raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
         plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger)
     reference = calibration.reference(record) if record is not None else None
-    models = gate.open_engines(plan)
+    models = evaluator.open_engines(plan)
     try:
         cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
         with progress(cases, enabled=not json_) as advance:
             result = calibration.run(plan, models, reference, advance)
     finally:
-        gate.close_engines(models)
+        evaluator.close_engines(models)
     result.evaluation_id = evaluation
     with settings.opened_ledger(ws, create=True) as ledger:  # written once every fault has run
         result.calibration_id = ledger.add_calibration(
@@ -113,8 +113,8 @@ def measure(
     """Run the battery's cases through the runtime and print the prefill tax per stage."""
     import getpass
 
-    from .. import measure as measuring
-    from ..capture import check_path
+    from ..traffic import measure as measuring
+    from ..traffic.capture import check_path
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -132,8 +132,8 @@ def measure(
 def analyze(file: Annotated[Path, typer.Argument(help="A capture: JSONL, one request a line.")],
             json_: Json = False) -> None:
     """Read captured prompts and print the cacheable prefix share per stage and between consecutive requests."""
-    from .. import analyze as analysis
-    from .. import capture
+    from ..traffic import analyze as analysis
+    from ..traffic import capture
 
     report = analysis.analyze(capture.read(file, content=False))
     emit(json_, {"file": str(file), **report}, lambda: tables.print_analysis(report))

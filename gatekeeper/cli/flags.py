@@ -16,7 +16,7 @@ from .common import EngineName, Json, Settings, emit, reporting
 @reporting
 def status(ctx: typer.Context, json_: Json = False) -> None:
     """Each flag's state as the ledger records it, and whether the evidence behind it is still current."""
-    from .. import flags, gate
+    from ..gate import flags, evaluator
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -26,7 +26,7 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
             row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
             if st["state"] == "on" and st["evaluation_id"] is not None:
                 evaluation = ledger.evaluation(st["evaluation_id"])
-                problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: gate.identity_now(ws, ev, ledger))
+                problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: evaluator.identity_now(ws, ev, ledger))
                 row.update(evidence_current=not problems, evidence_problems=problems)
             rows.append(row)
     emit(json_, {"workspace": str(ws.root), "flags": rows}, lambda: tables.print_status(rows))
@@ -54,7 +54,9 @@ def flip(
     import getpass
     import os
 
-    from .. import attestation, flags, gate, signing
+    from .. import signing
+    from ..gate import attestation, flags
+    from ..gate import evaluator
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -80,7 +82,7 @@ def flip(
         _writable(ws.checkpoint_path)
     with settings.opened_ledger(ws, create=True) as ledger:
         result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
-                            identity_now=lambda ev: gate.identity_now(ws, ev, ledger), attestation=attestation)
+                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attestation)
         data = result.to_dict()
         if result.action == "flipped" and policy.approvals.checkpoint_after_flip:
             from ..ledger import checkpoint
@@ -96,7 +98,8 @@ def flip(
 
 def _attestation(sign: Optional[Path], signature: Optional[Path], record: Optional[Path], env_key: Optional[str]):
     """What vouches for this flip: --sign KEY, --signature with --record, $GATEKEEPER_SIGNING_KEY, or nothing."""
-    from .. import attestation, signing
+    from .. import signing
+    from ..gate import attestation
 
     if (signature is None) != (record is None):
         raise GatekeeperError("--signature and --record go together: the record (flip ... --print-record) "
@@ -134,7 +137,7 @@ def _writable(path: Path) -> None:
 def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
-    from .. import flags, pipeline
+    from ..gate import flags, pipeline
     from ..engines.registry import build_engine
 
     settings: Settings = ctx.obj

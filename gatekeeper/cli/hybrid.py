@@ -29,7 +29,7 @@ def replay(
     json_: Json = False,
 ) -> None:
     """Replay a trace under snapshot placement policies: restores, reuse against the bound, snapshot bytes, parity."""
-    from .. import replay as replaying
+    from ..traffic import replay as replaying
 
     if (trace is None) == (scenario is None):
         raise GatekeeperError("give a trace file or --scenario interleave|synthetic (one of them)")
@@ -40,7 +40,7 @@ def replay(
     ws = settings.open_workspace()
     profile = ws.engine(engine)
     if tiny_hybrid:
-        from ..tiny_hybrid import ensure
+        from ..setup.tiny_hybrid import ensure
 
         profile = profile.model_copy(update={"model": str(ensure())})
     make = replaying.maker(profile, ws.root, simulate=simulate)

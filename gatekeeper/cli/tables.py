@@ -78,7 +78,7 @@ def _strength(s: dict[str, Any]) -> str:
 
 
 def _near_ties(row: dict[str, Any]) -> str:
-    from ..kinds import NEAR_TIE
+    from ..gate.kinds import NEAR_TIE
 
     smallest = "-" if row["min_margin"] is None else f"{row['min_margin']:.3g}"
     out = f"{row['near_ties']} of {row['steps']} decode steps with a top-2 margin <= {NEAR_TIE:g} (smallest {smallest})"
@@ -146,7 +146,7 @@ def print_analysis(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..analyze import LONG, SHORT
+    from ..traffic.analyze import LONG, SHORT
 
     console = Console()
     table = Table("stage", "calls", "mean bytes", "stable bytes", "stable share", "cacheable written", "partitioned",

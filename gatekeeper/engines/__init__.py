@@ -1,1 +1,7 @@
-"""Engine adapters: one contract (base.py), built-ins registered by name, plugins by import path."""
+"""Engine adapters: one contract (``base``: a model loaded once, a session per configuration), built-ins
+registered by name (``registry``): ``torch``, ``mlx``, ``llamacpp``, ``http`` with its server ``dialects``
+and ``telemetry``; plugins by import path. The prefill plan (``plan``) and planted faults (``faults``)
+are session options.
+
+Imports: gatekeeper (the version), errors, identity, workspace, cache, setup.
+"""

@@ -20,15 +20,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import GatekeeperError
-
-if TYPE_CHECKING:
-    from .http import HTTPEngine
+from ..workspace import EngineProfile
 
 NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
+
+
+class Server(Protocol):
+    """What a dialect needs of the engine that speaks it (``http.HTTPEngine``): the dependency runs one way."""
+    profile: EngineProfile
+    dialect_name: str
+    workspace_root: Path | None
+    model_ids: dict[str, str]
+
+    def text_op(self, path: str, body: dict[str, Any], field: str) -> Any: ...
+
+    def call_text(self, url: str, path: str) -> str: ...
 
 
 class Dialect:
@@ -36,7 +46,7 @@ class Dialect:
     token_prompts: ClassVar[bool] = True  # prompts go as token ids (else as text, tokenized by the server)
     local_tokenizer: ClassVar[bool] = False  # renders and tokenizes with the profile's ``tokenizer``
 
-    def __init__(self, engine: "HTTPEngine"):
+    def __init__(self, engine: Server):
         self.engine = engine
         self.tokenizer = _local_tokenizer(engine) if self.local_tokenizer else None
 
@@ -145,8 +155,8 @@ def detect(described: dict[str, Any]) -> tuple[str, str]:
     return "openai", f"no llama.cpp /props, owned_by {sorted(map(str, owners))}"
 
 
-def _local_tokenizer(engine: "HTTPEngine"):
-    from ..models import resolve_model
+def _local_tokenizer(engine: Server):
+    from ..setup.models import resolve_model
     from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
     spec = engine.profile.tokenizer

@@ -17,7 +17,7 @@ from ..cache import PrefixCache, StateOps, snapshots
 from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
 from ..identity import directory_digest
-from ..models import resolve_model
+from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Session, checked_request

@@ -24,7 +24,8 @@ import urllib.request
 from time import perf_counter
 from typing import Any, Sequence
 
-from .. import __version__, telemetry
+from .. import __version__
+from . import telemetry
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import EngineProfile

@@ -31,8 +31,8 @@ from .. import __version__
 from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
 from ..identity import file_digest
-from ..models import find_gguf
-from ..partition import common_prefix
+from ..setup.models import find_gguf
+from ..cache.trie import common_prefix
 from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Session, checked_request
@@ -277,7 +277,7 @@ class LlamaCppEngine(Engine):
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         super().__init__(profile, workspace_root=workspace_root)
-        from ..llama_libs import import_llama_cpp
+        from ..setup.llama_libs import import_llama_cpp
 
         try:
             llama_cpp = import_llama_cpp()  # a missing llama.cpp library names `make llama-server`

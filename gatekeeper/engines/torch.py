@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import contextmanager
 from time import perf_counter
 from pathlib import Path
 from typing import Any, Sequence
@@ -16,11 +15,10 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
-from transformers.utils import logging as hf_logging
 
 from ..errors import GatekeeperError
 from ..identity import directory_digest
-from ..models import resolve_model
+from ..setup.models import quiet_loading, resolve_model
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
@@ -77,7 +75,7 @@ class TorchEngine(GreedyEngine):
         kwargs = {"attn_implementation": self.profile.options["attn_implementation"]} \
             if "attn_implementation" in self.profile.options else {}
         try:
-            with _no_progress_bars():
+            with quiet_loading():
                 model = AutoModelForCausalLM.from_pretrained(str(path), dtype=self.dtype, local_files_only=True, **kwargs)
         except (ValueError, ImportError) as e:
             if not kwargs:
@@ -315,15 +313,3 @@ def _merge_lora(model: Any, adapter_dir: Any) -> Any:
         raise GatekeeperError("adapter_path needs the peft package; install it with: pip install peft") from None
     # Merged into the weights, so the forward (and its cache argument) is the plain model's.
     return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-
-
-@contextmanager
-def _no_progress_bars():
-    """Loading prints a weights bar on stderr; keep the CLI's output (and --json mode) clean."""
-    was_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_on:
-            hf_logging.enable_progress_bar()

@@ -18,8 +18,8 @@ from collections import defaultdict
 from typing import Any
 
 from ..engines.base import plus
-from ..kinds import AT_RISK, NEAR_TIE
-from ..partition import common_prefix
+from ..gate.kinds import AT_RISK, NEAR_TIE
+from ..cache.trie import common_prefix
 
 FORMATS = ("md", "html", "json")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"

@@ -1,5 +1,8 @@
-"""Where llama-cpp-python finds llama.cpp: the shared libraries ``gatekeeper.llama_build`` builds
-once into ``$GATEKEEPER_HOME/llama.cpp/VERSION/lib/`` (the same build as its ``llama-server``).
+"""Where llama-cpp-python finds llama.cpp: the shared libraries ``gatekeeper.setup.llama_build`` builds
+once into ``$GATEKEEPER_HOME/llama.cpp/VERSION/TARGET/lib/`` (the same build as its ``llama-server``).
+
+A build is keyed by what it depends on, the llama-cpp-python release and the CPU target
+(``llama_target``), so a home moved to, or shared with, another CPU never loads a build made for another.
 
 Imported by the ``gatekeeper`` package itself, before anything imports ``llama_cpp``, so it stays
 light: nothing here builds, downloads or imports llama_cpp until asked to.
@@ -11,7 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
+from .llama_target import target
 from .models import home
 
 DEFAULT_VERSION = "0.3.36"
@@ -30,8 +34,14 @@ def version() -> str:
         return DEFAULT_VERSION
 
 
-def root(ver: str | None = None) -> Path:
+def version_dir(ver: str | None = None) -> Path:
+    """``$GATEKEEPER_HOME/llama.cpp/VERSION``: the unpacked sources (``src/``) and one build per target."""
     return home() / "llama.cpp" / (ver or version())
+
+
+def root(ver: str | None = None) -> Path:
+    """Where this CPU's build of release ``ver`` lives (``bin/``, ``lib/``)."""
+    return version_dir(ver) / target()
 
 
 def lib_dir(ver: str | None = None) -> Path:
@@ -72,5 +82,5 @@ def import_llama_cpp():
     except (OSError, RuntimeError) as e:  # FileNotFoundError: no libllama.so where it looked
         where = os.environ.get("LLAMA_CPP_LIB_PATH") or "llama-cpp-python's own lib/"
         raise GatekeeperError(f"llama-cpp-python could not load llama.cpp's library from {where} ({e}); "
-                              "build llama.cpp once: make llama-server (or: python -m gatekeeper.llama_build)") from None
+                              "build llama.cpp once: make llama-server (or: python -m gatekeeper.setup.llama_build)") from None
     return llama_cpp

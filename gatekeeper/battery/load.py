@@ -9,13 +9,42 @@ the skipped ones are then listed in the evaluation's reasons (``skipped:``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
-from . import nunjucks
+from ..js import nunjucks
 from .checks import validate_suite
-from .errors import GatekeeperError
-from .identity import digest
+from ..errors import GatekeeperError
+from ..identity import digest
 from .partition import missing_vars
-from .workspace import Case, Suite, Workspace
+from ..workspace import ASSERTIONS, Case, Suite, Workspace, parse
+from . import promptfoo
+
+
+_SUITES: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def all_suites(ws: Workspace) -> dict[str, Suite]:
+    """The workspace's suites by name, each read once: gatekeeper YAML suites and promptfoo configs alike."""
+    if ws not in _SUITES:
+        _SUITES[ws] = _read(ws)
+    return _SUITES[ws]
+
+
+def _read(ws: Workspace) -> dict[str, Suite]:
+    out: dict[str, Suite] = {}
+    for path in ws.files(ASSERTIONS):
+        suite = promptfoo.load_suite(path, ws.root) if promptfoo.is_config(path) else parse(Suite, path, path=path)
+        if suite.promptfoo is not None and not suite.cases:
+            suite = promptfoo.with_cases(suite, ws.root)
+        if suite.suite in out:
+            raise GatekeeperError(f"{path}: field 'suite': {suite.suite!r} is already defined by {out[suite.suite].path}; rename one")
+        for seg_no, seg in enumerate(suite.prompt):
+            if seg.file and not (path.parent / seg.file).is_file() and not (ws.root / seg.file).is_file():
+                raise GatekeeperError(f"{path}: field 'prompt.{seg_no}.file': {seg.file} not found (relative to the workspace or the suite's folder)")
+        out[suite.suite] = suite
+    if not out:
+        raise GatekeeperError(f"{ws.root / ASSERTIONS}: no suites (*.yaml); add one or run 'gatekeeper init'")
+    return out
 
 
 @dataclass(frozen=True)
@@ -32,7 +61,7 @@ def load(ws: Workspace, suites: list[str] | None = None, limit: int | None = Non
          skip_unsupported: bool = False) -> list[Item]:
     """Cases of the chosen suites in file order; ``limit`` caps the cases per suite; ``skip_unsupported``
     leaves out promptfoo assertions gatekeeper cannot evaluate instead of refusing them."""
-    available = ws.suites
+    available = all_suites(ws)
     chosen = suites or list(available)
     unknown = [s for s in chosen if s not in available]
     if unknown:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .analyze import distribution
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
 
 MAX_LINE = 1 << 20  # a "line" longer than this (binary garbage, no newline) is read in pieces
 EXAMPLES = 20  # unparsed lines quoted in the report

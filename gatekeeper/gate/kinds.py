@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 from deepdiff import DeepDiff
 
-from .workspace import Policy
+from ..workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
 AT_RISK = 10  # a step whose top-2 margin is within this many times the largest drift could flip under it

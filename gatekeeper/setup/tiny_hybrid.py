@@ -77,9 +77,9 @@ def build(path: Path, *, seed: int = 0, hidden: int = 64, init_std: float = 0.25
         for layer in model.model.layers:
             if hasattr(layer, "linear_attn"):
                 layer.linear_attn.A_log.uniform_(-7.0, -3.0)
-    from .engines.torch import _no_progress_bars
+    from .models import quiet_loading
 
-    with _no_progress_bars():
+    with quiet_loading():
         model.save_pretrained(path)
     return path
 

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import battery, checks, kinds, partition, pipeline
-from .engines.base import Engine, Session, plus
-from .errors import GatekeeperError
-from .identity import digest, directory_digest, sha256_hex
-from .workspace import EngineProfile, Policy, Workspace
+from ..battery import load as battery, checks, partition
+from . import kinds, pipeline
+from ..engines.base import Engine, Session, plus
+from ..errors import GatekeeperError
+from ..identity import digest, directory_digest, sha256_hex
+from ..workspace import EngineProfile, Policy, Workspace
 
 
 @dataclass
@@ -86,7 +87,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
          skip_unsupported: bool = False) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
     the evaluated flag off, the flag-on side is that with the flag's change."""
-    from .engines.registry import check_profile
+    from ..engines.registry import check_profile
 
     policy = ws.policy(flag)
     rest = force.without(flag)
@@ -130,7 +131,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
 
 def open_engines(p: Plan) -> dict[str, Engine]:
     """A loaded model per configuration; one shared model when both run the same profile."""
-    from .engines.registry import build_engine
+    from ..engines.registry import build_engine
 
     off = build_engine(p.configs["off"].profile, workspace_root=p.ws.root)
     if p.configs["on"].profile == p.configs["off"].profile:
@@ -379,7 +380,7 @@ def _passes(results: dict[str, dict]) -> int:
 def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str, Any]:
     """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit, candidate)
     has today, with the pipeline in force as the ledger says, the evaluated flag taken as off."""
-    from .engines.registry import build_engine
+    from ..engines.registry import build_engine
 
     config = evaluation["config"]
     force = pipeline.in_force(ws, ledger, {evaluation["flag"]: "off"})

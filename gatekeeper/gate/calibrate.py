@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import flags, gate, kinds
-from .engines.registry import check_profile
-from .engines.faults import graded
-from .errors import GatekeeperError
-from .workspace import Workspace
+from . import evaluator, flags, kinds
+from ..engines.registry import check_profile
+from ..engines.faults import graded
+from ..errors import GatekeeperError
+from ..workspace import Workspace
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Calibration:
 
 
 def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit: int | None, *, force,
-         evaluation: dict[str, Any] | None, ledger) -> gate.Plan:
+         evaluation: dict[str, Any] | None, ledger) -> evaluator.Plan:
     """The evaluation's plan (its engine, suites and limit when one is named), checked to be current."""
     if evaluation is not None:
         if evaluation["flag"] != flag:
@@ -44,10 +44,10 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
         config = evaluation["config"]
         engine, suites, limit = config["engine"], config.get("suites"), config.get("limit")
         stale = [p for p in flags.evidence_problems(ws, flag, {**evaluation, "status": "PASS"},
-                                                    lambda ev: gate.identity_now(ws, ev, ledger)) if p.startswith("stale:")]
+                                                    lambda ev: evaluator.identity_now(ws, ev, ledger)) if p.startswith("stale:")]
         if stale:
             raise GatekeeperError(f"{stale[0]}; calibrate a current evaluation (gatekeeper evaluate --flag {flag})")
-    p = gate.plan(ws, flag, engine, suites, limit, force=force)
+    p = evaluator.plan(ws, flag, engine, suites, limit, force=force)
     if not p.exercises_cache:
         raise GatekeeperError(f"calibrate plants faults in the prefix cache's restored states; {flag} does not turn "
                               "the cache on (calibrate --flag prefix_cache)")
@@ -64,7 +64,7 @@ def reference(evaluation: dict[str, Any]) -> dict[str, dict]:
     return {r["case_id"]: r["result"] for r in evaluation["case_results"] if r["config"] == "off" and r["repeat"] == 0}
 
 
-def run(p: gate.Plan, models: dict, ref: dict[str, dict] | None,
+def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
         progress: Callable[[str], None] = lambda label: None) -> Calibration:
     """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such."""
     seconds: dict[str, float] = {}
@@ -97,11 +97,11 @@ def run(p: gate.Plan, models: dict, ref: dict[str, dict] | None,
     return Calibration(None, p.flag, None, p.engine_name, len(p.items), rows, seconds)
 
 
-def _run(session, p: gate.Plan, render, label: str, progress: Callable[[str], None]) -> dict[str, dict]:
+def _run(session, p: evaluator.Plan, render, label: str, progress: Callable[[str], None]) -> dict[str, dict]:
     with session:
-        gate._pin_stage_prefixes(session, p, render)
+        evaluator._pin_stage_prefixes(session, p, render)
         out = {}
         for item in p.items:
             progress(f"{label} {item.case_id}")
-            out[item.case_id] = gate.run_case(session, p.ws, item, render)
+            out[item.case_id] = evaluator.run_case(session, p.ws, item, render)
         return out

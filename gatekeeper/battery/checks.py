@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from . import jsregex, jsyaml
-from .jsvalue import JSONError, deep_equal, is_js_space, is_json, js_string, js_trim, parse_json, truthy
-from .workspace import Assertion, Suite
+from ..js import regex, yaml as jsyaml
+from ..js.value import JSONError, deep_equal, is_js_space, is_json, js_string, js_trim, parse_json, truthy
+from ..workspace import Assertion, Suite
 
 
 class Refused(ValueError):
@@ -41,9 +41,9 @@ def _text(kind: str) -> Callable[[Any], str]:
     return prepare
 
 
-def _regex(v: Any) -> jsregex.JSRegExp:
+def _regex(v: Any) -> regex.JSRegExp:
     try:
-        return jsregex.compile(_text("regex")(v))
+        return regex.compile(_text("regex")(v))
     except ValueError as e:
         if isinstance(e, Refused):
             raise

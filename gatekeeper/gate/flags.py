@@ -20,10 +20,10 @@ from typing import Any, Callable
 from deepdiff import DeepDiff
 
 from . import attestation as attestation_
-from . import signing
-from .errors import GatekeeperError
-from .identity import canonical_json
-from .workspace import HASH_PARTS, MinPower, Workspace
+from .. import signing
+from ..errors import GatekeeperError
+from ..identity import canonical_json
+from ..workspace import HASH_PARTS, MinPower, Workspace
 
 # Given an evaluation record, the flag-off identity its configuration has now.
 IdentityNow = Callable[[dict[str, Any]], dict[str, Any]]

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from . import signing
-from .errors import GatekeeperError
-from .identity import canonical_json, digest, sha256_hex
-from .signing import SigningKey
-from .workspace import Workspace
+from .. import signing
+from ..errors import GatekeeperError
+from ..identity import canonical_json, digest, sha256_hex
+from ..signing import SigningKey
+from ..workspace import Workspace
 
 RECORD_TYPE = "gatekeeper.flip"
 CLOCK_SKEW_S = 300  # how far in the future a record signed elsewhere may be dated

@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from .capture import BLOCK, TELEMETRY, Request
-from .partition import common_prefix
+from ..cache.trie import common_prefix
 
 SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
 PERCENTILES = (("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90))

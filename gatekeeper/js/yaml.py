@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .jsvalue import js_string, parse_json, JSONError
+from .value import js_string, parse_json, JSONError
 
 
 class Loader(yaml.SafeLoader):

@@ -31,8 +31,8 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from .capture import CaptureWriter, check_path, metadata
-from .errors import GatekeeperError
-from .telemetry import Telemetry, read as read_telemetry
+from ..errors import GatekeeperError
+from ..engines.telemetry import Telemetry, read as read_telemetry
 
 COMPLETIONS = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion"}
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",

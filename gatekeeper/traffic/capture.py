@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import GatekeeperError
-from .partition import Piece, Rendered
-from .telemetry import Telemetry
+from ..errors import GatekeeperError
+from ..battery.partition import Piece, Rendered
+from ..engines.telemetry import Telemetry
 
 BLOCK = 64  # bytes per prefix digest on metadata-only lines
 TELEMETRY = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")

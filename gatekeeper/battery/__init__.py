@@ -1,0 +1,6 @@
+"""The battery: suites as the gate runs them. Loading them (gatekeeper YAML suites and promptfoo configs,
+one home: ``load``), rendering their prompts as written or static-first (``partition``), and checking
+assertions on outputs (``checks``, with promptfoo's meaning for the types both share).
+
+Imports: errors, identity, workspace, js, cache.
+"""

@@ -1,0 +1,7 @@
+"""The gate: what decides. An evaluation's plan, its sessions and runs (``evaluator``), the comparison and
+decision of each gate kind (``kinds``), planted-fault calibration (``calibrate``), the pipeline in force
+and its version hash (``pipeline``), approvals and flips (``flags``) and their signed records (``attestation``).
+It is handed a ledger and never opens one.
+
+Imports: errors, identity, signing, workspace, battery, engines.
+"""

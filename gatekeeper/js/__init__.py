@@ -1,0 +1,6 @@
+"""JavaScript's meaning, as promptfoo gives it: values and JSON (``value``), RegExp (``regex``), js-yaml's
+reading of YAML (``yaml``) and nunjucks templates (``nunjucks``), so promptfoo suites mean here what they
+mean there.
+
+Imports: nothing.
+"""
