@@ -60,8 +60,9 @@ postgresql:
 	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
 	  else echo "warning: PostgreSQL is missing and cannot be installed without root; the ledger tests will fail" >&2; fi; }
 
-# llama.cpp, compiled once (CPU-only; about 9 minutes on two cores) into $$GATEKEEPER_HOME/llama.cpp/VERSION/,
-# then reused: bin/llama-server for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter).
+# llama.cpp, compiled once per CPU target (CPU-only; about 5-9 minutes on two cores) into $$GATEKEEPER_HOME/llama.cpp/VERSION/TARGET/,
+# proven by a smoke decode and a one-request llama-server before it is installed, then reused: bin/llama-server
+# for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter).
 llama-server: setup
 	$(PY) -m gatekeeper.setup.llama_build
 

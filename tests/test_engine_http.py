@@ -154,17 +154,3 @@ def test_bad_profiles_name_the_file_and_field(workspace, body, field):
     with pytest.raises(GatekeeperError) as err:
         Workspace(workspace).engine("bad")
     assert "engines/bad.yaml: invalid" in str(err.value) and field in str(err.value)
-
-
-def test_llama_server_is_built_once_into_the_user_cache():
-    from time import perf_counter
-
-    from gatekeeper.setup import llama_build
-    from gatekeeper.setup.models import home
-
-    first = llama_build.build_server()  # built by `make test` (or by the first server fixture)
-    start = perf_counter()
-    assert llama_build.build_server() == first == llama_build.server_binary()
-    assert perf_counter() - start < 1  # reused, not rebuilt
-    assert first.is_relative_to(home() / "llama.cpp" / llama_build.version())
-    assert (llama_build.source_dir() / "convert_hf_to_gguf.py").is_file()  # the vendored tree stays for converters
