@@ -75,7 +75,7 @@ promptfoo: setup
 	$(PY) -m gatekeeper.setup.promptfoo
 
 # vLLM for CPUs for the served-engine tests: its own venv under $$GATEKEEPER_HOME/vllm/, set up once (about
-# two minutes), packaging faults mended (gatekeeper/vllm_setup.py), then reused.
+# two minutes), packaging faults mended (gatekeeper/setup/vllm.py), then reused.
 vllm: setup
 	$(PY) -m gatekeeper.setup.vllm
 

@@ -71,7 +71,7 @@ def source_dir(ver: str | None = None) -> Path:
 
 def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
     """``llama-server`` for this machine's CPU, and the libraries it and llama-cpp-python load,
-    built once (about 9 minutes on two cores) and proven before they are installed."""
+    built once (about 5-9 minutes on two cores) and proven before they are installed."""
     ver = ver or version()
     found = server_binary(ver)
     if found:

@@ -174,7 +174,7 @@ def segments(engine, rendered: Rendered, ordered: Sequence[Piece], first_turn: b
 
 def _bad(path: Path, line: int, field: str, problem: str) -> GatekeeperError:
     return GatekeeperError(f"{path}:{line}: field '{field}' {problem}; each line needs "
-                           "stage, stream, t and tokens or text (see 'Captures and traces' in the README)")
+                           "stage, stream, t and tokens or text (see docs/measuring.md)")
 
 
 def _utf8(s: str) -> bool:
