@@ -261,6 +261,7 @@ class Policy(Strict):
     margin: float = Field(0, ge=0, le=1)  # non_inferiority: the share of passing assertions that may be lost
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
     require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits
+    max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE
     min_power: MinPower | None = None  # a flip needs a calibration of the evidence at least this strong
 
     @model_validator(mode="after")
@@ -271,6 +272,11 @@ class Policy(Strict):
             raise ValueError(f"gate: {self.flag} is gated by {want}, not {self.gate}; set gate: {want}")
         if want and self.change is not None:
             raise ValueError(f"change: {self.flag} is built in (it changes {BUILTIN_CHANGES[self.flag]}); remove 'change'")
+        if (self.require or self.max_drift) and self.gate != "byte_equivalence":
+            field = "require" if self.require else "max_drift"
+            raise ValueError(f"{field}: only a byte_equivalence gate compares top-2 logits; remove it or set gate: byte_equivalence")
+        if self.require and self.max_drift:
+            raise ValueError("max_drift: require: bit_exact already allows no drift at all; keep one of the two")
         if not want and self.change is None:
             raise ValueError(f"change: required: gatekeeper does not know what {self.flag!r} changes; declare it, e.g. "
                              "change: {profile: {options: {type_k: q8_0}}} (overrides of the engine profile in force) "

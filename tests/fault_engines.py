@@ -155,3 +155,21 @@ class LossySession(GreedySession):
 
 class Lossy(TorchEngine):
     session_class = LossySession
+
+
+DRIFT = 1e-3
+
+
+class DriftingSession(GreedySession):
+    """A cache whose hits move every generated step's top-2 logits by ``DRIFT`` and never the choice:
+    outputs stay equal, so only a drift bound can see it."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        if self.cache and g.cached_tokens and g.top2:
+            g = replace(g, top2=[[[i, logit + DRIFT] for i, logit in step] for step in g.top2])
+        return g
+
+
+class Drifting(TorchEngine):
+    session_class = DriftingSession

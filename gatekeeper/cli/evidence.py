@@ -64,6 +64,8 @@ def calibrate(
     suite: Suites = None,
     limit: Limit = None,
     operator: Operator = None,
+    full: Annotated[bool, typer.Option("--full", help="Decode every case of every fault run whole (exact counts by "
+                                       "outputs; by default a case stops at its first flag).")] = False,
     json_: Json = False,
 ) -> None:
     """Plant faults of graded size in the flag-on run and record the share of cases the gate would flag."""
@@ -85,7 +87,7 @@ def calibrate(
     try:
         cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
         with progress(cases, enabled=not json_) as advance:
-            result = calibration.run(plan, models, reference, advance)
+            result = calibration.run(plan, models, reference, advance, full=full)
     finally:
         evaluator.close_engines(models)
     result.evaluation_id = evaluation

@@ -256,16 +256,20 @@ def print_calibration(c: dict) -> None:
     from rich.table import Table
 
     linked = f" of evaluation {c['evaluation_id']}" if c["evaluation_id"] else ""
-    table = Table("fault", "flagged", "share", "cached tok", "seconds",
+    early = c.get("mode") == "early"
+    table = Table("fault", "flagged", "share", "by outputs" + (" (at least)" if early else ""), "by drift",
+                  "cached tok", "seconds",
                   title=f"calibration {c['calibration_id']}{linked}: {c['flag']} on {c['engine']}, {c['cases']} cases")
     for r in c["faults"]:
         if not r["supported"]:
-            table.add_row(r["spec"], "-", "not supported by this engine", "-", "-")
+            table.add_row(r["spec"], "-", "not supported by this engine", "-", "-", "-", "-")
         else:
-            table.add_row(r["spec"], f"{r['flagged']} / {r['cases']}", f"{r['share']:.0%}", str(r["cached_tokens"]),
-                          f"{r['seconds']:.1f}")
+            table.add_row(r["spec"], f"{r['flagged']} / {r['cases']}", f"{r['share']:.0%}", f"{r['share_outputs']:.0%}",
+                          f"{r['share_drift']:.0%}", str(r["cached_tokens"]), f"{r['seconds']:.1f}")
     console = Console()
     console.print(table)
+    console.print(f"by drift: {c['drift_rule']['rule']}" + ("; each case of a fault run stopped at its first flag "
+                                                             "(calibrate --full for exact counts by outputs)" if early else ""))
     if "per_flag_on_run" in c["seconds"]:
         console.print(f"cost: {c['seconds']['per_flag_on_run']:.1f} flag-on runs")
 

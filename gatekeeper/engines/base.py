@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from ..errors import GatekeeperError
 from .faults import Fault
@@ -19,6 +19,8 @@ from ..workspace import EngineProfile
 
 # The per-call figures an engine may report; ``Engine.observes`` says which it really measures.
 FIGURES = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
+# Asked after each generated token with the tokens so far and their top-2 logits (None unless asked for).
+Until = Callable[[list[int], "list | None"], bool]
 
 
 @dataclass
@@ -89,9 +91,11 @@ class Session(ABC):
 
     @abstractmethod
     def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+        until: Until | None = None,
     ) -> Generation:
-        """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string."""
+        """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string, and, on engines
+        that declare ``early_stop``, as soon as ``until(tokens, top2)`` is true (others decode on)."""
 
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
@@ -133,6 +137,7 @@ class Engine(ABC):
     # calibration: the session class that plants faults, and the fault kinds it knows (none: cannot)
     fault_session_class: ClassVar[type[Session] | None] = None
     faults: ClassVar[frozenset[str]] = frozenset()
+    early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         self.profile = profile

@@ -15,8 +15,9 @@ cache hit:
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 KINDS = ("noise", "shift", "drop", "other_prefix")
 NOISE = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -40,6 +41,12 @@ class Fault:
 def graded() -> list[Fault]:
     """Every fault a calibration plants, smallest first."""
     return [*(Fault("noise", s) for s in NOISE), Fault("shift"), Fault("drop"), Fault("other_prefix")]
+
+
+def seed(fault: Fault, restored: Sequence[int]) -> int:
+    """The noise draw for a hit on ``restored``: fixed by the fault and the tokens, so a case sees the same
+    noise whatever ran before it (a calibration that stops cases early plants what a full one does)."""
+    return fault.seed + zlib.crc32(b"".join(int(t).to_bytes(4, "little") for t in restored))
 
 
 def other_prefix(prompt: list[int], n: int) -> list[int]:

@@ -20,7 +20,7 @@ from ..identity import directory_digest
 from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, checked_request
+from .base import Engine, Generation, Session, Until, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -43,7 +43,8 @@ class GreedySession(Session):
 
     # --- generation -----------------------------------------------------------------------------
     def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+        until: Until | None = None,
     ) -> Generation:
         prompt = checked_request(prompt, max_tokens)
         if self.cache:
@@ -57,7 +58,7 @@ class GreedySession(Session):
         logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
         margins: list[list[list[float]]] | None = [] if top2 else None
-        tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins)
+        tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins, until)
         end = perf_counter()
 
         if self.cache and not self.hybrid:
@@ -198,15 +199,14 @@ class FaultSession(GreedySession):
             raise GatekeeperError(f"{model.profile.where}: calibration plants faults in attention states; "
                                   "this model has recurrent layers (snapshots), which it does not cover")
         self.fault = fault
-        self._hits = 0
 
     def _begin(self, prompt: list[int]) -> tuple[Any, int]:
         state, cached = super()._begin(prompt)
         if cached < 2:
             return state, cached
-        f, self._hits = self.fault, self._hits + 1
+        f = self.fault
         if f.kind == "noise":
-            state = self.ops.perturb(state, f.size, f.seed + self._hits)  # a fresh draw per hit, reproducible
+            state = self.ops.perturb(state, f.size, faults.seed(f, prompt[:cached]))
         elif f.kind == "shift":  # one position short, padded with the token before it
             state = self.ops.fork(state, cached - 1)
             self.model._forward(state, [prompt[cached - 2]])
@@ -253,6 +253,7 @@ class GreedyEngine(Engine):
     fault_session_class = FaultSession
     faults = frozenset(faults.KINDS)
     persists = True
+    early_stop = True
     options: ClassVar[Mapping[str, str] | None] = {}
 
     # set by ``_load``
@@ -291,17 +292,19 @@ class GreedyEngine(Engine):
     def _libraries(self) -> dict[str, str]: ...
 
     def _decode(self, prompt: list[int], state: Any, logits: np.ndarray, max_tokens: int,
-                stop: Sequence[str], margins: list | None) -> tuple[list[int], float]:
+                stop: Sequence[str], margins: list | None, until: Until | None = None) -> tuple[list[int], float]:
         """Greedy decoding from the prompt's last logits: the tokens, and when the first was picked."""
         tokens = [pick(logits, margins)]
         first = perf_counter()
-        while not self._done(tokens, max_tokens, stop):
+        while not self._done(tokens, max_tokens, stop, margins, until):
             logits = self._forward(state, tokens[-1:])
             tokens.append(pick(logits, margins))
         return tokens, first
 
-    def _done(self, tokens: list[int], max_tokens: int, stop: Sequence[str]) -> bool:
-        return tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop)
+    def _done(self, tokens: list[int], max_tokens: int, stop: Sequence[str], margins: list | None = None,
+              until: Until | None = None) -> bool:
+        return (tokens[-1] in self.eos_ids or len(tokens) >= max_tokens or self.stopped(tokens, stop)
+                or (until is not None and until(tokens, margins)))
 
     # --- text <-> tokens ------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, str]]) -> str:

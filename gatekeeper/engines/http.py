@@ -29,7 +29,7 @@ from . import telemetry
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import EngineProfile
-from .base import Engine, Generation, Session, checked_request
+from .base import Engine, Generation, Session, Until, checked_request
 from .dialects import DIALECTS, detect
 
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
@@ -63,7 +63,8 @@ class HTTPSession(Session):
                     return
 
     def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+        until: Until | None = None,
     ) -> Generation:
         request = checked_request(prompt, max_tokens)
         if self._pins:

@@ -35,7 +35,7 @@ from ..setup.models import find_gguf
 from ..cache.trie import common_prefix
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, checked_request
+from .base import Engine, Generation, Session, Until, checked_request
 from .greedy import pick
 from .plan import segments, splits
 
@@ -94,7 +94,8 @@ class LlamaCppSession(Session):
 
     # --- generation -----------------------------------------------------------------------------
     def generate(
-        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False
+        self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+        until: Until | None = None,
     ) -> Generation:
         prompt = checked_request(prompt, max_tokens)
         if len(prompt) + max_tokens > self.model.n_ctx:
@@ -102,9 +103,10 @@ class LlamaCppSession(Session):
                                   f"({self.model.n_ctx}); raise options.n_ctx in {self.profile.where}")
         with self.model.lock:
             self._claim()
-            return self._generate(prompt, max_tokens, stop, top2)
+            return self._generate(prompt, max_tokens, stop, top2, until)
 
-    def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool) -> Generation:
+    def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool,
+                  until: Until | None) -> Generation:
         if self.cache:
             self._build_pins()
         lib, ctx = self.model.lib, self.llm.ctx
@@ -118,7 +120,8 @@ class LlamaCppSession(Session):
         margins: list[list[list[float]]] | None = [] if top2 else None
         while True:
             tokens.append(pick(logits, margins))
-            if tokens[-1] in self.model.eos_ids or len(tokens) >= max_tokens or self.model.stopped(tokens, stop):
+            if (tokens[-1] in self.model.eos_ids or len(tokens) >= max_tokens or self.model.stopped(tokens, stop)
+                    or (until is not None and until(tokens, margins))):
                 break
             logits = self.model.eval(tokens[-1:])
         done = lib.llama_perf_context(ctx)
@@ -245,6 +248,7 @@ class LlamaCppEngine(Engine):
     fault_session_class = LlamaCppFaultSession
     faults = frozenset({"shift", "drop"})
     concurrency = 1  # one llama.cpp context: calls are serialized
+    early_stop = True
     persists = True
     options = {"n_ctx": "context size in tokens (default 4096)",
                "n_threads": "CPU threads (default: every core)",

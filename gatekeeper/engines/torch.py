@@ -96,16 +96,16 @@ class TorchEngine(GreedyEngine):
     def _forward(self, state: DynamicCache, tokens: Sequence[int]) -> np.ndarray:
         return self._logits(self.model, state, tokens, 1)[-1].numpy()
 
-    def _decode(self, prompt, state, logits, max_tokens, stop, margins):
+    def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
         if self.draft is None:
-            return super()._decode(prompt, state, logits, max_tokens, stop, margins)
+            return super()._decode(prompt, state, logits, max_tokens, stop, margins, until)
         if self.hybrid:
             raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding needs a state "
                                   "that can be cut back; this model has recurrent layers")
         tokens = [pick(logits, margins)]
         first = perf_counter()
         drafted = self._new_state(self.draft)
-        while not self._done(tokens, max_tokens, stop):
+        while not self._done(tokens, max_tokens, stop, margins, until):
             # The draft catches up on what it has not seen, then proposes k tokens greedily.
             seq = [*prompt, *tokens]
             k = min(self.draft_tokens, max_tokens - len(tokens))
@@ -119,7 +119,7 @@ class TorchEngine(GreedyEngine):
             checked = self._logits(self.model, state, [tokens[-1], *proposals], k + 1).numpy()
             for i in range(k + 1):
                 tokens.append(pick(checked[i], margins))
-                if i == k or tokens[-1] != proposals[i] or self._done(tokens, max_tokens, stop):
+                if i == k or tokens[-1] != proposals[i] or self._done(tokens, max_tokens, stop, margins, until):
                     break
             # Keep only what holds: every token but the last is in the model's state.
             keep = len(prompt) + len(tokens) - 1

@@ -30,6 +30,8 @@ class Calibration:
     cases: int
     faults: list[dict[str, Any]]  # per fault: spec, kind, size, flagged, share, cached tokens, seconds
     seconds: dict[str, float] = field(default_factory=dict)  # reference run, faults, cost per flag-on run
+    drift_rule: dict[str, Any] = field(default_factory=dict)  # when a fault counts as flagged by drift (DriftRule)
+    mode: str = "full"  # early: each case of a fault run stopped at its first flag; full: every case decoded whole
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -64,9 +66,67 @@ def reference(evaluation: dict[str, Any]) -> dict[str, dict]:
     return {r["case_id"]: r["result"] for r in evaluation["case_results"] if r["config"] == "off" and r["repeat"] == 0}
 
 
+DRIFT_FACTOR = 10  # with no drift bound in the policy: drift above this many times the unfaulted run's at a step
+
+
+@dataclass(frozen=True)
+class DriftRule:
+    """When a planted fault counts as flagged by drift: any drift where the policy requires ``bit_exact``,
+    drift above its ``max_drift``, else drift above ``DRIFT_FACTOR`` times the unfaulted flag-on run's."""
+
+    kind: str  # bit_exact | max_drift | relative
+    value: float
+
+    @classmethod
+    def of(cls, policy) -> "DriftRule":
+        if policy.require == "bit_exact":
+            return cls("bit_exact", 0.0)
+        if policy.max_drift is not None:
+            return cls("max_drift", policy.max_drift)
+        return cls("relative", DRIFT_FACTOR)
+
+    def exceeded(self, drift: float, unfaulted: float) -> bool:
+        if self.kind == "bit_exact":
+            return drift > 0
+        if self.kind == "max_drift":
+            return drift > self.value
+        return drift > 0 and drift > self.value * unfaulted
+
+    def describe(self) -> str:
+        return {"bit_exact": "any drift (the policy requires bit_exact)",
+                "max_drift": f"drift above the policy's max_drift {self.value:g}",
+                "relative": f"drift above {self.value:g}x the unfaulted flag-on run's at the same step"}[self.kind]
+
+
+class Watch:
+    """Stops a case of a fault run at its first flag (a flagged case needs no more): a token that departs
+    from the reference, or a step whose drift the rule flags. Records which one it was."""
+
+    def __init__(self, ref: dict[str, Any], unfaulted: dict[tuple[int, int], float], rule: DriftRule):
+        self.ref, self.unfaulted, self.rule = ref, unfaulted, rule
+        self.fired: str | None = None  # outputs | drift
+
+    def turn(self, n: int):
+        ref = self.ref["turns"][n] if n < len(self.ref["turns"]) else {"tokens": [], "top2": []}
+        want, top2 = ref["tokens"], ref.get("top2") or []
+
+        def until(tokens: list[int], margins: list | None) -> bool:
+            s = len(tokens) - 1
+            if s >= len(want) or tokens[s] != want[s]:
+                self.fired = "outputs"
+            elif margins and s < len(top2):
+                drift = kinds.step_drift(top2[s], margins[s])
+                if drift is not None and self.rule.exceeded(drift, self.unfaulted.get((n + 1, s), 0.0)):
+                    self.fired = "drift"
+            return self.fired is not None
+
+        return until
+
+
 def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
-        progress: Callable[[str], None] = lambda label: None) -> Calibration:
-    """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such."""
+        progress: Callable[[str], None] = lambda label: None, *, full: bool = False) -> Calibration:
+    """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such.
+    The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
     seconds: dict[str, float] = {}
     off, on = p.configs["off"], p.configs["on"]
     if ref is None:
@@ -74,34 +134,57 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
         ref = _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress)
         seconds["reference"] = round(time.perf_counter() - t0, 3)
     model, rows = models["on"], []
+    rule = DriftRule.of(p.policy)
+    early = model.early_stop and not full
+    unfaulted: dict[str, dict[tuple[int, int], float]] = {}
     for fault in graded():
         if fault.kind not in model.faults:
             rows.append({**fault.to_dict(), "supported": False})
             continue
+        zero = fault.kind == "noise" and fault.size == 0
+        watches = {i.case_id: Watch(ref[i.case_id], unfaulted.get(i.case_id, {}), rule)
+                   for i in p.items} if early and not zero else {}
         t0 = time.perf_counter()
-        results = _run(model.session(cache=True, fault=fault), p, on.render, fault.spec, progress)
-        flagged = [cid for cid, r in results.items() if kinds.token_diff(ref[cid], r, model.detokenize) is not None]
-        rows.append({**fault.to_dict(), "supported": True, "flagged": len(flagged), "cases": len(results),
-                     "share": round(len(flagged) / len(results), 4), "flagged_cases": flagged,
+        results = _run(model.session(cache=True, fault=fault), p, on.render, fault.spec, progress, watches)
+        elapsed = time.perf_counter() - t0
+        if zero:
+            unfaulted = {cid: kinds.drifts(ref[cid], r) for cid, r in results.items()}
+        by_drift = [cid for cid, r in results.items()
+                    if any(rule.exceeded(d, unfaulted.get(cid, {}).get(at, 0.0))
+                           for at, d in kinds.drifts(ref[cid], r).items())]
+        by_outputs = [cid for cid, r in results.items()
+                      if (watches[cid].fired == "outputs" if cid in watches else
+                          kinds.token_diff(ref[cid], r, model.detokenize) is not None)]
+        flagged = [cid for cid in results if cid in by_outputs or cid in by_drift]
+        n = len(results)
+        rows.append({**fault.to_dict(), "supported": True, "flagged": len(flagged), "cases": n,
+                     "share": round(len(flagged) / n, 4), "flagged_cases": flagged,
+                     "by_outputs": len(by_outputs), "share_outputs": round(len(by_outputs) / n, 4),
+                     "by_drift": len(by_drift), "share_drift": round(len(by_drift) / n, 4),
+                     "stopped_early": sum(w.fired is not None for w in watches.values()),
                      "cached_tokens": sum(t["cached_tokens"] for r in results.values() for t in r["turns"]),
-                     "seconds": round(time.perf_counter() - t0, 3)})
+                     "seconds": round(elapsed, 3)})
     zero = next((r for r in rows if r["spec"] == "noise:0" and r["supported"]), None)
     if zero is not None and zero["flagged"]:
-        raise GatekeeperError(f"calibration: an exact copy of the restored state changed {zero['flagged']} cases "
-                              f"({', '.join(zero['flagged_cases'])}): the flag-on run is not repeatable, so no fault "
-                              "size can be measured; check the evaluation's baseline")
+        raise GatekeeperError(f"calibration: an exact copy of the restored state flagged {zero['flagged']} cases "
+                              f"({', '.join(zero['flagged_cases'])}; {zero['by_outputs']} by outputs, {zero['by_drift']} "
+                              f"by {rule.describe()}): the unfaulted flag-on run already differs, so no fault size can be "
+                              "measured; check the evaluation's baseline and the policy's drift bound")
     timed = [r["seconds"] for r in rows if r["supported"]]
     seconds["faults"] = round(sum(timed), 3)
     if zero is not None and zero["seconds"]:
         seconds["per_flag_on_run"] = round(sum(timed) / zero["seconds"], 2)  # the cost, in flag-on runs
-    return Calibration(None, p.flag, None, p.engine_name, len(p.items), rows, seconds)
+    return Calibration(None, p.flag, None, p.engine_name, len(p.items), rows, seconds,
+                       {"kind": rule.kind, "value": rule.value, "rule": rule.describe()},
+                       "early" if early else "full")
 
 
-def _run(session, p: evaluator.Plan, render, label: str, progress: Callable[[str], None]) -> dict[str, dict]:
+def _run(session, p: evaluator.Plan, render, label: str, progress: Callable[[str], None],
+         watches: dict[str, Watch] | None = None) -> dict[str, dict]:
     with session:
         evaluator._pin_stage_prefixes(session, p, render)
         out = {}
         for item in p.items:
             progress(f"{label} {item.case_id}")
-            out[item.case_id] = evaluator.run_case(session, p.ws, item, render)
+            out[item.case_id] = evaluator.run_case(session, p.ws, item, render, (watches or {}).get(item.case_id))
         return out

@@ -148,18 +148,23 @@ def close_engines(models: dict[str, Engine]) -> None:
         model.close()
 
 
-def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode) -> dict[str, Any]:
-    """One case, every turn of it, greedy; each later turn extends the transcript so far."""
+def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch=None) -> dict[str, Any]:
+    """One case, every turn of it, greedy; each later turn extends the transcript so far. A ``watch``
+    (calibration's) may stop the case early: its ``turn(n)`` is the turn's ``until``, its ``fired`` the stop."""
     suite, case, model = item.suite, item.case, session.model
     values = dict(case.vars)
     history: list[dict[str, str]] = []
     turns = []
-    for turn_vars in case.turns or [{}]:
+    for n, turn_vars in enumerate(case.turns or [{}]):
         values.update(turn_vars)
         rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
-        g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop, top2=True)
+        early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
+        g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop, top2=True,
+                             **early)
         turns.append({**g.to_dict(), "static_tokens": rendered.static_tokens, "prompt_digest": sha256_hex(rendered.text.encode())})
         history = [*rendered.messages, {"role": "assistant", "content": g.text}]
+        if watch and watch.fired:
+            break
     text = turns[-1]["text"]
     return {"turns": turns, "text": text, "outcomes": checks.outcomes(list(case.assert_), text)}
 

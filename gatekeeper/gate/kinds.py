@@ -52,6 +52,16 @@ class Strength:
         return (f"equal_outputs: max drift {self.max_drift:.3g} at {_at(self.where)}; {self.steps_at_risk} of "
                 f"{self.steps} steps at risk (top-2 margin within {AT_RISK}× the drift){'; ' + unknown if unknown else ''}")
 
+    def bound_reason(self, bound: float) -> str | None:
+        """Why a policy's ``max_drift`` cannot take this evidence; None when the drift is within it."""
+        if self.max_drift is None:
+            return (f"drift: the policy bounds the drift at {bound:g}, but no top-2 logits were compared"
+                    f"{f' (none at {self.unknown} of {self.steps} steps)' if self.unknown else ''}")
+        if self.max_drift > bound:
+            return (f"drift: top-2 logits moved by {self.max_drift:.3g} at {_at(self.where)}, above the policy's "
+                    f"max_drift {bound:g} ({self.steps_at_risk} of {self.steps} steps at risk)")
+        return None
+
     def drift_reason(self) -> str:
         """Why a policy that requires ``bit_exact`` cannot take this equal-outputs evidence."""
         if self.where is not None:
@@ -80,6 +90,20 @@ def _shared_steps(a: dict[str, Any], b: dict[str, Any]) -> Iterator[tuple[int, i
             return
 
 
+def step_drift(x: list | None, y: list | None) -> float | None:
+    """How far two steps' top-2 logits moved ([[id, logit], [id, logit]] each); None where a side has none."""
+    if not x or not y or len(x) < 2 or len(y) < 2:
+        return None
+    if x == y:
+        return 0.0
+    return max(abs(float(x[0][1]) - float(y[0][1])), abs(float(x[1][1]) - float(y[1][1])))
+
+
+def drifts(a: dict[str, Any], b: dict[str, Any]) -> dict[tuple[int, int], float]:
+    """The drift at each shared generated step (turn, step) where both sides have top-2 logits."""
+    return {(turn, step): d for turn, step, x, y in _shared_steps(a, b) if (d := step_drift(x, y)) is not None}
+
+
 def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], outputs_differ: bool) -> Strength:
     """The drift over (case id, flag-off result, flag-on result) pairs."""
     steps, unknown, unknown_where = 0, 0, None
@@ -88,14 +112,14 @@ def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], output
     for cid, a, b in pairs:
         for turn, step, x, y in _shared_steps(a, b):
             steps += 1
-            if not x or not y or len(x) < 2 or len(y) < 2:
+            drift = step_drift(x, y)
+            if drift is None:
                 unknown += 1
                 unknown_where = unknown_where or {"case": cid, "turn": turn, "step": step}
                 continue
             margins.append(min(x[0][1] - x[1][1], y[0][1] - y[1][1]))
             if x == y:
                 continue
-            drift = max(abs(float(x[0][1]) - float(y[0][1])), abs(float(x[1][1]) - float(y[1][1])))
             if worst is None or drift > worst[0]:
                 worst = (drift, {"case": cid, "turn": turn, "step": step})
     known = steps - unknown
@@ -248,6 +272,11 @@ class ByteEquivalence(GateKind):
         if self.policy.require == "bit_exact" and (s is None or s.grade != "bit_exact"):
             why = s.drift_reason() if s else "drift: the policy requires bit_exact, but no top-2 logits were compared"
             return "INCONCLUSIVE", [why, same, *notes]
+        if self.policy.max_drift is not None:
+            why = s.bound_reason(self.policy.max_drift) if s else (
+                f"drift: the policy bounds the drift at {self.policy.max_drift:g}, but no top-2 logits were compared")
+            if why:
+                return "INCONCLUSIVE", [why, same, *notes]
         return "PASS", [same, *notes] + ([s.reason()] if s else [])
 
 

@@ -146,9 +146,12 @@ def view(record: dict[str, Any]) -> dict[str, Any]:
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
     """One calibration of the evaluation: per planted fault, the share of cases the gate flagged."""
     result = c["result"]
+    # Calibrations recorded before drift was counted flagged by outputs alone.
     return {"id": c["id"], "operator": c["operator"], "at": c["at"], "engine": result.get("engine"),
             "cases": result.get("cases"), "cost_flag_on_runs": (result.get("seconds") or {}).get("per_flag_on_run"),
-            "faults": [{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")}
+            "drift_rule": (result.get("drift_rule") or {}).get("rule"), "mode": result.get("mode", "full"),
+            "faults": [{**{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")},
+                        "share_outputs": f.get("share_outputs", f.get("share")), "share_drift": f.get("share_drift")}
                        for f in result["faults"]]}
 
 
@@ -258,9 +261,12 @@ def markdown(v: dict[str, Any]) -> str:
     for c in v["calibrations"]:
         cost = f", cost {c['cost_flag_on_runs']:g} flag-on runs" if c["cost_flag_on_runs"] else ""
         lines += [f"Calibration {c['id']} by {_md(c['operator'])} at {c['at']} ({_md(c['engine'])}, {c['cases']} cases{cost}):", "",
-                  "| planted fault | flagged | share | |", "|---|---:|---:|---|"]
-        lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {f['share']:.0%} | {'█' * round(20 * f['share'])} |"
-                  if f["supported"] else f"| {f['spec']} | - | - | not supported by this engine |" for f in c["faults"]]
+                  "| planted fault | flagged | share | by outputs | by drift | |", "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {f['share']:.0%} | {_pct(f['share_outputs'])} | "
+                  f"{_pct(f['share_drift'])} | {'█' * round(20 * f['share'])} |"
+                  if f["supported"] else f"| {f['spec']} | - | - | - | - | not supported by this engine |" for f in c["faults"]]
+        if c["drift_rule"]:
+            lines += ["", f"By drift: {_md(c['drift_rule'])}."]
         lines.append("")
 
     lines += ["", f"## Differing cases ({len(v['differences'])})", ""]
@@ -370,14 +376,21 @@ def curve_svg(faults: list[dict[str, Any]]) -> str:
     return "".join(parts) + "</svg>"
 
 
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
 def _calibration_html(c: dict[str, Any]) -> str:
     cost = f", cost {_e(c['cost_flag_on_runs'])} flag-on runs" if c["cost_flag_on_runs"] else ""
     rows = [[f"<td>{_e(f['spec'])}</td>", f"<td class=\"n\">{_e(f['flagged'])} / {_e(f['cases'])}</td>",
-             f"<td class=\"n\">{f['share']:.0%}</td>"] if f["supported"] else
-            [f"<td>{_e(f['spec'])}</td>", "<td>-</td>", "<td>not supported by this engine</td>"] for f in c["faults"]]
+             f"<td class=\"n\">{f['share']:.0%}</td>", f"<td class=\"n\">{_pct(f['share_outputs'])}</td>",
+             f"<td class=\"n\">{_pct(f['share_drift'])}</td>"] if f["supported"] else
+            [f"<td>{_e(f['spec'])}</td>", "<td>-</td>", "<td>not supported by this engine</td>", "<td>-</td>", "<td>-</td>"]
+            for f in c["faults"]]
+    rule = f"<p>By drift: {_e(c['drift_rule'])}.</p>" if c["drift_rule"] else ""
     return (f"<p>Calibration {_e(c['id'])} by {_e(c['operator'])} at {_e(c['at'])} ({_e(c['engine'])}, "
             f"{_e(c['cases'])} cases{cost})</p>" + curve_svg(c["faults"]) +
-            _table(["planted fault", "flagged", "share"], rows))
+            _table(["planted fault", "flagged", "share", "by outputs", "by drift"], rows) + rule)
 
 
 def _side_html(label: str, side: dict[str, Any] | None) -> list[str]:
