@@ -64,6 +64,8 @@ def calibrate(
     suite: Suites = None,
     limit: Limit = None,
     operator: Operator = None,
+    twin: Annotated[Optional[str], typer.Option(
+        help="Calibrate a served evaluation (--evaluation) through this in-process engine profile on the same weights.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Decode every case of every fault run whole (exact counts by "
                                        "outputs; by default a case stops at its first flag).")] = False,
     json_: Json = False,
@@ -81,16 +83,18 @@ def calibrate(
         record = ledger.evaluation(evaluation) if ledger is not None and evaluation is not None else None
         if evaluation is not None and record is None:
             raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
-        plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger)
-    reference = calibration.reference(record) if record is not None else None
+        plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger, twin=twin)
+    # A twin's flag-off run is its own: the server's numerics are not the twin's.
+    reference = calibration.reference(record) if record is not None and twin is None else None
     models = evaluator.open_engines(plan)
     try:
+        twinned = calibration.twin_of(record, models["on"], twin) if twin is not None else None
         cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
         with progress(cases, enabled=not json_) as advance:
             result = calibration.run(plan, models, reference, advance, full=full)
     finally:
         evaluator.close_engines(models)
-    result.evaluation_id = evaluation
+    result.evaluation_id, result.twin = evaluation, twinned
     with settings.opened_ledger(ws, create=True) as ledger:  # written once every fault has run
         result.calibration_id = ledger.add_calibration(
             flag, evaluation, operator or getpass.getuser(),

@@ -256,6 +256,7 @@ def print_calibration(c: dict) -> None:
     from rich.table import Table
 
     linked = f" of evaluation {c['evaluation_id']}" if c["evaluation_id"] else ""
+    linked += f" (measured on its twin {c['twin']['engine']}: the served weights)" if c.get("twin") else ""
     early = c.get("mode") == "early"
     table = Table("fault", "flagged", "share", "by outputs" + (" (at least)" if early else ""), "by drift",
                   "cached tok", "seconds",

@@ -138,6 +138,7 @@ class Engine(ABC):
     fault_session_class: ClassVar[type[Session] | None] = None
     faults: ClassVar[frozenset[str]] = frozenset()
     early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
+    weights: Path | None = None  # the local weights it loads (a file or a model folder); None: a server's
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         self.profile = profile

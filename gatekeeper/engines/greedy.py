@@ -273,7 +273,7 @@ class GreedyEngine(Engine):
     # --- what an adapter implements -------------------------------------------------------------
     def _locate(self, workspace_root: Path | None) -> None:
         """Find the model (and LoRA) directories the profile names."""
-        self.model_dir = resolve_model(self.profile.model, workspace_root)
+        self.model_dir = self.weights = resolve_model(self.profile.model, workspace_root)
         self.adapter_dir = _local_dir(self.profile.adapter_path, workspace_root) if self.profile.adapter_path else None
 
     @abstractmethod

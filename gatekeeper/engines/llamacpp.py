@@ -291,7 +291,7 @@ class LlamaCppEngine(Engine):
         self.check(profile)
         if profile.device not in ("auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
             raise GatekeeperError(f"{profile.where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
-        self.gguf = resolve_gguf(profile.model, workspace_root)
+        self.gguf = self.weights = resolve_gguf(profile.model, workspace_root)
         opts = profile.options
         self.n_ctx = int(opts.get("n_ctx", 4096))
         # Every core by default (llama-cpp-python would take half of them).

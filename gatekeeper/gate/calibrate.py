@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import evaluator, flags, kinds
+from . import evaluator, flags, kinds, twin
 from ..engines.registry import check_profile
 from ..engines.faults import graded
 from ..errors import GatekeeperError
@@ -32,19 +32,27 @@ class Calibration:
     seconds: dict[str, float] = field(default_factory=dict)  # reference run, faults, cost per flag-on run
     drift_rule: dict[str, Any] = field(default_factory=dict)  # when a fault counts as flagged by drift (DriftRule)
     mode: str = "full"  # early: each case of a fault run stopped at its first flag; full: every case decoded whole
+    twin: dict[str, Any] | None = None  # measured on a served evaluation's twin (twin.check): its weights and theirs
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit: int | None, *, force,
-         evaluation: dict[str, Any] | None, ledger) -> evaluator.Plan:
-    """The evaluation's plan (its engine, suites and limit when one is named), checked to be current."""
+         evaluation: dict[str, Any] | None, ledger, twin: str | None = None) -> evaluator.Plan:
+    """The evaluation's plan (its engine, suites and limit when one is named), checked to be current; with
+    ``twin``, the served evaluation's suites and limit on the twin engine."""
+    if twin is not None and evaluation is None:
+        raise GatekeeperError("--twin calibrates a served evaluation through an in-process engine on the same weights: "
+                              "add --evaluation ID (the served engine's evaluation)")
     if evaluation is not None:
         if evaluation["flag"] != flag:
             raise GatekeeperError(f"evaluation {evaluation['id']} is for {evaluation['flag']!r}, not {flag!r}")
         config = evaluation["config"]
-        engine, suites, limit = config["engine"], config.get("suites"), config.get("limit")
+        engine, suites, limit = twin or config["engine"], config.get("suites"), config.get("limit")
+        if twin is not None and not evaluation["identity"]["on"]["engine"].get("servers"):
+            raise GatekeeperError(f"evaluation {evaluation['id']} ran on an in-process engine ({config['engine']}): "
+                                  "calibrate it directly (drop --twin)")
         stale = [p for p in flags.evidence_problems(ws, flag, {**evaluation, "status": "PASS"},
                                                     lambda ev: evaluator.identity_now(ws, ev, ledger)) if p.startswith("stale:")]
         if stale:
@@ -59,6 +67,13 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
                               "is not in this process, e.g. a server's); calibrate with an in-process engine: torch, "
                               "mlx or llamacpp")
     return p
+
+
+def twin_of(evaluation: dict[str, Any], model, name: str) -> dict[str, Any]:
+    """The twin's weights checked against those the served evaluation reported (``twin.check``)."""
+    if model.weights is None:
+        raise GatekeeperError(f"--twin {name}: a twin loads weights in this process (torch, mlx or llamacpp), not a server's")
+    return twin.check(evaluation["identity"]["on"]["engine"], model.weights, name)
 
 
 def reference(evaluation: dict[str, Any]) -> dict[str, dict]:

