@@ -1,10 +1,11 @@
-"""The gate's detection curve on the default battery and model: torch, float32 and bfloat16.
+"""The gate's detection curve on the shipped battery and the default model, and what a calibration costs.
 
-For each dtype, copies the repository's workspace into a temporary folder, runs
-`gatekeeper calibrate --flag prefix_cache --engine torch` (a few cases per suite, a throwaway
-ledger) and prints, per planted fault, the share of cases the gate flagged, side by side for the
-two dtypes, and the cost of a calibration as a multiple of one flag-on run (its zero-noise run,
-measured in the same calibration).
+Copies the repository's workspace into a temporary folder (a throwaway ledger), then, in one run, calibrates
+`--flag prefix_cache` on the shipped torch profile (float32 on a CPU, the shipped prefill plan) twice: in
+full (every case of every fault run decoded whole) and with early stopping (each case stopped at its
+first flag), under the shipped policy's drift rule and under `require: bit_exact`. Prints per planted fault
+the share of cases flagged (by outputs, by drift, either), side by side, and each calibration's cost in
+flag-on runs (the sum of its fault runs over its unfaulted run), measured in the same calibration.
 
     python bench/calibrate.py [--limit 1]
 """
@@ -20,18 +21,30 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DTYPES = ("float32", "bfloat16")
+RUNS = (("shipped", "full"), ("shipped", "early"), ("bit_exact", "full"), ("bit_exact", "early"))
 
 
-def calibrate(dtype: str, limit: int, tmp: Path) -> dict:
-    ws = tmp / dtype
-    for folder in ("engines", "assertions", "prompts", "policies"):
-        shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
-    profile = ws / "engines" / "torch.yaml"
-    profile.write_text(profile.read_text().replace("dtype: auto", f"dtype: {dtype}"))
+def workspace(policy: str, tmp: Path) -> Path:
+    ws = tmp / policy
+    if not ws.exists():
+        for folder in ("engines", "assertions", "prompts", "policies"):
+            shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
+        profile = ws / "engines" / "torch.yaml"
+        profile.write_text(profile.read_text().replace("dtype: auto", "dtype: float32").replace("device: auto", "device: cpu"))
+        if policy == "bit_exact":
+            path = ws / "policies" / "prefix_cache.yaml"
+            path.write_text(path.read_text() + "require: bit_exact\n")
+    return ws
+
+
+def calibrate(ws: Path, mode: str, limit: int) -> dict:
     cmd = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "calibrate", "--engine", "torch",
-           "--limit", str(limit), "--operator", "bench", "--json"]
-    return json.loads(subprocess.run(cmd, capture_output=True, text=True).stdout)
+           "--limit", str(limit), "--operator", "bench", "--json", *(["--full"] if mode == "full" else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    result = json.loads(done.stdout or "{}")
+    if done.returncode != 0 or "error" in result:
+        sys.exit(f"calibrate {mode} in {ws.name}: {result.get('error') or done.stderr[-2000:]}")
+    return result
 
 
 def main() -> None:
@@ -39,18 +52,25 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=1, help="cases per suite")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = {d: calibrate(d, args.limit, Path(tmp)) for d in DTYPES}
-    for d, r in results.items():
-        if "error" in r:
-            sys.exit(f"{d}: {r['error']}")
-    print(f"{'fault':<14}" + "".join(f"{d:>12}" for d in DTYPES))
-    for i, row in enumerate(results[DTYPES[0]]["faults"]):
+        results = {run: calibrate(workspace(run[0], Path(tmp)), run[1], args.limit) for run in RUNS}
+    first = results[RUNS[0]]
+    print(f"{first['cases']} cases; shares flagged by outputs / by drift / either")
+    print(f"{'fault':<14}" + "".join(f"{p + ' ' + m:>22}" for p, m in RUNS))
+    for i, row in enumerate(first["faults"]):
         cells = []
-        for d in DTYPES:
-            f = results[d]["faults"][i]
-            cells.append(f"{f['flagged']}/{f['cases']}" if f["supported"] else "-")
-        print(f"{row['spec']:<14}" + "".join(f"{c:>12}" for c in cells))
-    print(f"{'cost (flag-on runs)':<14}" + "".join(f"{results[d]['seconds'].get('per_flag_on_run', 0):>12.1f}" for d in DTYPES))
+        for run in RUNS:
+            f = results[run]["faults"][i]
+            cells.append(f"{f['share_outputs']:.0%} / {f['share_drift']:.0%} / {f['share']:.0%}" if f["supported"] else "-")
+        print(f"{row['spec']:<14}" + "".join(f"{c:>22}" for c in cells))
+    print(f"{'cost (runs)':<14}" + "".join(f"{results[r]['seconds'].get('per_flag_on_run', 0):>22.2f}" for r in RUNS))
+    print(f"{'seconds':<14}" + "".join(f"{results[r]['seconds']['faults'] + results[r]['seconds'].get('reference', 0):>22.1f}"
+                                       for r in RUNS))
+    for policy in ("shipped", "bit_exact"):
+        same = all(sorted(a["flagged_cases"]) == sorted(b["flagged_cases"]) for a, b in
+                   zip(results[(policy, "full")]["faults"], results[(policy, "early")]["faults"]) if a["supported"])
+        ratio = results[(policy, "full")]["seconds"]["faults"] / results[(policy, "early")]["seconds"]["faults"]
+        print(f"{policy}: early stopping flags {'the same' if same else 'DIFFERENT'} cases, {ratio:.1f}x cheaper "
+              f"({results[(policy, 'early')]['drift_rule']['rule']})")
 
 
 if __name__ == "__main__":

@@ -105,8 +105,11 @@ ASSERTION_TYPES += tuple(f"not-{t}" for t in (
     "equals", "starts-with", "is-json", "contains-json", "contains-any", "contains-all", "icontains-any", "icontains-all"))
 
 
+RAW = "prompt"  # a segment role: text the model sees as it is (a captured, already rendered prompt)
+
+
 class Segment(Strict):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "prompt"]  # prompt: no chat template (every segment or none)
     static: bool
     text: str | None = None
     file: str | None = None
@@ -136,6 +139,28 @@ class Assertion(Strict):
         return v
 
 
+class Provenance(Strict):
+    """Where a mined case came from and what its flag-off decode scored (``gate/mine.py``)."""
+
+    source: str  # a suite file and case id, or a capture file and line
+    score: float  # near-tie weight of its decode steps (sensitivity)
+    per_second: float  # score per model second
+    min_margin: float | None  # its smallest top-2 margin
+    near_ties: int  # steps with a margin at or below NEAR_TIE
+    steps: int
+    seconds: float  # model seconds of its flag-off run
+
+
+class MinedOn(Strict):
+    """The engine a mined suite was scored on: power measured there may not carry to another."""
+
+    engine: str  # the profile name
+    model_digest: str
+    identity: str  # digest of the whole engine identity (dtype, device, plan, versions)
+    max_tokens: int  # chosen by mining
+    power_per_token: float | None = None  # score gained per extra generated token (over the source's max_tokens)
+
+
 class Case(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -143,6 +168,7 @@ class Case(Strict):
     vars: dict[str, str] = {}
     turns: list[dict[str, str]] = []  # each turn extends the previous turn's transcript
     assert_: list[Assertion] = Field([], alias="assert")
+    mined: Provenance | None = None  # written by ``battery mine``: where the case came from and its score
 
 
 class Suite(Strict):
@@ -156,6 +182,7 @@ class Suite(Strict):
     promptfoo: str | None = None  # a promptfoo config whose tests are the cases (gatekeeper/promptfoo.py)
     path: Path | None = Field(None, exclude=True)
     skipped: tuple[str, ...] = Field((), exclude=True)  # promptfoo assertions gatekeeper cannot evaluate
+    mined_on: MinedOn | None = None  # written by ``battery mine``
 
     @model_validator(mode="after")
     def _unique_ids(self) -> "Suite":
@@ -163,6 +190,11 @@ class Suite(Strict):
             raise ValueError("cases: required; add at least one case, or name a promptfoo config with 'promptfoo: FILE'")
         if self.cases and self.promptfoo is not None:
             raise ValueError("promptfoo: the cases come from the promptfoo config; remove 'cases' or 'promptfoo'")
+        raw = [s.role == RAW for s in self.prompt]
+        if any(raw) and not all(raw):
+            raise ValueError("prompt: role 'prompt' (text sent as it is, no chat template) must be every segment's role or none's")
+        if all(raw) and any(c.turns for c in self.cases):
+            raise ValueError("cases: a prompt of role 'prompt' segments is one rendered call; it takes no 'turns'")
         seen: set[str] = set()
         for case in self.cases:
             if case.id in seen:

@@ -15,7 +15,7 @@ from typing import Literal, Mapping, Sequence
 
 from ..cache.trie import common_prefix
 from ..errors import GatekeeperError
-from ..workspace import Suite, Workspace
+from ..workspace import RAW, Suite, Workspace
 
 Mode = Literal["partitioned", "as_written"]
 VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -38,9 +38,15 @@ class Rendered:
     static_text: str = field(repr=False, default="")
 
 
+def templated(seg) -> bool:
+    """Whether a segment's text has ``{var}`` fields: ``file`` segments and static ``prompt`` text (captured,
+    already rendered) are verbatim, so JSON and braces need no escaping."""
+    return seg.text is not None and not (seg.role == RAW and seg.static)
+
+
 def suite_vars(suite: Suite) -> set[str]:
-    """Variables the suite's text segments use (``file`` segments are verbatim, so JSON needs no escaping)."""
-    return {name for seg in suite.prompt if seg.text is not None for name in VAR.findall(seg.text)}
+    """Variables the suite's templated segments use."""
+    return {name for seg in suite.prompt if templated(seg) for name in VAR.findall(seg.text)}
 
 
 def missing_vars(suite: Suite) -> list[str]:
@@ -76,7 +82,7 @@ def fill(text: str, values: Mapping[str, str]) -> str:
 
 def pieces(ws: Workspace, suite: Suite, values: Mapping[str, str]) -> list[Piece]:
     return [
-        Piece(seg.role, seg.static, fill(seg.text, values) if seg.text is not None else ws.segment_text(suite, seg))
+        Piece(seg.role, seg.static, fill(seg.text, values) if templated(seg) else ws.segment_text(suite, seg))
         for seg in suite.prompt
     ]
 
@@ -117,6 +123,12 @@ def render(engine, items: Sequence[Piece], mode: Mode, history: Sequence[dict[st
     answers), followed here by the last piece, the new user turn.
     """
     ordered = order(items, mode)
+    if ordered and all(p.role == RAW for p in ordered):  # already rendered (a captured prompt): sent as it is
+        first_dynamic = next((i for i, p in enumerate(ordered) if not p.static), len(ordered))
+        prefix_text, text = "".join(p.text for p in ordered[:first_dynamic]), "".join(p.text for p in ordered)
+        tokens = engine.tokenize(text)
+        n = common_prefix(engine.tokenize(prefix_text), tokens) if prefix_text else 0
+        return Rendered([{"role": "user", "content": text}], text, tokens, n, prefix_text)
     prefix_text = static_text(engine, ordered)
     msgs = messages(ordered)
     if history:

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import evidence, flags, hybrid, ledger, live, setup
+from . import battery, evidence, flags, hybrid, ledger, live, setup
 from .common import Settings
 
 app = typer.Typer(help="Decide, with evidence, whether an LLM inference optimization may be switched on.",
@@ -33,6 +33,7 @@ def main(
 
 app.add_typer(setup.models_app, name="models")
 app.add_typer(ledger.ledger_app, name="ledger")
+app.add_typer(battery.battery_app, name="battery")
 # the order of the commands in --help
 app.command()(setup.init)
 app.command()(flags.status)

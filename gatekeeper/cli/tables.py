@@ -275,6 +275,38 @@ def print_calibration(c: dict) -> None:
         console.print(f"cost: {c['seconds']['per_flag_on_run']:.1f} flag-on runs")
 
 
+def print_candidates(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("stage", "cases", "static chars", title=f"candidate cases from {report['capture']}")
+    for name, st in report["stages"].items():
+        table.add_row(name, str(st["cases"]), str(st["static_chars"]))
+    Console().print(table)
+    for path in report["written"]:
+        print(f"wrote {path}")
+
+
+def print_mined(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("suite", "case", "score", "per s", "min margin", "near-ties", "steps", "source",
+                  title=f"mined {report['chosen']} of {report['candidates']} candidates on {report['engine']} "
+                        f"({report['seconds']:.1f} model s)")
+    for name, st in report["suites"].items():
+        for c in st["cases"]:
+            table.add_row(name, c["id"], f"{c['score']:.2f}", f"{c['per_second']:.2f}", _na(c["min_margin"], "{:.4f}"),
+                          str(c["near_ties"]), str(c["steps"]), c["source"])
+    console = Console()
+    console.print(table)
+    for name, st in report["suites"].items():
+        gain = f", {st['power_per_token']:.3f} score per extra token" if st["power_per_token"] is not None else ""
+        console.print(f"{name}: max_tokens {st['max_tokens']}{gain}")
+    for path in report["written"]:
+        console.print(f"wrote {path}")
+
+
 def _na(value, form: str = "{}") -> str:
     """A figure, or n/a where the engine did not report it (never a 0 it did not measure)."""
     return "n/a" if value is None else form.format(value)

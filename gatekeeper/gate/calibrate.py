@@ -64,8 +64,9 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
     adapter = check_profile(p.configs["on"].profile)
     if not adapter.faults:
         raise GatekeeperError(f"{p.configs['on'].profile.where}: the {adapter.name} adapter cannot plant faults (its cache "
-                              "is not in this process, e.g. a server's); calibrate with an in-process engine: torch, "
-                              "mlx or llamacpp")
+                              "is not in this process, e.g. a server's); calibrate with an in-process engine (torch, "
+                              "mlx or llamacpp), or a served evaluation through one on the same weights: "
+                              "--evaluation ID --twin ENGINE")
     return p
 
 

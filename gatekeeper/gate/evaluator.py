@@ -309,6 +309,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     reasons += _blind(p, models) + battery.skipped(p.items)
     if p.kind.numeric:  # advice, not a failure: a battery far from every tie is blind to numeric drift
         reasons += kinds.insensitive(census)
+    reasons += _mined_elsewhere(p, models["off"])
     model_s = runs.model_s
     return Outcome(
         evaluation_id=evaluation_id, flag=p.flag, verdict=verdict, reasons=reasons,
@@ -323,6 +324,16 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         telemetry={"off": _telemetry(p, reference), "on": _telemetry(p, on)},
         strength=strength.to_dict() if strength else None, near_ties=census,
     )
+
+
+def _mined_elsewhere(p: Plan, model: Engine) -> list[str]:
+    """Advice for each mined suite scored on another engine than this one: its power was measured there."""
+    here = digest(model.identity())
+    suites = {i.suite.suite: i.suite for i in p.items if i.suite.mined_on is not None}
+    return [f"mined_elsewhere: suite {name} was mined on {s.mined_on.engine} (identity {s.mined_on.identity[:12]}), "
+            f"this evaluation runs {p.engine_name} (identity {here[:12]}): the sensitivity mining measured may not "
+            f"carry over; re-mine here with gatekeeper battery mine --engine {p.engine_name}"
+            for name, s in suites.items() if s.mined_on.identity != here]
 
 
 def _telemetry(p: Plan, results: dict[str, dict]) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,87 @@
+"""Battery commands: mine a battery for power, and turn captured traffic into candidate cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import GatekeeperError
+from . import tables
+from .common import EngineName, Json, Settings, Suites, emit, progress, reporting
+
+battery_app = typer.Typer(help="Mine the assertion battery for power; make candidate cases from captured traffic.",
+                          no_args_is_help=True)
+Captures = Annotated[Optional[list[Path]], typer.Option("--capture", help="A capture (JSONL) whose calls are candidates (repeatable).")]
+
+
+@battery_app.command("from-capture")
+@reporting
+def from_capture(
+    ctx: typer.Context,
+    capture: Annotated[Path, typer.Argument(help="A capture written by 'gatekeeper proxy' or the runtime (JSONL).")],
+    out: Annotated[Path, typer.Option(help="Folder for the candidate suites (created).")] = Path("candidates"),
+    flag: Annotated[str, typer.Option(help="The flag the cases will gate (its policy's gate kind decides whether "
+                                            "cases need assertions).")] = "prefix_cache",
+    assertions: Annotated[Optional[Path], typer.Option(help="A YAML list of assertions given to every case.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Tokens each case generates.")] = 32,
+    json_: Json = False,
+) -> None:
+    """Turn captured calls into candidate cases per stage: the shared prefix static, each call's rest a case."""
+    from ..traffic import cases
+
+    if max_tokens < 1:
+        raise GatekeeperError("--max-tokens must be at least 1")
+    ws = ctx.obj.open_workspace()
+    gate = ws.policy(flag).gate
+    given = cases.read_assertions(assertions) if assertions is not None else []
+    found = cases.stages(capture)
+    written = cases.write(found, out, max_tokens=max_tokens, assertions=given, gate=gate)
+    report = {"capture": str(capture), "written": [str(p) for p in written],
+              "stages": {st.name: {"cases": len(st.cases), "static_chars": len(st.prefix)} for st in found}}
+    emit(json_, report, lambda: tables.print_candidates(report))
+
+
+@battery_app.command("mine")
+@reporting
+def mine(
+    ctx: typer.Context,
+    suite: Suites = None,
+    capture: Captures = None,
+    cases: Annotated[Optional[int], typer.Option(help="Budget: keep this many cases.")] = None,
+    seconds: Annotated[Optional[float], typer.Option(help="Budget: keep cases worth this many flag-off model seconds.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Decode candidates this long (mining picks each suite's "
+                                                           "length up to it; default: each suite's own).")] = None,
+    engine: EngineName = "auto",
+    out: Annotated[Path, typer.Option(help="Folder for the mined suites (created).")] = Path("mined"),
+    json_: Json = False,
+) -> None:
+    """Run every candidate case once flag off, score its near-ties per second, and write the best subset as suites."""
+    from ..battery.load import Item, load
+    from ..gate import mine as mining
+    from ..gate import pipeline
+    from ..traffic import cases as captured
+    from ..workspace import Suite
+
+    if max_tokens is not None and max_tokens < 1:
+        raise GatekeeperError("--max-tokens must be at least 1")
+    if (cases is None) == (seconds is None):
+        raise GatekeeperError("give one budget: --cases N or --seconds S")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    candidates = [] if capture and not suite else [
+        mining.Candidate(i, f"{i.suite.path.relative_to(ws.root) if i.suite.path else i.suite.suite}#{i.case.id}")
+        for i in load(ws, suite)]
+    for path in capture or []:
+        for st in captured.stages(path):
+            s = Suite.model_validate(st.suite(None, max_tokens or 32, []))
+            candidates += [mining.Candidate(Item(s, case), c["source"]) for case, c in zip(s.cases, st.cases)]
+    with settings.opened_ledger(ws, create=False) as ledger:
+        force = pipeline.in_force(ws, ledger)
+    with progress(len(candidates), enabled=not json_) as advance:
+        scored, identity = mining.run(ws, engine, candidates, force=force, max_tokens=max_tokens, progress=advance)
+    mined = mining.select(scored, cases=cases, seconds=seconds, identity=identity, engine=engine)
+    written = mining.write(ws, mined, out)
+    report = {**mined.to_dict(), "written": [str(p) for p in written]}
+    emit(json_, report, lambda: tables.print_mined(report))
