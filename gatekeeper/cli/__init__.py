@@ -3,7 +3,7 @@
 One module per command group; this one builds ``app`` from them (``gatekeeper = "gatekeeper.cli:app"``).
 Heavy imports (torch, transformers, mlx) happen only inside command bodies, never at start-up.
 
-Imports: errors, signing, workspace, engines, gate, ledger, traffic, runtime, setup.
+Imports: errors, signing, workspace, battery, engines, gate, ledger, traffic, runtime, setup.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class Engine(ABC):
             raise GatekeeperError(f"the {self.name} adapter cannot plant a {fault.kind!r} fault "
                                   f"({'it plants: ' + ', '.join(sorted(self.faults)) if self.faults else 'its cache is not in this process'}); "
                                   "calibration needs an in-process engine: torch, mlx or llamacpp")
-        return self.fault_session_class(self, cache=cache, fault=fault)
+        return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @abstractmethod

@@ -194,7 +194,7 @@ class FaultSession(GreedySession):
     Faults act on attention states (a hybrid model's snapshots are not covered)."""
 
     def __init__(self, model: "GreedyEngine", *, cache: bool = True, fault: faults.Fault, results: Path | None = None):
-        super().__init__(model, cache=cache)
+        super().__init__(model, cache=cache, results=results)
         if model.hybrid:
             raise GatekeeperError(f"{model.profile.where}: calibration plants faults in attention states; "
                                   "this model has recurrent layers (snapshots), which it does not cover")

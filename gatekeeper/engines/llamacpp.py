@@ -224,7 +224,7 @@ class LlamaCppFaultSession(LlamaCppSession):
     state is opaque bytes, so the faults are the positional ones."""
 
     def __init__(self, model: "LlamaCppEngine", *, cache: bool = True, fault: faults.Fault, results: Path | None = None):
-        super().__init__(model, cache=cache)
+        super().__init__(model, cache=cache, results=results)
         self.fault = fault
 
     def _restore(self, prompt: list[int]) -> None:

@@ -10,7 +10,9 @@ PASS that means little. The record goes into the ledger, linked to the evaluatio
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -144,14 +146,22 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
     """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such.
     The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
     seconds: dict[str, float] = {}
-    off, on = p.configs["off"], p.configs["on"]
+    off = p.configs["off"]
     if ref is None:
         t0 = time.perf_counter()
         ref = _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress)
         seconds["reference"] = round(time.perf_counter() - t0, 3)
-    model, rows = models["on"], []
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-calibration-") as layer:
+        # The stage prefixes are pinned once (by the unfaulted run) and loaded by every fault run from
+        # this result layer: faults act on what a hit restores, never on the pins themselves.
+        early = models["on"].early_stop and not full
+        rows = _faults(p, models["on"], ref, progress, early, Path(layer))
+    return _summary(p, rows, seconds, early)
+
+
+def _faults(p: evaluator.Plan, model, ref: dict[str, dict], progress, early: bool, layer: Path) -> list[dict[str, Any]]:
+    on, rows = p.configs["on"], []
     rule = DriftRule.of(p.policy)
-    early = model.early_stop and not full
     unfaulted: dict[str, dict[tuple[int, int], float]] = {}
     for fault in graded():
         if fault.kind not in model.faults:
@@ -161,7 +171,7 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
         watches = {i.case_id: Watch(ref[i.case_id], unfaulted.get(i.case_id, {}), rule)
                    for i in p.items} if early and not zero else {}
         t0 = time.perf_counter()
-        results = _run(model.session(cache=True, fault=fault), p, on.render, fault.spec, progress, watches)
+        results = _run(model.session(cache=True, fault=fault, results=layer), p, on.render, fault.spec, progress, watches)
         elapsed = time.perf_counter() - t0
         if zero:
             unfaulted = {cid: kinds.drifts(ref[cid], r) for cid, r in results.items()}
@@ -180,6 +190,11 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
                      "stopped_early": sum(w.fired is not None for w in watches.values()),
                      "cached_tokens": sum(t["cached_tokens"] for r in results.values() for t in r["turns"]),
                      "seconds": round(elapsed, 3)})
+    return rows
+
+
+def _summary(p: evaluator.Plan, rows: list[dict[str, Any]], seconds: dict[str, float], early: bool) -> Calibration:
+    rule = DriftRule.of(p.policy)
     zero = next((r for r in rows if r["spec"] == "noise:0" and r["supported"]), None)
     if zero is not None and zero["flagged"]:
         raise GatekeeperError(f"calibration: an exact copy of the restored state flagged {zero['flagged']} cases "
