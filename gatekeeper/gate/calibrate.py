@@ -1,19 +1,21 @@
 """Calibration: the gate's measured power to say no.
 
 Runs the flag-on configuration of a cache flag with planted faults of graded size and kind
-(``engines/faults.py``) and records, for each, the share of cases whose outputs the gate would
-have flagged against the flag-off reference: an evaluation's own flag-off run (``--evaluation``),
-or one made here. A zero-size fault must flag nothing; a battery that misses large faults gives a
-PASS that means little. The record goes into the ledger, linked to the evaluation, where a policy's
-``min_power`` looks for it before a flip.
+(``engines/faults.py``) and records, for each, the share of cases the gate flags against the
+flag-off reference (an evaluation's own flag-off run, ``--evaluation``, or one made here), by
+outputs and by drift (``DriftRule``). A zero-size fault must flag nothing; a battery that misses
+large faults gives a PASS that means little. A case stops at its first flag (``Watch``), and the
+stage prefixes are pinned once for every fault run, so a calibration costs a few flag-on runs. A
+served evaluation is calibrated through its twin (``twin.py``). The record goes into the ledger,
+linked to the evaluation, where a policy's ``min_power`` looks for it before a flip.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from . import evaluator, flags, kinds, twin
