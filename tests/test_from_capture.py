@@ -61,6 +61,12 @@ def test_captured_calls_become_cases_the_gate_accepts(server, workspace, run_cli
     code, out = evaluate(run_cli, ws, "served", "--suite", "captured-support", "--limit", "2")
     assert code == 0 and out["verdict"] == "PASS", out
     assert out["tokens"]["cached_on"] > 0
+    # The capture mined straight, on the served engine (its log-probabilities as top-2).
+    code, out, _ = run_cli("--workspace", ws, "battery", "mine", "--capture", cap, "--engine", "served", "--cases", "2",
+                           "--out", tmp_path / "mined", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["candidates"] == len(QUESTIONS) - 1 and report["chosen"] == 2, report
+    assert all(c["source"].startswith("capture.jsonl:") for c in report["suites"]["captured-support"]["cases"])
 
 
 def test_a_capture_without_prompts_or_with_garbage_is_refused(server, workspace, run_cli, tmp_path):

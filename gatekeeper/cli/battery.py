@@ -66,8 +66,7 @@ def mine(
 
     if max_tokens is not None and max_tokens < 1:
         raise GatekeeperError("--max-tokens must be at least 1")
-    if (cases is None) == (seconds is None):
-        raise GatekeeperError("give one budget: --cases N or --seconds S")
+    mining.check_budget(cases, seconds)  # before minutes of model time
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     candidates = [] if capture and not suite else [

@@ -122,12 +122,18 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
     return scored, identity
 
 
+def check_budget(cases: int | None, seconds: float | None) -> None:
+    if (cases is None) == (seconds is None):
+        raise GatekeeperError("battery mine: give one budget: --cases N or --seconds S")
+    if (cases is not None and cases < 1) or (seconds is not None and seconds <= 0):
+        raise GatekeeperError("battery mine: --cases must be at least 1 and --seconds above 0")
+
+
 def select(scored: list[Scored], *, cases: int | None = None, seconds: float | None = None,
            identity: dict[str, Any], engine: str) -> Mined:
     """The cases with the most score per second within the budget, the best of every stage first, and
     per suite the ``max_tokens`` (up to what was decoded) that gives its cases the most score per second."""
-    if (cases is None) == (seconds is None):
-        raise GatekeeperError("battery mine: give one budget: --cases N or --seconds S")
+    check_budget(cases, seconds)
     by_suite: dict[str, list[Scored]] = {}
     for s in scored:
         by_suite.setdefault(s.candidate.item.suite.suite, []).append(s)
