@@ -152,7 +152,7 @@ def insensitive(census: dict[str, dict[str, Any]]) -> list[str]:
     """Advice (never a failure) for each suite whose baseline never came near a tie."""
     return [f"insensitive: suite {suite}: none of its {row['steps']} flag-off decode steps has a top-2 margin at or "
             f"below {NEAR_TIE:g} (smallest {row['min_margin']:.3g}), so a drift of a few ULPs cannot flip any of "
-            "them: this suite cannot show a numeric divergence; add cases whose greedy choices come near a tie"
+            "them: this suite cannot show a numeric divergence; add cases whose greedy choices come near a tie (gatekeeper battery mine finds them)"
             for suite, row in census.items() if row["steps"] and not row["near_ties"]]
 
 
