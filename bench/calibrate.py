@@ -7,7 +7,11 @@ first flag), under the shipped policy's drift rule and under `require: bit_exact
 the share of cases flagged (by outputs, by drift, either), side by side, and each calibration's cost in
 flag-on runs (the sum of its fault runs over its unfaulted run), measured in the same calibration.
 
-    python bench/calibrate.py [--limit 1]
+`--mined N` then compares the shipped battery, whole, with the N cases `battery mine` picks from it
+(`--max-tokens 48`), side by side: the curve of each (early stopping, the shipped policy), the mining
+time, and the wall time of `evaluate --flag prefix_cache` on each.
+
+    python bench/calibrate.py [--limit 1] [--mined 16]
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,22 +42,60 @@ def workspace(policy: str, tmp: Path) -> Path:
     return ws
 
 
-def calibrate(ws: Path, mode: str, limit: int) -> dict:
-    cmd = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "calibrate", "--engine", "torch",
-           "--limit", str(limit), "--operator", "bench", "--json", *(["--full"] if mode == "full" else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+def cli(ws: Path, *args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), *args, "--json"],
+                          capture_output=True, text=True)
     result = json.loads(done.stdout or "{}")
-    if done.returncode != 0 or "error" in result:
-        sys.exit(f"calibrate {mode} in {ws.name}: {result.get('error') or done.stderr[-2000:]}")
+    if done.returncode not in (0, 1) or "error" in result:
+        sys.exit(f"{args[0]} in {ws.name}: {result.get('error') or done.stderr[-2000:]}")
     return result
+
+
+def calibrate(ws: Path, mode: str, limit: int | None) -> dict:
+    return cli(ws, "calibrate", "--engine", "torch", *(["--limit", str(limit)] if limit else []), "--operator", "bench",
+               *(["--full"] if mode == "full" else []))
+
+
+def before_and_after(cases: int, tmp: Path) -> None:
+    """The shipped battery against the cases mining keeps from it: curve, cost, evaluation time."""
+    shipped, mined = workspace("shipped", tmp), tmp / "mined"
+    shutil.copytree(shipped, mined, ignore=shutil.ignore_patterns("ledger"))
+    shutil.rmtree(mined / "assertions")
+    t0 = time.perf_counter()
+    report = cli(shipped, "battery", "mine", "--engine", "torch", "--cases", str(cases), "--max-tokens", "48",
+                 "--out", str(mined / "assertions"))
+    mining = time.perf_counter() - t0
+    rows = {}
+    for name, ws in (("shipped", shipped), ("mined", mined)):
+        t0 = time.perf_counter()
+        verdict = cli(ws, "evaluate", "--flag", "prefix_cache", "--engine", "torch", "--operator", "bench")
+        rows[name] = (verdict, time.perf_counter() - t0, calibrate(ws, "early", None))
+    print(f"\nbefore and after mining ({report['chosen']} of {report['candidates']} cases kept, mined in {mining:.0f} s; "
+          "shares by outputs / by drift / either)")
+    print(f"{'fault':<14}{'shipped':>24}{'mined':>24}")
+    for i, f in enumerate(rows["shipped"][2]["faults"]):
+        cells = [(lambda g: f"{g['share_outputs']:.0%} / {g['share_drift']:.0%} / {g['share']:.0%}" if g["supported"] else "-")(
+            rows[n][2]["faults"][i]) for n in ("shipped", "mined")]
+        print(f"{f['spec']:<14}{cells[0]:>24}{cells[1]:>24}")
+    for label, pick in (("cases", lambda r: str(r[2]["cases"])), ("verdict", lambda r: r[0]["verdict"]),
+                        ("evaluate s", lambda r: f"{r[1]:.0f}"),
+                        ("cost (runs)", lambda r: f"{r[2]['seconds'].get('per_flag_on_run', 0):.2f}")):
+        print(f"{label:<14}{pick(rows['shipped']):>24}{pick(rows['mined']):>24}")
+    print(f"evaluation time, mined / shipped: {rows['mined'][1] / rows['shipped'][1]:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=1, help="cases per suite")
+    ap.add_argument("--mined", type=int, default=None, help="also compare the whole battery with this many mined cases")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = {run: calibrate(workspace(run[0], Path(tmp)), run[1], args.limit) for run in RUNS}
+        report({run: calibrate(workspace(run[0], Path(tmp)), run[1], args.limit) for run in RUNS})
+        if args.mined:
+            before_and_after(args.mined, Path(tmp))
+
+
+def report(results: dict) -> None:
     first = results[RUNS[0]]
     print(f"{first['cases']} cases; shares flagged by outputs / by drift / either")
     print(f"{'fault':<14}" + "".join(f"{p + ' ' + m:>22}" for p, m in RUNS))
