@@ -87,8 +87,7 @@ def test_no_import_circles():
 
 def test_cycle_finder_finds_a_planted_circle():
     planted = {**GRAPH, "gatekeeper.errors": GRAPH["gatekeeper.errors"] | {"gatekeeper.workspace"}}
-    assert ["gatekeeper.errors", "gatekeeper.workspace"] in cycles(planted) or \
-        any({"gatekeeper.errors", "gatekeeper.workspace"} <= set(c) for c in cycles(planted))
+    assert any({"gatekeeper.errors", "gatekeeper.workspace"} <= set(c) for c in cycles(planted))
 
 
 def part(name: str) -> str:

@@ -257,6 +257,11 @@ def test_no_top2_means_drift_unknown_never_bit_exact():
     policy = Policy(flag="prefix_cache", gate="byte_equivalence", require="bit_exact")
     verdict, reasons = ByteEquivalence(policy).decide(Evidence(1, [], {"off": 0, "on": 0}, 10, 10, True, 2, s))
     assert verdict == "INCONCLUSIVE" and reasons[0].startswith("drift: the policy requires bit_exact, but the drift is unknown")
+    # A drift bound cannot be shown to hold where no step had top-2 logits on both sides.
+    policy = Policy(flag="prefix_cache", gate="byte_equivalence", max_drift=1.0)
+    verdict, reasons = ByteEquivalence(policy).decide(Evidence(1, [], {"off": 0, "on": 0}, 10, 10, True, 2, s))
+    assert verdict == "INCONCLUSIVE" and reasons[0] == ("drift: the policy bounds the drift at 1, but no top-2 logits "
+                                                        "were compared (none at 2 of 2 steps)")
 
 
 def test_a_fail_counts_only_the_steps_before_the_divergence():

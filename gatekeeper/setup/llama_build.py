@@ -32,6 +32,7 @@ from ..errors import GatekeeperError
 from .llama_libs import DEFAULT_VERSION, LIBRARY, import_llama_cpp, lib_dir, root, use_built_libraries, version, version_dir  # noqa: F401
 from .llama_target import cmake_flags
 
+
 def server_binary(ver: str | None = None) -> Path | None:
     """The built ``llama-server``, or None if it is not built yet (or is an older static build, with
     no libraries beside it)."""

@@ -94,7 +94,8 @@ def _ask(proc: subprocess.Popen, url: str, log, lib: Path) -> dict:
                 if r.status == 200:
                     break
         except OSError:  # not listening yet, or 503 while the model loads
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     body = json.dumps({"prompt": PROMPT, "n_predict": TOKENS, "temperature": 0}).encode()
     request = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
     try:

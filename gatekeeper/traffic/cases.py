@@ -20,7 +20,7 @@ import yaml
 from . import capture
 from ..cache.trie import common_prefix
 from ..errors import GatekeeperError
-from ..workspace import Assertion, Suite
+from ..workspace import Assertion, Suite, read_yaml
 
 REST = "rest"  # the var holding each case's dynamic text
 NEAR_DUPLICATE = 0.9  # word-shingle overlap at which a call's rest counts as one already taken
@@ -103,8 +103,6 @@ def write(found: list[Stage], out: Path, *, max_tokens: int, assertions: list[As
 
 
 def read_assertions(path: Path) -> list[Assertion]:
-    from ..workspace import read_yaml
-
     data = read_yaml(path)
     if not isinstance(data, list):
         raise GatekeeperError(f"{path}: a YAML list of assertions, e.g. - {{type: max-length, value: 2000}}")
