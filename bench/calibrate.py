@@ -7,11 +7,13 @@ first flag), under the shipped policy's drift rule and under `require: bit_exact
 the share of cases flagged (by outputs, by drift, either), side by side, and each calibration's cost in
 flag-on runs (the sum of its fault runs over its unfaulted run), measured in the same calibration.
 
-`--mined N` then compares the shipped battery, whole, with the N cases `battery mine` picks from it
-(`--max-tokens 48`), side by side: the curve of each (early stopping, the shipped policy), the mining
-time, and the wall time of `evaluate --flag prefix_cache` on each.
+`--before-after` compares instead, side by side, the battery shipped until it was mined (the 64-case
+candidate pool in bench/candidates/) with the shipped battery mined from it (`battery mine --cases 20
+--max-tokens 64 --faults shift,drop` on the pool): the curve of each (early stopping, the shipped policy;
+the mined battery also in full, so its "by outputs" shares are exact), and the wall time of
+`evaluate --flag prefix_cache` on each.
 
-    python bench/calibrate.py [--limit 1] [--mined 16]
+    python bench/calibrate.py [--limit 1] | [--before-after]
 """
 
 from __future__ import annotations
@@ -56,43 +58,41 @@ def calibrate(ws: Path, mode: str, limit: int | None) -> dict:
                *(["--full"] if mode == "full" else []))
 
 
-def before_and_after(cases: int, tmp: Path) -> None:
-    """The shipped battery against the cases mining keeps from it: curve, cost, evaluation time."""
-    shipped, mined = workspace("shipped", tmp), tmp / "mined"
-    shutil.copytree(shipped, mined, ignore=shutil.ignore_patterns("ledger"))
-    shutil.rmtree(mined / "assertions")
-    t0 = time.perf_counter()
-    report = cli(shipped, "battery", "mine", "--engine", "torch", "--cases", str(cases), "--max-tokens", "48",
-                 "--out", str(mined / "assertions"))
-    mining = time.perf_counter() - t0
+def before_and_after(tmp: Path) -> None:
+    """The candidate pool (the battery before mining) against the shipped battery: curve, cost, evaluation time."""
+    shipped, pool = workspace("shipped", tmp), tmp / "pool"
+    shutil.copytree(shipped, pool, ignore=shutil.ignore_patterns("ledger", "assertions"))
+    shutil.copytree(ROOT / "bench" / "candidates", pool / "assertions")
     rows = {}
-    for name, ws in (("shipped", shipped), ("mined", mined)):
+    for name, ws in (("pool", pool), ("shipped", shipped)):
         t0 = time.perf_counter()
         verdict = cli(ws, "evaluate", "--flag", "prefix_cache", "--engine", "torch", "--operator", "bench")
         rows[name] = (verdict, time.perf_counter() - t0, calibrate(ws, "early", None))
-    print(f"\nbefore and after mining ({report['chosen']} of {report['candidates']} cases kept, mined in {mining:.0f} s; "
-          "shares by outputs / by drift / either)")
-    print(f"{'fault':<14}{'shipped':>24}{'mined':>24}")
-    for i, f in enumerate(rows["shipped"][2]["faults"]):
+    full = calibrate(shipped, "full", None)
+    print("\nbefore and after mining (shares by outputs / by drift / either)")
+    print(f"{'fault':<14}{'pool, early':>24}{'shipped, early':>24}{'shipped, full':>24}")
+    for i, f in enumerate(full["faults"]):
         cells = [(lambda g: f"{g['share_outputs']:.0%} / {g['share_drift']:.0%} / {g['share']:.0%}" if g["supported"] else "-")(
-            rows[n][2]["faults"][i]) for n in ("shipped", "mined")]
-        print(f"{f['spec']:<14}{cells[0]:>24}{cells[1]:>24}")
+            c["faults"][i]) for c in (rows["pool"][2], rows["shipped"][2], full)]
+        print(f"{f['spec']:<14}" + "".join(f"{c:>24}" for c in cells))
     for label, pick in (("cases", lambda r: str(r[2]["cases"])), ("verdict", lambda r: r[0]["verdict"]),
                         ("evaluate s", lambda r: f"{r[1]:.0f}"),
                         ("cost (runs)", lambda r: f"{r[2]['seconds'].get('per_flag_on_run', 0):.2f}")):
-        print(f"{label:<14}{pick(rows['shipped']):>24}{pick(rows['mined']):>24}")
-    print(f"evaluation time, mined / shipped: {rows['mined'][1] / rows['shipped'][1]:.2f}")
+        print(f"{label:<14}{pick(rows['pool']):>24}{pick(rows['shipped']):>24}")
+    print(f"full calibration of the shipped battery: {full['seconds'].get('per_flag_on_run', 0):.2f} flag-on runs")
+    print(f"evaluation time, shipped / pool: {rows['shipped'][1] / rows['pool'][1]:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=1, help="cases per suite")
-    ap.add_argument("--mined", type=int, default=None, help="also compare the whole battery with this many mined cases")
+    ap.add_argument("--before-after", action="store_true", help="compare the candidate pool with the shipped battery")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        report({run: calibrate(workspace(run[0], Path(tmp)), run[1], args.limit) for run in RUNS})
-        if args.mined:
-            before_and_after(args.mined, Path(tmp))
+        if args.before_after:
+            before_and_after(Path(tmp))
+        else:
+            report({run: calibrate(workspace(run[0], Path(tmp)), run[1], args.limit) for run in RUNS})
 
 
 def report(results: dict) -> None:

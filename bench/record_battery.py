@@ -1,5 +1,9 @@
 """Record the default battery's outputs on the default model, and time one pass.
 
+The shipped battery (assertions/) was mined from a larger pool of candidates (bench/candidates/, see
+docs/calibration.md); `--candidates` records the pool instead, into tests/data/candidate_outputs.json,
+against which the tests also check that no shipped assertion is vacuous.
+
 Every case is rendered exactly as the gate renders it (partition.render, partitioned, later
 turns extending the transcript) and decoded greedily in float32 on the CPU. The final outputs
 go to tests/data/battery_outputs.json, which the no-vacuous-assertion test reads; this prints
@@ -8,6 +12,7 @@ per-suite pass rates, static-prefix token counts (as written vs partitioned) and
     .venv/bin/python bench/record_battery.py             # run the model, rewrite the data file
     .venv/bin/python bench/record_battery.py --check     # no model: score the recorded outputs
     .venv/bin/python bench/record_battery.py --suite planner   # re-record one suite, keep the rest
+    .venv/bin/python bench/record_battery.py --candidates      # the candidate pool
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -29,6 +35,8 @@ from gatekeeper.identity import digest  # noqa: E402
 from gatekeeper.workspace import Workspace  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "battery_outputs.json"
+CANDIDATES = ROOT / "bench" / "candidates"
+CANDIDATE_DATA = ROOT / "tests" / "data" / "candidate_outputs.json"
 MODE: partition.Mode = "partitioned"  # what the gate renders until the static_first flag exists
 
 
@@ -55,6 +63,14 @@ def load_chat() -> Chat:
     from transformers import AutoTokenizer
 
     return Chat(AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True))
+
+
+def candidates_workspace(tmp: Path) -> Workspace:
+    """The repository's workspace with the candidate pool as its suites (links, nothing copied)."""
+    for folder in ("engines", "policies", "prompts"):
+        (tmp / folder).symlink_to(ROOT / folder)
+    (tmp / "assertions").symlink_to(CANDIDATES)
+    return Workspace(tmp)
 
 
 def first_values(case) -> dict[str, str]:
@@ -139,16 +155,21 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="score the recorded outputs; do not run the model")
     ap.add_argument("--suite", action="append", help="record only this suite (repeatable); others are kept")
     ap.add_argument("--show", action="store_true", help="print every output")
+    ap.add_argument("--candidates", action="store_true", help="record the candidate pool (bench/candidates)")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        record(args, candidates_workspace(Path(tmp)) if args.candidates else Workspace(ROOT),
+               CANDIDATE_DATA if args.candidates else DATA)
 
-    ws = Workspace(ROOT)
+
+def record(args, ws: Workspace, out: Path) -> None:
     items = battery.load(ws)
     chat = load_chat()
     prefixes = static_prefixes(ws, chat, items)
     for name, p in prefixes.items():
         print(f"{name:12s} static prefix tokens: as written {p['as_written']:5d}, partitioned {p['partitioned']:5d}")
 
-    data = json.loads(DATA.read_text()) if DATA.is_file() else {}
+    data = json.loads(out.read_text()) if out.is_file() else {}
     for key in ("outputs", "turns", "prompts"):
         data.setdefault(key, {})
     if not args.check:
@@ -179,8 +200,8 @@ def main() -> None:
             "turns": {k: v for k, v in sorted(data["turns"].items()) if k in known},
             "prompts": {k: v for k, v in sorted(data["prompts"].items()) if k in known},
         }
-        DATA.parent.mkdir(parents=True, exist_ok=True)
-        DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         for name, s in seconds.items():
             print(f"{name:12s} {s:7.1f} s")
         threads = torch.get_num_threads()

@@ -149,6 +149,7 @@ class Provenance(Strict):
     near_ties: int  # steps with a margin at or below NEAR_TIE
     steps: int
     seconds: float  # model seconds of its flag-off run
+    catches: list[str] | None = None  # the probed planted faults that change its outputs (``battery mine --faults``)
 
 
 class MinedOn(Strict):
@@ -159,6 +160,7 @@ class MinedOn(Strict):
     identity: str  # digest of the whole engine identity (dtype, device, plan, versions)
     max_tokens: int  # chosen by mining
     power_per_token: float | None = None  # score gained per extra generated token (over the source's max_tokens)
+    faults: list[str] | None = None  # the planted faults each candidate was probed with
 
 
 class Case(Strict):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import yaml
-from conftest import SUITE, evaluate
+from conftest import ROOT, SUITE, evaluate
 from planted import plant_near_tie
 
 from gatekeeper.battery import partition
@@ -102,3 +102,30 @@ def test_the_mined_suite_catches_a_fault_the_passed_over_case_misses(run_cli, pl
     assert not any(r.startswith("mined_elsewhere:") for r in out["reasons"])
     code, out = evaluate(run_cli, planted, "plain", "--suite", "mined")
     assert any(r.startswith("mined_elsewhere: suite mined was mined on tied") for r in out["reasons"]), out["reasons"]
+
+
+def test_planted_faults_measure_each_candidate_and_come_first(run_cli, planted, tmp_path):
+    report = mine(run_cli, planted, "--suite", "pair", "--engine", "tied", "--cases", "2", "--faults", "noise:1e-3,shift",
+                  "--out", tmp_path / "mined")
+    assert report["faults"] == ["noise:0.001", "shift"]
+    catches = {c["id"]: c["catches"] for c in report["suites"]["pair"]["cases"]}
+    assert "noise:0.001" in catches["a"] and "noise:0.001" not in catches["b"]  # only the planted near-tie flips
+    doc = yaml.safe_load((tmp_path / "mined" / "pair.yaml").read_text())
+    assert doc["mined_on"]["faults"] == ["noise:0.001", "shift"]
+    assert {c["id"]: c["mined"]["catches"] for c in doc["cases"]} == catches
+    code, out, _ = run_cli("--workspace", planted, "battery", "mine", "--cases", "1", "--faults", "noise", "--json")
+    assert code == 2 and "noise:SIZE" in json.loads(out)["error"]
+
+
+def test_a_case_a_fault_catches_outranks_a_better_score():
+    from gatekeeper.battery.load import Item
+    from gatekeeper.gate import mine as mining
+
+    [item] = [i for i in load(Workspace(ROOT)) if i.suite.suite == "router"][:1]
+    ties = mining.Scored(mining.Candidate(item, "ties"), [[0.001] * 4], [100], (0.001, 0.01))
+    caught = mining.Scored(mining.Candidate(Item(item.suite, item.case.model_copy(update={"id": "caught"})), "caught"),
+                           [[5.0] * 4], [100], (0.001, 0.01), {"drop": (0, 2)})
+    ties.departs = {"drop": None}
+    mined = mining.select([ties, caught], cases=1, identity={}, engine="torch")
+    assert [s.candidate.source for s in mined.chosen] == ["caught"] and mined.faults == ["drop"]
+    assert caught.catches(2) == [] and caught.catches(3) == ["drop"]  # a departure past the length is not caught

@@ -18,7 +18,11 @@ def test_repository_root_is_a_valid_workspace():
     assert battery.load(ws)
 
 
-def test_init_templates_match_the_shipped_workspace(workspace):
+def test_init_templates_match_the_shipped_workspace(tmp_path):
+    from gatekeeper.setup.scaffold import init_workspace
+
+    workspace = tmp_path / "ws"
+    init_workspace(workspace)
     for folder in ("engines", "policies"):
         for f in (workspace / folder).iterdir():
             assert f.read_text() == (ROOT / folder / f.name).read_text(), f

@@ -53,12 +53,16 @@ def mine(
     seconds: Annotated[Optional[float], typer.Option(help="Budget: keep cases worth this many flag-off model seconds.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Decode candidates this long (mining picks each suite's "
                                                            "length up to it; default: each suite's own).")] = None,
+    faults: Annotated[Optional[str], typer.Option(help="Also run every candidate flag on with these planted faults "
+                                                       "(comma-separated: shift, drop, other_prefix, noise:S) and keep "
+                                                       "first the cases whose outputs they change.")] = None,
     engine: EngineName = "auto",
     out: Annotated[Path, typer.Option(help="Folder for the mined suites (created).")] = Path("mined"),
     json_: Json = False,
 ) -> None:
     """Run every candidate case once flag off, score its near-ties per second, and write the best subset as suites."""
     from ..battery.load import Item, load
+    from ..engines.faults import parse
     from ..gate import mine as mining
     from ..gate import pipeline
     from ..traffic import cases as captured
@@ -67,6 +71,10 @@ def mine(
     if max_tokens is not None and max_tokens < 1:
         raise GatekeeperError("--max-tokens must be at least 1")
     mining.check_budget(cases, seconds)  # before minutes of model time
+    try:
+        planted = [parse(f) for f in faults.split(",")] if faults else []
+    except ValueError as e:
+        raise GatekeeperError(f"--faults {e}") from None
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     candidates = [] if capture and not suite else [
@@ -78,8 +86,9 @@ def mine(
             candidates += [mining.Candidate(Item(s, case), c["source"]) for case, c in zip(s.cases, st.cases)]
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
-    with progress(len(candidates), enabled=not json_) as advance:
-        scored, identity = mining.run(ws, engine, candidates, force=force, max_tokens=max_tokens, progress=advance)
+    with progress(len(candidates) * (1 + len(planted)), enabled=not json_) as advance:
+        scored, identity = mining.run(ws, engine, candidates, force=force, max_tokens=max_tokens, faults=planted,
+                                      progress=advance)
     mined = mining.select(scored, cases=cases, seconds=seconds, identity=identity, engine=engine)
     written = mining.write(ws, mined, out)
     report = {**mined.to_dict(), "written": [str(p) for p in written]}

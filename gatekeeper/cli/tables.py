@@ -291,13 +291,15 @@ def print_mined(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("suite", "case", "score", "per s", "min margin", "near-ties", "steps", "source",
-                  title=f"mined {report['chosen']} of {report['candidates']} candidates on {report['engine']} "
-                        f"({report['seconds']:.1f} model s)")
+    probed = report.get("faults") or []
+    table = Table("suite", "case", "score", "per s", "min margin", "near-ties", "steps", *(["catches"] if probed else []),
+                  "source", title=f"mined {report['chosen']} of {report['candidates']} candidates on {report['engine']} "
+                                  f"({report['seconds']:.1f} model s)")
     for name, st in report["suites"].items():
         for c in st["cases"]:
             table.add_row(name, c["id"], f"{c['score']:.2f}", f"{c['per_second']:.2f}", _na(c["min_margin"], "{:.4f}"),
-                          str(c["near_ties"]), str(c["steps"]), c["source"])
+                          str(c["near_ties"]), str(c["steps"]),
+                          *([", ".join(c["catches"]) or "none"] if probed else []), c["source"])
     console = Console()
     console.print(table)
     for name, st in report["suites"].items():

@@ -43,6 +43,17 @@ def graded() -> list[Fault]:
     return [*(Fault("noise", s) for s in NOISE), Fault("shift"), Fault("drop"), Fault("other_prefix")]
 
 
+def parse(spec: str) -> Fault:
+    """``shift``, ``drop``, ``other_prefix`` or ``noise:S`` (as ``Fault.spec`` writes them)."""
+    kind, _, size = spec.strip().partition(":")
+    if kind not in KINDS or (kind == "noise") != bool(size):
+        raise ValueError(f"{spec!r}: a fault is one of shift, drop, other_prefix or noise:SIZE (e.g. noise:1e-3)")
+    try:
+        return Fault(kind, float(size)) if size else Fault(kind)
+    except ValueError:
+        raise ValueError(f"{spec!r}: the noise size must be a number, e.g. noise:1e-3") from None
+
+
 def seed(fault: Fault, restored: Sequence[int]) -> int:
     """The noise draw for a hit on ``restored``: fixed by the fault and the tokens, so a case sees the same
     noise whatever ran before it (a calibration that stops cases early plants what a full one does)."""

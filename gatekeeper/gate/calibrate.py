@@ -120,9 +120,9 @@ class DriftRule:
 
 class Watch:
     """Stops a case of a fault run at its first flag (a flagged case needs no more): a token that departs
-    from the reference, or a step whose drift the rule flags. Records which one it was."""
+    from the reference, or a step whose drift the rule flags (outputs only without a rule). Records which one it was."""
 
-    def __init__(self, ref: dict[str, Any], unfaulted: dict[tuple[int, int], float], rule: DriftRule):
+    def __init__(self, ref: dict[str, Any], unfaulted: dict[tuple[int, int], float], rule: DriftRule | None):
         self.ref, self.unfaulted, self.rule = ref, unfaulted, rule
         self.fired: str | None = None  # outputs | drift
 
@@ -134,7 +134,7 @@ class Watch:
             s = len(tokens) - 1
             if s >= len(want) or tokens[s] != want[s]:
                 self.fired = "outputs"
-            elif margins and s < len(top2):
+            elif self.rule and margins and s < len(top2):
                 drift = kinds.step_drift(top2[s], margins[s])
                 if drift is not None and self.rule.exceeded(drift, self.unfaulted.get((n + 1, s), 0.0)):
                     self.fired = "drift"

@@ -8,14 +8,20 @@ its cost the model seconds of its flag-off run (its prompt and generated tokens 
 (``max_tokens``): longer answers hold more steps that can flip, and each suite keeps the length that
 gives the most score per second. The suites it writes name where each case came from, its score, and
 the engine it was scored on (``mined_on``), so an evaluation on another engine can say so.
+
+Near-ties predict power; a planted fault measures it. With ``faults``, every candidate also runs flag
+on under each planted fault (``engines/faults.py``), stopped at its first departing token, and the cases
+whose outputs the most faults change come first: the battery is then chosen for the faults a broken
+cache makes, not only for how close its decode comes to a tie.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -23,6 +29,7 @@ from . import evaluator
 from .kinds import NEAR_TIE
 from ..battery.load import Item
 from ..battery.partition import pieces, render
+from ..engines.faults import Fault
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import Decoding, Suite, Workspace
@@ -46,6 +53,11 @@ class Scored:
     margins: list[list[float]]  # per turn, the top-2 margin of each generated step (decode order)
     prompt_tokens: list[int]  # per turn
     rates: tuple[float, float] = (0.0, 0.0)  # model seconds per prompt token and per generated token (``rates``)
+    departs: dict[str, tuple[int, int] | None] = field(default_factory=dict)  # per probed fault: (turn, step) parted at
+
+    def catches(self, upto: int | None = None) -> list[str]:
+        """The probed faults that change this case's outputs within each turn's first ``upto`` tokens."""
+        return [f for f, at in self.departs.items() if at is not None and (upto is None or at[1] < upto)]
 
     def score(self, upto: int | None = None) -> float:
         """The near-tie weight of each turn's first ``upto`` steps (all when None)."""
@@ -63,7 +75,8 @@ class Scored:
         return {"source": self.candidate.source, "score": round(self.score(upto), 4),
                 "per_second": round(self.score(upto) / seconds, 4) if seconds else 0.0,
                 "min_margin": round(min(steps), 6) if steps else None,
-                "near_ties": sum(m <= NEAR_TIE for m in steps), "steps": len(steps), "seconds": round(seconds, 4)}
+                "near_ties": sum(m <= NEAR_TIE for m in steps), "steps": len(steps), "seconds": round(seconds, 4),
+                **({"catches": self.catches(upto)} if self.departs else {})}
 
 
 def rates(turns: list[dict[str, Any]]) -> tuple[float, float]:
@@ -82,9 +95,10 @@ class Mined:
     identity: dict[str, Any]
     engine: str
     scored: list[Scored] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # probed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "candidates": len(self.scored), "chosen": len(self.chosen),
+        return {"engine": self.engine, "candidates": len(self.scored), "chosen": len(self.chosen), "faults": self.faults,
                 "seconds": round(sum(s.seconds(self.max_tokens[s.candidate.item.suite.suite]) for s in self.chosen), 3),
                 "suites": {name: {"max_tokens": n, "power_per_token": self.power_per_token[name],
                                   "cases": [s.provenance(n) | {"id": s.candidate.item.case.id} for s in self.chosen
@@ -93,33 +107,72 @@ class Mined:
 
 
 def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_tokens: int | None = None,
-        progress: Callable[[str], None] = lambda label: None) -> tuple[list[Scored], dict[str, Any]]:
+        faults: Sequence[Fault] = (), progress: Callable[[str], None] = lambda label: None) -> tuple[list[Scored], dict[str, Any]]:
     """Every candidate once, flag off (the pipeline in force, cache off), decoding up to ``max_tokens``
-    (each suite's own when None, never less), with top-2 logits. Returns the scores and the identity."""
+    (each suite's own when None, never less), with top-2 logits; then, per planted fault, once flag on
+    with that fault (``probe``). Returns the scores and the identity."""
     if not candidates:
         raise GatekeeperError("battery mine: no candidate cases; name suites (--suite), a capture (--capture) or both")
     p = evaluator.plan(ws, "prefix_cache", engine, force=force)  # the flag-off side as the gate runs it
     off = p.configs["off"]
     from ..engines.registry import build_engine
 
-    scored, turns = [], []
+    scored, turns, refs = [], [], []
+    items = [_longer(c.item, max_tokens) for c in candidates]
     with build_engine(off.profile, workspace_root=ws.root) as model:
+        missing = [f.spec for f in faults if f.kind not in model.faults]
+        if missing:
+            raise GatekeeperError(f"battery mine --faults: engine {engine!r} ({model.name}) cannot plant {', '.join(missing)} "
+                                  f"({'it plants: ' + ', '.join(sorted(model.faults)) if model.faults else 'its cache is not in this process'}); "
+                                  "mine on an in-process engine (torch, mlx or llamacpp) on the same weights")
         identity = model.identity()
         with model.session(cache=False) as session:
-            pinned: set[str] = set()
-            for c in candidates:
-                item = _longer(c.item, max_tokens)
-                if item.suite.suite not in pinned:  # the stage boundary, as the gate registers it
-                    _pin(session, ws, item, off.render)
-                    pinned.add(item.suite.suite)
-                progress(c.source)
-                result = evaluator.run_case(session, ws, item, off.render)
+            for c, item, result in _each(session, ws, candidates, items, off.render, "", progress):
                 turns += result["turns"]
+                refs.append(result)
                 scored.append(Scored(c, [_margins(t) for t in result["turns"]], [t["prompt_tokens"] for t in result["turns"]]))
+        probe(model, ws, off.render, scored, items, refs, faults, progress)
     measured = rates(turns)
     for s in scored:
         s.rates = measured
     return scored, identity
+
+
+def probe(model, ws: Workspace, mode, scored: list[Scored], items: list[Item], refs: list[dict[str, Any]],
+          faults: Sequence[Fault], progress: Callable[[str], None]) -> None:
+    """Each candidate flag on under each fault, every case stopped at its first token that departs from
+    its flag-off run: records where (``Scored.departs``). The stage prefixes are computed once for all."""
+    from .calibrate import Watch
+
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-mine-") as layer:
+        for fault in faults:
+            with model.session(cache=True, fault=fault, results=Path(layer)) as session:
+                watches = [Watch(ref, {}, None) for ref in refs]
+                runs = _each(session, ws, [s.candidate for s in scored], items, mode, f"{fault.spec} ", progress, watches)
+                for s, ref, (_, _, result) in zip(scored, refs, runs):
+                    s.departs[fault.spec] = departure(ref, result)
+
+
+def departure(ref: dict[str, Any], result: dict[str, Any]) -> tuple[int, int] | None:
+    """The turn and step where ``result``'s tokens first part from ``ref``'s; None where they never do."""
+    for n, (a, b) in enumerate(zip(ref["turns"], result["turns"])):
+        if a["tokens"] != b["tokens"]:
+            at = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y),
+                      min(len(a["tokens"]), len(b["tokens"])))
+            return n, at
+    return None
+
+
+def _each(session, ws: Workspace, candidates: list[Candidate], items: list[Item], mode, label: str,
+          progress: Callable[[str], None], watches: list | None = None):
+    """Each candidate's case on ``session``, its stage boundary registered first as the gate registers it."""
+    pinned: set[str] = set()
+    for n, (c, item) in enumerate(zip(candidates, items)):
+        if item.suite.suite not in pinned:
+            _pin(session, ws, item, mode)
+            pinned.add(item.suite.suite)
+        progress(label + c.source)
+        yield c, item, evaluator.run_case(session, ws, item, mode, watches[n] if watches else None)
 
 
 def check_budget(cases: int | None, seconds: float | None) -> None:
@@ -132,7 +185,8 @@ def check_budget(cases: int | None, seconds: float | None) -> None:
 def select(scored: list[Scored], *, cases: int | None = None, seconds: float | None = None,
            identity: dict[str, Any], engine: str) -> Mined:
     """The cases with the most score per second within the budget, the best of every stage first, and
-    per suite the ``max_tokens`` (up to what was decoded) that gives its cases the most score per second."""
+    per suite the ``max_tokens`` (up to what was decoded) that gives its cases the most score per second.
+    Where faults were probed, cases (and lengths) that more of them catch come first."""
     check_budget(cases, seconds)
     by_suite: dict[str, list[Scored]] = {}
     for s in scored:
@@ -142,14 +196,14 @@ def select(scored: list[Scored], *, cases: int | None = None, seconds: float | N
         own = min(s.candidate.item.suite.decoding.max_tokens for s in group)
         decoded = max((len(t) for s in group for t in s.margins), default=own)
         options = sorted({own, *range(STEP, decoded + 1, STEP)} - {n for n in range(0, own)})
-        lengths[name] = max(options, key=lambda n: (_ratio(group, n), -n))
+        lengths[name] = max(options, key=lambda n: (sum(len(s.catches(n)) for s in group), _ratio(group, n), -n))
         extra = lengths[name] - own
         gains[name] = (round((sum(s.score(lengths[name]) for s in group) - sum(s.score(own) for s in group))
                              / extra / len(group), 4) if extra > 0 else None)
 
-    def value(s: Scored) -> float:
+    def value(s: Scored) -> tuple[int, float]:
         n = lengths[s.candidate.item.suite.suite]
-        return s.score(n) / max(s.seconds(n), 1e-9)
+        return len(s.catches(n)), s.score(n) / max(s.seconds(n), 1e-9)
 
     ranked = sorted(scored, key=value, reverse=True)
     stages: dict[str, Scored] = {}
@@ -163,7 +217,7 @@ def select(scored: list[Scored], *, cases: int | None = None, seconds: float | N
             break
         chosen.append(s)
         spent += cost
-    return Mined(chosen, lengths, gains, identity, engine, scored)
+    return Mined(chosen, lengths, gains, identity, engine, scored, list(scored[0].departs) if scored else [])
 
 
 def write(ws: Workspace, mined: Mined, out: Path) -> list[Path]:
@@ -180,7 +234,8 @@ def write(ws: Workspace, mined: Mined, out: Path) -> list[Path]:
             "prompt": [_segment(ws, suite, seg) for seg in suite.prompt],
             "decoding": {"max_tokens": n, "stop": list(suite.decoding.stop)},
             "mined_on": {"engine": mined.engine, "model_digest": mined.identity.get("model_digest"), "identity": ident,
-                         "max_tokens": n, "power_per_token": mined.power_per_token[suite.suite]},
+                         "max_tokens": n, "power_per_token": mined.power_per_token[suite.suite],
+                         **({"faults": mined.faults} if mined.faults else {})},
             "cases": []})
         case = s.candidate.item.case.model_dump(mode="json", by_alias=True, exclude_defaults=True, exclude={"mined"})
         taken = {c["id"] for c in doc["cases"]}
@@ -193,7 +248,8 @@ def write(ws: Workspace, mined: Mined, out: Path) -> list[Path]:
         Suite.model_validate(doc)  # what is written loads
     out.mkdir(parents=True, exist_ok=True)
     for path, doc in docs.items():
-        path.write_text("# Mined by gatekeeper battery mine: cases chosen for sensitivity per second on the engine in "
+        path.write_text("# Mined by gatekeeper battery mine: cases chosen for " + ("the planted faults that change their outputs "
+                        "(mined_on.faults), then " if mined.faults else "") + "sensitivity per second on the engine in "
                         "mined_on.\n" + yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120))
     return list(docs)
 
