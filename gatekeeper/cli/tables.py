@@ -302,6 +302,9 @@ def print_mined(report: dict) -> None:
                           *([", ".join(c["catches"]) or "none"] if probed else []), c["source"])
     console = Console()
     console.print(table)
+    chosen = [c for st in report["suites"].values() for c in st["cases"]]
+    for fault in probed:
+        console.print(f"{fault} changes the outputs of {sum(fault in c['catches'] for c in chosen)} of {len(chosen)} cases kept")
     for name, st in report["suites"].items():
         gain = f", {st['power_per_token']:.3f} score per extra token" if st["power_per_token"] is not None else ""
         console.print(f"{name}: max_tokens {st['max_tokens']}{gain}")
