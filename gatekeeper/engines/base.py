@@ -160,11 +160,15 @@ class Engine(ABC):
         (calibration only), which selects the adapter's fault session."""
         if fault is None:
             return self.session_class(self, cache=cache, results=results if self.persists else None)
+        self.check_fault(fault)
+        return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
+
+    def check_fault(self, fault: Fault) -> None:
+        """Exit 2 unless this adapter can plant ``fault`` (before any model time is spent on it)."""
         if self.fault_session_class is None or fault.kind not in self.faults:
             raise GatekeeperError(f"the {self.name} adapter cannot plant a {fault.kind!r} fault "
                                   f"({'it plants: ' + ', '.join(sorted(self.faults)) if self.faults else 'its cache is not in this process'}); "
-                                  "calibration needs an in-process engine: torch, mlx or llamacpp")
-        return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
+                                  "planting faults needs an in-process engine: torch, mlx or llamacpp")
 
     # --- text <-> tokens ------------------------------------------------------------------------
     @abstractmethod

@@ -178,13 +178,17 @@ def _margin(step: list[list[float]] | None) -> float | None:
     return None if not step else float(step[0][1] - step[1][1])
 
 
+def first_divergence(a: list[int], b: list[int]) -> int:
+    """The first position where two token lists differ (the shorter one's length if one extends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]], str]) -> dict[str, Any] | None:
     """None when token ids, text bytes and outcomes are identical; else where and how they part."""
     for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
         if ta["tokens"] == tb["tokens"] and ta["text"] == tb["text"]:
             continue
-        pos = next((i for i, (x, y) in enumerate(zip(ta["tokens"], tb["tokens"])) if x != y),
-                   min(len(ta["tokens"]), len(tb["tokens"])))
+        pos = first_divergence(ta["tokens"], tb["tokens"])
         side = {}
         for name, t in (("a", ta), ("b", tb)):
             token = t["tokens"][pos] if pos < len(t["tokens"]) else None

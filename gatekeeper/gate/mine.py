@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from . import evaluator
-from .kinds import NEAR_TIE
+from .kinds import NEAR_TIE, first_divergence
 from ..battery.load import Item
 from ..battery.partition import pieces, render
 from ..engines.faults import Fault
@@ -120,11 +120,8 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
     scored, turns, refs = [], [], []
     items = [_longer(c.item, max_tokens) for c in candidates]
     with build_engine(off.profile, workspace_root=ws.root) as model:
-        missing = [f.spec for f in faults if f.kind not in model.faults]
-        if missing:
-            raise GatekeeperError(f"battery mine --faults: engine {engine!r} ({model.name}) cannot plant {', '.join(missing)} "
-                                  f"({'it plants: ' + ', '.join(sorted(model.faults)) if model.faults else 'its cache is not in this process'}); "
-                                  "mine on an in-process engine (torch, mlx or llamacpp) on the same weights")
+        for fault in faults:
+            model.check_fault(fault)
         identity = model.identity()
         with model.session(cache=False) as session:
             for c, item, result in _each(session, ws, candidates, items, off.render, "", progress):
@@ -157,9 +154,7 @@ def departure(ref: dict[str, Any], result: dict[str, Any]) -> tuple[int, int] | 
     """The turn and step where ``result``'s tokens first part from ``ref``'s; None where they never do."""
     for n, (a, b) in enumerate(zip(ref["turns"], result["turns"])):
         if a["tokens"] != b["tokens"]:
-            at = next((i for i, (x, y) in enumerate(zip(a["tokens"], b["tokens"])) if x != y),
-                      min(len(a["tokens"]), len(b["tokens"])))
-            return n, at
+            return n, first_divergence(a["tokens"], b["tokens"])
     return None
 
 
