@@ -110,6 +110,12 @@ def _damaged_database(e: Exception) -> bool:
             and any(w in str(e.orig) for w in ("malformed", "not a database", "could not decode", "Could not decode")))
 
 
+def writable_file(path: Path, option: str) -> None:
+    """Exit 2 before any work unless ``path`` names a file in an existing folder."""
+    if path.is_dir() or not path.parent.is_dir():
+        raise GatekeeperError(f"{option} {path}: name a file in an existing folder")
+
+
 def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:
     if json_:
         typer.echo(json.dumps(data, indent=2, default=str))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,7 +10,8 @@ import typer
 
 from ..errors import GatekeeperError
 from . import tables
-from .common import EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt
+from .common import (EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt,
+                     writable_file)
 
 
 @reporting
@@ -25,6 +27,9 @@ def evaluate(
     skip_unsupported: Annotated[bool, typer.Option(
         "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
                                    "the reasons list them (skipped:).")] = False,
+    junit: Annotated[Optional[Path], typer.Option(
+        help="Also write the verdict as JUnit XML here, one test case per battery case (and append a summary "
+             "to $GITHUB_STEP_SUMMARY when it is set).")] = None,
     json_: Json = False,
 ) -> None:
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
@@ -34,6 +39,8 @@ def evaluate(
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
+    if junit is not None:
+        writable_file(junit, "--junit")
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
     # every input is checked before anything is written
@@ -49,9 +56,25 @@ def evaluate(
             raise typer.Exit(130) from None
         finally:
             evaluator.close_engines(models)
+    if junit is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
+        _report_to_ci(settings, ws, outcome.evaluation_id, junit)
     emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
     if outcome.verdict != "PASS":
         raise typer.Exit(1)
+
+
+def _report_to_ci(settings: Settings, ws, evaluation_id: int, junit: Optional[Path]) -> None:
+    """The recorded evaluation as CI reads it: a JUnit file, and a summary on the job's page."""
+    from ..ledger import junit as junit_
+
+    with settings.opened_ledger(ws, create=False) as ledger:
+        record = ledger.evaluation(evaluation_id)
+    if junit is not None:
+        junit.write_text(junit_.render(record), encoding="utf-8")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(junit_.summary(record))
 
 
 @reporting

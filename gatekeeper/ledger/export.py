@@ -20,17 +20,18 @@ from typing import Any
 from ..engines.base import plus
 from ..gate.kinds import AT_RISK, NEAR_TIE
 from ..cache.trie import common_prefix
+from . import junit
 
-FORMATS = ("md", "html", "json")
+FORMATS = ("md", "html", "json", "junit")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be styled)
 
 # --- the view ----------------------------------------------------------------------------------
 
 
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(d, dict) and d:
-        return {k: v for key, value in d.items() for k, v in _flatten(value, f"{prefix}{key}.").items()}
+        return {k: v for key, value in d.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
     return {prefix.rstrip("."): d}
 
 
@@ -119,7 +120,7 @@ def _census(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def view(record: dict[str, Any]) -> dict[str, Any]:
     """Everything an export shows, as plain JSON-able data."""
     identity = record.get("identity") or {}
-    off, on = _flatten(identity.get("off", {})), _flatten(identity.get("on", {}))
+    off, on = flatten(identity.get("off", {})), flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
     verdict = record.get("verdict_record") or {}
     summary = verdict.get("summary") or {}
@@ -157,6 +158,8 @@ def _calibration(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def render(record: dict[str, Any], fmt: str) -> str:
+    if fmt == "junit":
+        return junit.render(record)
     v = view(record)
     if fmt == "json":
         return json.dumps({**v, "record": record}, indent=2, ensure_ascii=False, default=str) + "\n"

@@ -1,0 +1,100 @@
+"""Two recorded evaluations side by side, case by case: which outcomes changed, where each run
+parted, how far the logits drifted, what it cost, and which parts of the identity differ."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .export import flatten
+from .outcomes import CaseOutcome, case_outcomes, divergence_text
+
+
+def _header(record: dict[str, Any]) -> dict[str, Any]:
+    summary = (record.get("verdict_record") or {}).get("summary") or {}
+    return {"id": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
+            "operator": record["operator"], "started_at": record["started_at"],
+            "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or []}
+
+
+def _side(case: CaseOutcome | None) -> dict[str, Any] | None:
+    if case is None:
+        return None
+    d = case.divergence or case.unstable
+    return {"status": case.status, "first_divergence": None if d is None else {
+                "turn": d.get("turn"), "position": d.get("first_divergent_position"),
+                "tokens": [(d.get("a") or {}).get("token"), (d.get("b") or {}).get("token")],
+                "margins": [(d.get("a") or {}).get("margin"), (d.get("b") or {}).get("margin")],
+                "near_tie": d.get("near_tie"), "text": divergence_text(d)},
+            "drift": case.drift, "seconds": case.seconds, "passed": case.passed}
+
+
+def _where(side: dict[str, Any] | None) -> tuple | None:
+    d = side and side["first_divergence"]
+    return None if not d else (d["turn"], d["position"], tuple(d["tokens"]))
+
+
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    fa, fb = flatten(a), flatten(b)
+    return [{"part": k, "a": fa.get(k), "b": fb.get(k)} for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Evaluation ``a`` against ``b``. A case *changed* when its status or its first divergence moved;
+    drift and seconds are shown for every case but differ on every rerun, so they do not count."""
+    cases_a = {c.case_id: c for c in case_outcomes(a)}
+    cases_b = {c.case_id: c for c in case_outcomes(b)}
+    rows = []
+    for cid in [*cases_a, *(c for c in cases_b if c not in cases_a)]:
+        sa, sb = _side(cases_a.get(cid)), _side(cases_b.get(cid))
+        changed = (sa is None or sb is None or sa["status"] != sb["status"] or _where(sa) != _where(sb))
+        rows.append({"case_id": cid, "a": sa, "b": sb, "changed": changed})
+    return {
+        "a": _header(a), "b": _header(b),
+        "verdict_changed": a["status"] != b["status"],
+        "identity": _differing(a.get("identity") or {}, b.get("identity") or {}),
+        "config": _differing(a.get("config") or {}, b.get("config") or {}),
+        "reasons": {"only_a": [r for r in _header(a)["reasons"] if r not in _header(b)["reasons"]],
+                    "only_b": [r for r in _header(b)["reasons"] if r not in _header(a)["reasons"]]},
+        "cases": rows,
+        "changed_cases": [r["case_id"] for r in rows if r["changed"]],
+    }
+
+
+# --- as text -----------------------------------------------------------------------------------
+
+def status_text(side: dict[str, Any] | None) -> str:
+    if side is None:
+        return "(not run)"
+    where = side["first_divergence"]
+    return side["status"] if where is None else f"{side['status']} at {where['text']}"
+
+
+def num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def seconds_text(side: dict[str, Any] | None) -> str:
+    return "-" if side is None else " / ".join(f"{k} {v:.3g}" for k, v in side["seconds"].items())
+
+
+def markdown(d: dict[str, Any]) -> str:
+    a, b = d["a"], d["b"]
+    esc = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    lines = [f"# gatekeeper: evaluation {a['id']} vs {b['id']}", "",
+             "| | A | B |", "|---|---|---|",
+             *(f"| {k} | {esc(a[k])} | {esc(b[k])} |" for k in ("flag", "gate", "status", "operator", "started_at", "model_seconds")),
+             "", f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed outcome or first divergence.", "",
+             "## Cases", "", "| case | A | B | drift A | drift B | seconds A | seconds B |", "|---|---|---|---|---|---|---|"]
+    for r in d["cases"]:
+        mark = "**" if r["changed"] else ""
+        lines.append(f"| {mark}`{r['case_id']}`{mark} | {esc(status_text(r['a']))} | {esc(status_text(r['b']))} | "
+                     f"{num(r['a'] and r['a']['drift'])} | {num(r['b'] and r['b']['drift'])} | "
+                     f"{seconds_text(r['a'])} | {seconds_text(r['b'])} |")
+    for title, rows in (("Identity that differs", d["identity"]), ("Configuration that differs", d["config"])):
+        lines += ["", f"## {title}", ""]
+        lines += (["| part | A | B |", "|---|---|---|", *(f"| `{r['part']}` | `{esc(r['a'])}` | `{esc(r['b'])}` |" for r in rows)]
+                  if rows else ["none"])
+    for side, key in (("A", "only_a"), ("B", "only_b")):
+        if d["reasons"][key]:
+            lines += ["", f"## Reasons only in {side}", "", *(f"- {esc(r)}" for r in d["reasons"][key])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,109 @@
+"""An evaluation as CI reads it: JUnit XML, one test case per battery case, and a short markdown
+summary for a CI job's page (GitHub's ``$GITHUB_STEP_SUMMARY``).
+
+A case fails when the gate said FAIL and that case is one it blamed; an INCONCLUSIVE evaluation
+skips every case with the reason that concerns it; an evaluation without a verdict (aborted) is an
+error on every case. A PASS passes every case.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from .outcomes import DIFFERS, CaseOutcome, case_outcomes, divergence_text
+
+
+# What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _safe(text: str) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+
+
+def _concerns(reason: str, case_id: str) -> bool:
+    return re.search(rf"(?<![\w/.-]){re.escape(case_id)}(?![\w/.-])", reason) is not None
+
+
+def _verdict_of(record: dict[str, Any], case: CaseOutcome) -> tuple[str, str, str]:
+    """(kind, message, detail): kind is pass, failure, skipped or error."""
+    verdict, reasons = record.get("verdict"), record.get("reasons") or []
+    own = [r for r in reasons if _concerns(r, case.case_id)]
+    if verdict is None:
+        why = (record.get("aborted_record") or {}).get("reason") or record.get("status", "aborted")
+        return "error", f"{record.get('status', 'aborted')}: the evaluation has no verdict ({why})", ""
+    if verdict == "INCONCLUSIVE":
+        return "skipped", "; ".join(own or reasons), ""
+    if verdict == "FAIL" and (own or case.status == DIFFERS):
+        message = own[0] if own else f"differs: {divergence_text(case.divergence)}"
+        detail = [divergence_text(case.divergence), *own[1:]]
+        if case.divergence and case.divergence.get("text_a") is not None:
+            detail += [f"flag off: {case.divergence['text_a']!r}", f"flag on:  {case.divergence['text_b']!r}"]
+        return "failure", message, "\n".join(detail)
+    return "pass", "", ""
+
+
+def render(record: dict[str, Any]) -> str:
+    """The evaluation as a JUnit XML document (testsuites > testsuite per suite > testcase per case)."""
+    flag, eid = record["flag"], record["id"]
+    root = ET.Element("testsuites", name=f"gatekeeper {flag} evaluation {eid}")
+    suites: dict[str, ET.Element] = {}
+    counts: dict[str, dict[str, float]] = {}
+    for case in case_outcomes(record):
+        suite = suites.get(case.suite)
+        if suite is None:
+            suite = suites[case.suite] = ET.SubElement(root, "testsuite", name=f"{flag}: {case.suite}",
+                                                       timestamp=record["started_at"])
+            props = ET.SubElement(suite, "properties")
+            for name, value in (("evaluation", eid), ("flag", flag), ("gate", record["gate"]),
+                                ("verdict", record.get("verdict") or record.get("status")),
+                                ("operator", record["operator"])):
+                ET.SubElement(props, "property", name=name, value=_safe(str(value)))
+            counts[case.suite] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
+        seconds = sum(case.seconds.values())
+        tc = ET.SubElement(suite, "testcase", classname=f"gatekeeper.{flag}.{case.suite}", name=case.name,
+                           time=f"{seconds:.3f}")
+        kind, message, detail = _verdict_of(record, case)
+        if kind != "pass":
+            el = ET.SubElement(tc, kind, message=_safe(message))
+            if kind != "skipped":
+                el.set("type", message.split(":", 1)[0])
+                el.text = _safe(detail or message)
+        ET.SubElement(tc, "system-out").text = (
+            f"status: {case.status}; drift: {'n/a' if case.drift is None else f'{case.drift:.3g}'}; "
+            f"assertions passed: {', '.join(f'{k} {v}' for k, v in case.passed.items())}; "
+            f"model seconds: {', '.join(f'{k} {v:g}' for k, v in case.seconds.items())}")
+        c = counts[case.suite]
+        c["tests"] += 1
+        c["time"] += seconds
+        if kind != "pass":
+            c["failures" if kind == "failure" else "errors" if kind == "error" else "skipped"] += 1
+    for name, suite in suites.items():
+        for key, value in counts[name].items():
+            suite.set(key, f"{value:.3f}" if key == "time" else str(int(value)))
+    for key in ("tests", "failures", "errors", "skipped"):
+        root.set(key, str(sum(int(c[key]) for c in counts.values())))
+    root.set("time", f"{sum(c['time'] for c in counts.values()):.3f}")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def summary(record: dict[str, Any]) -> str:
+    """A few markdown lines for a CI job's summary page: the verdict, its reasons, the cases it blamed."""
+    verdict = record.get("verdict") or record.get("status")
+    lines = [f"### gatekeeper: {record['flag']} evaluation {record['id']}: **{verdict}**", ""]
+    lines += [f"- {_md(r)}" for r in record.get("reasons") or []]
+    cases = case_outcomes(record)
+    blamed = [(c, _verdict_of(record, c)) for c in cases]
+    blamed = [(c, v) for c, v in blamed if v[0] != "pass"]
+    lines += ["", f"{len(cases)} cases, {len(cases) - len(blamed)} passed"]
+    if blamed:
+        lines += ["", "| case | result | detail |", "|---|---|---|"]
+        lines += [f"| `{c.case_id}` | {kind} | {_md(message)} |" for c, (kind, message, _) in blamed]
+    return "\n".join(lines) + "\n\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

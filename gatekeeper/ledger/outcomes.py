@@ -1,0 +1,82 @@
+"""Each battery case's part in a recorded evaluation: what the gate found for it, where the sides parted,
+how far the logits drifted and what it cost. The JUnit report and ``ledger diff`` read evaluations
+through this one view."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gatekeeper.gate.kinds import drifts
+
+EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
+
+
+@dataclass
+class CaseOutcome:
+    case_id: str  # suite/id
+    status: str  # equal | differs | baseline_unstable (its baseline runs disagreed)
+    divergence: dict[str, Any] | None = None  # the flag-off vs flag-on comparison, when they differ
+    unstable: dict[str, Any] | None = None  # the baseline comparison that disagreed
+    drift: float | None = None  # largest top-2 logit drift, off vs on, over the steps they share; None: unknown
+    seconds: dict[str, float] = field(default_factory=dict)  # configuration -> model seconds of its first run
+    passed: dict[str, str] = field(default_factory=dict)  # configuration -> "k/n" assertions passed
+
+    @property
+    def suite(self) -> str:
+        return self.case_id.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.case_id.split("/", 1)[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def case_outcomes(record: dict[str, Any]) -> list[CaseOutcome]:
+    """One outcome per case, in the order the cases ran."""
+    firsts: dict[str, dict[str, dict[str, Any]]] = {}  # case -> config -> its first run's result
+    for r in record["case_results"]:
+        if r["repeat"] == 0:
+            firsts.setdefault(r["case_id"], {})[r["config"]] = r["result"]
+    out = {cid: CaseOutcome(cid, EQUAL) for cid in firsts}
+    for c in record["comparisons"]:
+        case = out.setdefault(c["case_id"], CaseOutcome(c["case_id"], EQUAL))
+        if c["equal"]:
+            continue
+        if c["detail"].get("pair", "off#0~on#0").split("~")[1].startswith("off"):
+            case.status, case.unstable = UNSTABLE, c["detail"]
+        else:
+            case.divergence = c["detail"]
+            case.status = DIFFERS if case.status == EQUAL else case.status
+    for cid, runs in firsts.items():
+        case = out[cid]
+        for config, result in runs.items():
+            turns = result.get("turns") or []
+            case.seconds[config] = round(sum((t.get("prefill_s") or 0) + (t.get("decode_s") or 0) for t in turns), 4)
+            outcomes = result.get("outcomes") or []
+            case.passed[config] = f"{sum(bool(o.get('pass')) for o in outcomes)}/{len(outcomes)}"
+        if "off" in runs and "on" in runs:
+            steps = drifts(runs["off"], runs["on"])
+            case.drift = max(steps.values()) if steps else None
+    return list(out.values())
+
+
+def divergence_text(d: dict[str, Any] | None) -> str:
+    """Where two runs parted, in one line: the turn, position, both tokens and their top-2 margins."""
+    if not d:
+        return "-"
+    if d.get("turn") is None:
+        changed = d.get("changed") or []
+        what = ", ".join(f"{c['assertion']} {'pass' if c['off'] else 'fail'}->{'pass' if c['on'] else 'fail'}"
+                         for c in changed)
+        return f"assertion outcomes differ{': ' + what if what else ''}"
+    a, b = d.get("a") or {}, d.get("b") or {}
+    tie = ", near-tie" if d.get("near_tie") else ""
+    return (f"turn {d['turn']} position {d['first_divergent_position']}: token {a.get('token')} {a.get('piece')!r} "
+            f"vs {b.get('token')} {b.get('piece')!r} (margins {_num(a.get('margin'))} vs {_num(b.get('margin'))}{tie})")
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
