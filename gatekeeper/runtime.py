@@ -162,13 +162,13 @@ class Runtime:
             raise GatekeeperError(f"unknown stage {stage!r}; stages in {self.ws.root / 'assertions'}: {', '.join(self.stages)}")
         pieces = partition.pieces(self.ws, suite, values)
         rendered = partition.render(self.model, pieces, self.render, history)
-        if self.capture is not None:
+        started = self.capture.now() if self.capture is not None else 0.0
+        completion = self._answer(stage, suite, rendered)
+        if self.capture is not None:  # written once answered, with the call's wall time
             stream = stream or self._stream_of(history)
             self.capture.write(stage, stream, rendered, captures.segments(
-                self.model, rendered, partition.order(pieces, self.render), first_turn=not history))
-        completion = self._answer(stage, suite, rendered)
-        if self.capture is not None:
-            self._streams[digest(completion.messages)] = stream  # type: ignore[assignment]
+                self.model, rendered, partition.order(pieces, self.render), first_turn=not history), started)
+            self._streams[digest(completion.messages)] = stream
         return completion
 
     def _stream_of(self, history: Sequence[dict[str, str]]) -> str:

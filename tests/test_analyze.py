@@ -145,3 +145,37 @@ def test_missing_or_empty_capture(run_cli, tmp_path):
 def test_human_output_prints_the_tables(run_cli, tmp_path):
     code, out, _ = run_cli("analyze", write(tmp_path / "trace.jsonl", TRACE))
     assert code == 0 and "median" in out and "router" in out and "per stream" in out
+
+
+# The load, worked out by hand: calls in flight over [0,4], [1,2], [3,6] (wall times) and [10,11] (the
+# server's prefill + decode, no wall time). In flight: 1 call for 5 s, 2 calls for 2 s (of 7 busy seconds).
+LOADED = [
+    {"stage": "router", "stream": "s1", "t": 0.0, "duration_s": 4.0, "tokens": X(1, 100)},
+    {"stage": "router", "stream": "s2", "t": 1.0, "duration_s": 1.0, "tokens": X(2, 300)},
+    {"stage": "planner", "stream": "s1", "t": 3.0, "duration_s": 3.0, "tokens": X(3, 50)},
+    {"stage": "router", "stream": "s3", "t": 10.0, "prefill_s": 0.25, "decode_s": 0.75, "tokens": X(4, 200)},
+]
+
+
+def test_load_rate_concurrency_and_prompt_lengths(run_cli, tmp_path):
+    r = analyze(run_cli, write(tmp_path / "load.jsonl", LOADED))
+    load = r["load"]
+    assert load["requests_per_s"] == pytest.approx(4 / 11, abs=1e-4) and load["span_s"] == 11.0
+    assert load["concurrency"] == {"p50": 1, "p95": 2, "max": 2, "mean": pytest.approx(9 / 7, abs=1e-3), "busy_s": 7.0}
+    assert load["durations"] == {"calls_timed": 4, "wall": 3, "server": 1} and load["cannot_report"] == []
+    router = r["stages"]["router"]
+    # the router alone: [0,4], [1,2], [10,11] -> 1 call for 4 s, 2 for 1 s
+    assert router["load"]["concurrency"] == {"p50": 1, "p95": 2, "max": 2, "mean": 1.2, "busy_s": 5.0}
+    assert router["prompt_length"] == {"unit": "tokens", "min": 100, "p10": 100, "p25": 100, "median": 200,
+                                       "p75": 300, "p90": 300, "p95": 300, "max": 300}
+    assert r["stages"]["planner"]["load"]["requests_per_s"] == pytest.approx(1 / 3, abs=1e-4)
+
+
+def test_a_capture_without_timings_says_what_it_cannot_report(run_cli, tmp_path):
+    r = analyze(run_cli, write(tmp_path / "untimed.jsonl", TRACE))
+    assert r["load"]["concurrency"] is None and r["load"]["requests_per_s"] == pytest.approx(6 / 5, abs=1e-4)
+    assert any(x.startswith("concurrency: no line has a duration_s") for x in r["load"]["cannot_report"])
+    one = analyze(run_cli, write(tmp_path / "one.jsonl", TRACE[:1]))["load"]
+    assert one["requests_per_s"] is None and any(x.startswith("rate:") for x in one["cannot_report"])
+    code, out, _ = run_cli("analyze", write(tmp_path / "bad.jsonl", [{**LOADED[0], "duration_s": -1}]), "--json")
+    assert code == 2 and "bad.jsonl:1" in json.loads(out)["error"] and "duration_s" in json.loads(out)["error"]

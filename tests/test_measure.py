@@ -96,6 +96,8 @@ def test_turns_share_a_stream_and_the_capture_feeds_analyze(run_cli, tiny_ws, tm
     loop = [line for line in lines if line["stream"] == "tiny/loop"]
     assert len(lines) == 6 and len(loop) == 3
     assert [line["t"] for line in lines] == sorted(line["t"] for line in lines)
+    # each call's wall time: one call at a time, so each ends before the next starts
+    assert all(a["t"] + a["duration_s"] <= b["t"] for a, b in zip(lines, lines[1:])) and lines[0]["duration_s"] > 0
     assert all(line["text"] and line["segments"][-1]["end"] == len(line["tokens"]) for line in lines)
 
     code, out, _ = run_cli("analyze", cap, "--json")
@@ -106,6 +108,7 @@ def test_turns_share_a_stream_and_the_capture_feeds_analyze(run_cli, tiny_ws, tm
     assert per_stream["common_prefix"]["min"] >= len(loop[0]["tokens"]) - 2  # a turn extends the transcript
     stage = report["stages"]["tiny"]
     assert stage["byte_stable_share"] > 0.5 and stage["cacheable_share"]["partitioned"] > 0.5
+    assert stage["load"]["concurrency"]["max"] == 1 and stage["load"]["durations"]["wall"] == 6
 
 
 def test_bad_input_exits_2_and_writes_nothing(run_cli, tiny_ws, tmp_path):

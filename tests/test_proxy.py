@@ -211,9 +211,31 @@ def test_bodies_pass_byte_for_byte_and_the_capture_has_the_servers_figures(serve
         assert line["prefill_s"] == pytest.approx(t["prompt_ms"] / 1000, abs=1e-6)
         assert line["decode_s"] == pytest.approx(t["predicted_ms"] / 1000, abs=1e-6)
         assert line["status"] == 200 and line["render"] == "server"
+        assert line["duration_s"] >= line["prefill_s"] + line["decode_s"] - 1e-3  # wall time holds the server's
     assert (got[0]["stage"], got[0]["stream"], got[1]["stream"]) == ("router", "s1", "ana")
     assert got[1]["stage"].startswith("default/") and got[0]["text"] == got[1]["text"]  # same messages, same rendering
     assert got[0]["text"].startswith("<|im_start|>system\nYou are a terse") and got[2]["text"] == "Once upon a time"
+
+
+@pytest.mark.slow
+def test_a_burst_through_the_proxy_shows_as_calls_in_flight(server, tmp_path, run_cli):
+    """Six calls sent at once to the real server: analyze sees them in flight together, from the wall
+    times the proxy recorded (the one-slot server queues them, so each waits for the ones before)."""
+    cap = tmp_path / "burst.jsonl"
+    body = {"messages": MESSAGES, "max_tokens": 16, "temperature": 0}
+    with proxy(server, cap) as (where, _):
+        threads = [threading.Thread(target=call, args=(where, "/v1/chat/completions", body, {"X-Gatekeeper-Stage": "burst"}))
+                   for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = lines(cap, 6)
+    assert len(got) == 6 and all(line["duration_s"] > 0 for line in got)
+    code, out, _ = run_cli("analyze", cap, "--json")
+    load = json.loads(out)["stages"]["burst"]["load"]
+    assert code == 0 and load["durations"]["wall"] == 6 and load["cannot_report"] == []
+    assert load["concurrency"]["max"] >= 3 and load["requests_per_s"] > 0
 
 
 @pytest.mark.slow

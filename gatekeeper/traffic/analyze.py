@@ -12,6 +12,9 @@ calls, prompt and cached tokens, prefill and decode seconds and the prefill shar
 each summed over the calls that report it (None when none does). Metadata-only lines (no text)
 compare their prefix digests instead, so their shared prefixes are exact to ``capture.BLOCK`` bytes.
 
+The load per stage and in all (``load``): request rate, calls in flight (p50/p95/max, from each call's
+start and duration) and the prompt length distribution.
+
 Percentiles are nearest-rank: of n sorted values, the p-th percentile is the value at rank
 ceil(p/100 * n) (1-based), so every reported figure is a value that occurred; the median is p50.
 """
@@ -23,6 +26,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 from .capture import BLOCK, TELEMETRY, Request
+from .load import load
 from ..cache.trie import common_prefix
 
 SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
@@ -115,7 +119,20 @@ def stage(requests: Sequence[Request]) -> dict[str, Any]:
     else:
         out["cacheable_share"] = None
     out["telemetry"] = telemetry(requests)
+    out["load"] = load(requests)
+    out["prompt_length"] = prompt_lengths(requests)
     return out
+
+
+def prompt_lengths(requests: Sequence[Request]) -> dict[str, Any] | None:
+    """The distribution of prompt lengths: tokens where every line has them, else UTF-8 bytes."""
+    if all(r.tokens is not None for r in requests):
+        unit, values = "tokens", [len(r.tokens) for r in requests]  # type: ignore[arg-type]
+    elif all(r.text is not None or r.size is not None for r in requests):
+        unit, values = "bytes", [_nbytes(r) for r in requests]
+    else:
+        return None
+    return {"unit": unit, **distribution(values), "p95": percentile(sorted(values), 95)}  # type: ignore[dict-item]
 
 
 def _unit(requests: Sequence[Request]) -> str | None:
@@ -163,6 +180,7 @@ def analyze(requests: Sequence[Request]) -> dict[str, Any]:
         "streams": len(by_stream),
         "stages": {name: stage(rs) for name, rs in by_stage.items()},
         "telemetry": telemetry(ordered),
+        "load": load(ordered),
         "unit": unit,
         "consecutive": None if unit is None else {
             "global": consecutive([ordered], unit),

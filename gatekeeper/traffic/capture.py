@@ -1,7 +1,8 @@
 """Prompt captures: one request a line of local JSONL, written by the runtime, read by analyze and replay.
 
 A line holds ``stage``, ``stream`` (conversation id; the turns of one conversation share it),
-``t`` (seconds since the capture started), ``tokens`` (ids) and/or ``text``, and, where known,
+``t`` (seconds since the capture started), ``duration_s`` (the call's wall time, where the writer
+measured it), ``tokens`` (ids) and/or ``text``, and, where known,
 ``segments``: ``[{static, start, end}]``, offsets into ``tokens`` when the line has them, else
 byte offsets into the UTF-8 ``text``. Other keys are kept for later readers and ignored here.
 Nothing is sent anywhere: the file stays where the caller put it.
@@ -19,7 +20,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,6 +56,7 @@ class Request:
     telemetry: Telemetry = Telemetry()
     size: int | None = None  # UTF-8 bytes of a metadata-only line's prompt
     blocks: list[str] | None = None  # a metadata-only line's prefix digests
+    duration_s: float | None = None  # the call's wall time, from ``t`` to its answer's end
 
     @property
     def length(self) -> int:
@@ -93,9 +95,11 @@ class CaptureWriter:
         """Seconds since this capture started: a request's ``t``."""
         return round(time.perf_counter() - self._t0, 6)
 
-    def write(self, stage: str, stream: str, rendered: Rendered, segments: Sequence[Segment]) -> None:
-        self.write_record({"stage": stage, "stream": stream, "t": self.now(), "tokens": list(rendered.tokens),
-                           "text": rendered.text, "segments": [s.to_dict() for s in segments]})
+    def write(self, stage: str, stream: str, rendered: Rendered, segments: Sequence[Segment], t: float) -> None:
+        """One call that started at ``t`` (``now()`` then) and has just been answered."""
+        self.write_record({"stage": stage, "stream": stream, "t": t, "duration_s": round(self.now() - t, 6),
+                           "tokens": list(rendered.tokens), "text": rendered.text,
+                           "segments": [s.to_dict() for s in segments]})
 
     def write_record(self, record: dict[str, Any], telemetry: Telemetry | None = None) -> None:
         """One line as given, plus the telemetry figures the server reported (absent ones left out)."""
@@ -243,7 +247,12 @@ def _parse(path: Path, n: int, raw: str, content: bool = True) -> Request:
     for key in ("stage", "stream", "text"):
         if isinstance(d.get(key), str) and not _utf8(d[key]):
             raise _bad(path, n, key, "holds an unpaired surrogate escape (such as \\ud800), which is not text")
-    request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n, _telemetry(path, n, d), size, blocks)
+    duration = d.get("duration_s")
+    if duration is not None and (not isinstance(duration, (int, float)) or isinstance(duration, bool)
+                                 or not math.isfinite(duration) or duration < 0):
+        raise _bad(path, n, "duration_s", "is not a non-negative number of seconds")
+    request = Request(d["stage"], str(d["stream"]), float(t), tokens, text, None, n, _telemetry(path, n, d), size, blocks,
+                      None if duration is None else float(duration))
     raw_segments = d.get("segments")
     if raw_segments is None:
         return request
@@ -263,7 +272,7 @@ def _parse(path: Path, n: int, raw: str, content: bool = True) -> Request:
             raise _bad(path, n, where, f"runs from {s['start']} to {s['end']}, outside the request's {request.length} "
                        f"{'tokens' if tokens is not None else 'text bytes'}")
         segs.append(Segment(s["static"], s["start"], s["end"]))
-    return Request(request.stage, request.stream, request.t, tokens, text, segs, n, request.telemetry, size, blocks)
+    return replace(request, segments=segs)
 
 
 def read(path: str | Path, *, content: bool = True) -> list[Request]:

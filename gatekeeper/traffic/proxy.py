@@ -218,7 +218,8 @@ class Proxy:
     def _record(self, call: Call | None, status: int, telemetry: Telemetry, error: str | None) -> None:
         if call is None:
             return
-        task = asyncio.get_running_loop().create_task(self._write(call, status, telemetry, error))
+        duration = round(self.writer.now() - call.t, 6)  # now: the answer has ended (or failed)
+        task = asyncio.get_running_loop().create_task(self._write(call, duration, status, telemetry, error))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
@@ -257,10 +258,10 @@ class Proxy:
             tokens = None  # a server answering with pieces: no ids
         return text, tokens, how
 
-    async def _write(self, call: Call, status: int, telemetry: Telemetry, error: str | None) -> None:
+    async def _write(self, call: Call, duration: float, status: int, telemetry: Telemetry, error: str | None) -> None:
         text, tokens, how = await self._render(call)
-        record: dict[str, Any] = {"stage": call.stage, "stream": call.stream, "t": call.t, "path": call.path,
-                                  "status": status, "render": how}
+        record: dict[str, Any] = {"stage": call.stage, "stream": call.stream, "t": call.t, "duration_s": duration,
+                                  "path": call.path, "status": status, "render": how}
         if self.no_text:
             if text is not None:
                 record.update(metadata(text, self.salt))
