@@ -10,7 +10,7 @@ import typer
 
 from ..errors import GatekeeperError
 from . import tables
-from .common import Json, Settings, emit, reporting
+from .common import Json, Settings, emit, reporting, writable_file
 
 ledger_app = typer.Typer(help="Read, verify and export the evidence ledger.", no_args_is_help=True)
 
@@ -279,7 +279,7 @@ def ledger_signature(
 def ledger_export(
     ctx: typer.Context,
     evaluation_id: Annotated[int, typer.Argument(metavar="ID")],
-    format_: Annotated[str, typer.Option("--format", help="md, html (one self-contained page) or json.")] = "md",
+    format_: Annotated[str, typer.Option("--format", help="md, html (one self-contained page), json or junit (JUnit XML).")] = "md",
     output: Annotated[Optional[Path], typer.Option(help="Write here instead of stdout.")] = None,
     json_: Json = False,
 ) -> None:
@@ -288,8 +288,8 @@ def ledger_export(
 
     if format_ not in FORMATS:
         raise GatekeeperError(f"--format must be one of {', '.join(FORMATS)}, not {format_!r}")
-    if output is not None and (output.is_dir() or not output.parent.is_dir()):
-        raise GatekeeperError(f"--output {output}: name a file in an existing folder")
+    if output is not None:
+        writable_file(output, "--output")
     settings: Settings = ctx.obj
     text = render(_evaluation(settings, settings.open_workspace(), evaluation_id), format_)
     if output is not None:
@@ -303,6 +303,27 @@ def ledger_export(
         typer.echo(text, nl=False)
     else:
         typer.echo(f"evaluation {evaluation_id} exported as {format_} to {output}", err=True)
+
+
+@ledger_app.command("diff")
+@reporting
+def ledger_diff(
+    ctx: typer.Context,
+    a: Annotated[int, typer.Argument(metavar="A", help="An evaluation id.")],
+    b: Annotated[int, typer.Argument(metavar="B", help="The evaluation to compare it with.")],
+    format_: Annotated[str, typer.Option("--format", help="table (on the terminal) or md.")] = "table",
+    json_: Json = False,
+) -> None:
+    """Compare two evaluations case by case: outcome changes, first divergence, drift, timing, and the identity
+    fields that differ."""
+    from ..ledger.diff import diff, markdown
+
+    if format_ not in ("table", "md"):
+        raise GatekeeperError(f"--format must be table or md, not {format_!r} (--json prints JSON)")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    d = diff(_evaluation(settings, ws, a), _evaluation(settings, ws, b))
+    emit(json_, d, lambda: typer.echo(markdown(d), nl=False) if format_ == "md" else tables.print_diff(d))
 
 
 @ledger_app.command("copy")
@@ -345,4 +366,97 @@ def ledger_copy(
         f"copied {report.entries} entries from {data['source']} to {data['destination']}; verify: "
         + (("ok" + (f" (head seq {head['seq']}, {head['hash'][:12]})" if head else "")) if report.ok else report.problem)))
     if not report.ok:
+        raise typer.Exit(1)
+
+
+# --- in-toto attestations: ledger attest, ledger verify-attestation -----------------------------
+
+
+@ledger_app.command("attest")
+@reporting
+def ledger_attest(
+    ctx: typer.Context,
+    evaluation_id: Annotated[int, typer.Argument(metavar="ID")],
+    sign: Annotated[Optional[Path], typer.Option(
+        help="SSH private key to sign with (default: $GATEKEEPER_SIGNING_KEY); its public key must be in "
+             "policies/allowed_signers.")] = None,
+    output: Annotated[Optional[Path], typer.Option(help="Write the envelope to this file (default: print it).")] = None,
+    json_: Json = False,
+) -> None:
+    """Write an in-toto Statement v1 about one evaluation (subjects: its model, adapter, battery and policy digests;
+    predicate: verdict, reasons, identity, strength, calibrations, approvals, flips, a ledger checkpoint) in a DSSE
+    envelope signed with an SSH key; 'ledger verify-attestation FILE' checks it (docs/attestations.md)."""
+    import os
+
+    from .. import signing
+    from ..ledger import checkpoint as cp
+    from ..ledger import intoto
+
+    if output is not None:
+        writable_file(output, "--output")
+    key_file = sign or os.environ.get(signing.SIGNING_KEY_ENV)
+    if not key_file:
+        raise GatekeeperError(f"an attestation is signed: pass --sign KEY (an SSH private key whose public key is in "
+                              f"policies/allowed_signers) or set ${signing.SIGNING_KEY_ENV}")
+    key = signing.load_key(key_file)
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    with settings.opened_ledger(ws, create=False) as ledger:
+        if ledger is None:
+            raise GatekeeperError(f"no ledger at {settings.ledger_url(ws)}; nothing has been recorded yet")
+        envelope, statement = intoto.attest(ledger, evaluation_id, key, ws.allowed_signers, cp.location(ledger.url, ws.root))
+    if output is not None:
+        intoto.write(envelope, output)
+    pred = statement["predicate"]
+    data = {"evaluation": evaluation_id, "flag": pred["evaluation"]["flag"], "verdict": pred["verdict"],
+            "file": str(output) if output else None, "signer": pred["signer"], "predicate_type": statement["predicateType"],
+            "subjects": statement["subject"], "checkpoint": {k: pred["ledger"][k] for k in ("seq", "hash", "entries", "at")},
+            "envelope": envelope.to_dict()}
+    if json_:
+        typer.echo(json.dumps(data, indent=2))
+    elif output is None:
+        typer.echo(intoto.text(envelope), nl=False)
+    else:
+        tables.print_attested(data)
+
+
+@ledger_app.command("verify-attestation")
+@reporting
+def ledger_verify_attestation(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A DSSE envelope 'ledger attest' wrote.")],
+    allowed_signers: Annotated[Optional[Path], typer.Option(
+        help="Who may sign, in git's allowed_signers format (default: the workspace's policies/allowed_signers).")] = None,
+    json_: Json = False,
+) -> None:
+    """Check an attestation: its DSSE signature over the statement, that the key is in allowed_signers, that it is a
+    gatekeeper in-toto statement, and, where the workspace's ledger is at hand, that the ledger still extends its
+    checkpoint and still holds the evaluation, approvals and flips as stated; exit 1 naming the first problem."""
+    from .. import signing
+    from ..ledger import checkpoint as cp
+    from ..ledger import intoto
+    from ..ledger.store import shown
+
+    envelope = intoto.load(file)  # not an envelope: exit 2 before anything else
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    if allowed_signers is not None:
+        if not allowed_signers.is_file():
+            raise GatekeeperError(f"--allowed-signers {allowed_signers}: no such file; pass an allowed_signers file "
+                                  "(lines 'principal key-type key')")
+        allowed = signing.AllowedSigners.load(allowed_signers)
+    elif ws.allowed_signers is None:
+        raise GatekeeperError(f"{ws.allowed_signers_path}: missing; pass --allowed-signers FILE (lines 'principal "
+                              "key-type key') to say whose keys may sign")
+    else:
+        allowed = ws.allowed_signers
+    url = settings.ledger_url(ws)
+    with settings.opened_ledger(ws, create=False) as ledger:
+        where = cp.location(ledger.url, ws.root) if ledger is not None else None
+        result = intoto.verify(envelope, str(file), allowed, ledger, where)
+    if ledger is None:
+        result.ledger = {"checked": False, "why": f"no ledger at {shown(url)}"}
+    data = result.to_dict()
+    emit(json_, data, lambda: tables.print_attestation(data))
+    if not result.ok:
         raise typer.Exit(1)

@@ -13,6 +13,34 @@ def _share(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
+def print_diff(d: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..ledger.diff import num, status_text
+
+    a, b = d["a"], d["b"]
+    console = Console()
+    typer.echo(f"evaluation {a['id']} ({a['flag']}, {a['status']}) vs {b['id']} ({b['flag']}, {b['status']}): "
+                  f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed")
+    total = lambda side: "-" if side is None else f"{sum(side['seconds'].values()):.3g}"  # noqa: E731
+    table = Table("case", f"{a['id']}", f"{b['id']}", "drift", "model seconds")
+    for r in d["cases"]:
+        style = "bold" if r["changed"] else None
+        table.add_row(r["case_id"], status_text(r["a"]), status_text(r["b"]),
+                      f"{num(r['a'] and r['a']['drift'])} -> {num(r['b'] and r['b']['drift'])}",
+                      f"{total(r['a'])} -> {total(r['b'])}", style=style)
+    console.print(table)
+    for title, rows in (("identity", d["identity"]), ("configuration", d["config"])):
+        if rows:
+            parts = Table("part", f"{a['id']}", f"{b['id']}", title=f"{title} that differs")
+            for r in rows:
+                parts.add_row(r["part"], json.dumps(r["a"]), json.dumps(r["b"]))
+            console.print(parts)
+        else:
+            console.print(f"{title}: the same")
+
+
 # --- flags -------------------------------------------------------------------------------------
 
 
@@ -158,6 +186,7 @@ def print_analysis(r: dict) -> None:
     console.print(table)
     if r.get("telemetry"):
         print_telemetry(console, r["stages"], r["telemetry"])
+    print_load(console, r)
     if r["consecutive"] is None:
         console.print("consecutive requests: some lines carry only tokens and others only text; no common unit")
         return
@@ -170,6 +199,22 @@ def print_analysis(r: dict) -> None:
                        ("reusable_share", "reusable share")):
         table.add_row(label, *(_share(c[key]) for c in views.values()))
     console.print(table)
+
+
+def print_load(console, r: dict) -> None:
+    """Request rate, calls in flight (time-weighted over busy time) and prompt lengths per stage."""
+    from rich.table import Table
+
+    table = Table("stage", "calls", "req/s", "in flight p50", "p95", "max", "prompt p50", "p95", "max",
+                  title="load (calls in flight weighted by time; prompt lengths nearest-rank)")
+    for name, s in [*r["stages"].items(), ("total", {"load": r["load"], "prompt_length": None})]:
+        load, c, p = s["load"], s["load"]["concurrency"] or {}, s.get("prompt_length") or {}
+        table.add_row(name, str(load["calls"]), "-" if load["requests_per_s"] is None else f"{load['requests_per_s']:.3g}",
+                      *(str(c.get(k, "-")) for k in ("p50", "p95", "max")),
+                      *(f"{p[k]} {p['unit']}" if k in p else "-" for k in ("median", "p95", "max")))
+    console.print(table)
+    for why in r["load"]["cannot_report"]:
+        console.print(f"cannot report {why}")
 
 
 def print_telemetry(console, stages: dict, total: dict) -> None:
@@ -315,3 +360,27 @@ def print_mined(report: dict) -> None:
 def _na(value, form: str = "{}") -> str:
     """A figure, or n/a where the engine did not report it (never a 0 it did not measure)."""
     return "n/a" if value is None else form.format(value)
+
+
+# --- in-toto attestations ------------------------------------------------------------------------
+
+
+def print_attested(data: dict[str, Any]) -> None:
+    s, c = data["signer"], data["checkpoint"]
+    typer.echo(f"evaluation {data['evaluation']} ({data['flag']}, {data['verdict']}) attested by {s['principal']} "
+               f"({s['keyid']}, {s['scheme']}) at ledger seq {c['seq']}; written to {data['file']}")
+    for subject in data["subjects"]:
+        typer.echo(f"  {subject['name']}: sha256:{subject['digest']['sha256']}")
+
+
+def print_attestation(data: dict[str, Any]) -> None:
+    if not data["ok"]:
+        typer.echo(f"attestation BAD: {data['problem']}")
+        for p in data["problems"][1:]:
+            typer.echo(f"  - {p}")
+        return
+    st, s, lg = data["statement"], data["signer"], data["ledger"]
+    ledger = (f"the ledger still extends its checkpoint (seq {lg['checkpoint']['seq']}) and holds what it states"
+              if lg["checked"] else f"ledger not checked: {lg.get('why', 'none at hand')}")
+    typer.echo(f"attestation ok: evaluation {st['evaluation']} ({st['flag']}, {st['verdict']}), signed by "
+               f"{s['principal']} ({s['keyid']}); {ledger}")

@@ -1,6 +1,6 @@
 """The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL):
-tables, migrations, the chain, verify, signed checkpoints, and the review export (which reads the
-gate's near-tie thresholds).
+tables, migrations, the chain, verify, signed checkpoints, in-toto attestations in DSSE envelopes (intoto, dsse),
+and the review export (which reads the gate's near-tie thresholds).
 
 Imports: errors, identity, signing, cache, engines, gate.
 """
