@@ -3,7 +3,7 @@
 One module per command group; this one builds ``app`` from them (``gatekeeper = "gatekeeper.cli:app"``).
 Heavy imports (torch, transformers, mlx) happen only inside command bodies, never at start-up.
 
-Imports: errors, signing, workspace, battery, engines, gate, ledger, traffic, runtime, setup.
+Imports: errors, signing, workspace, battery, engines, gate, ledger, traffic, runtime, setup, openfeature.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import battery, evidence, flags, hybrid, ledger, live, setup
+from . import battery, evidence, flags, flagserve, hybrid, ledger, live, setup
 from .common import Settings
 
 app = typer.Typer(help="Decide, with evidence, whether an LLM inference optimization may be switched on.",
@@ -34,6 +34,7 @@ def main(
 app.add_typer(setup.models_app, name="models")
 app.add_typer(ledger.ledger_app, name="ledger")
 app.add_typer(battery.battery_app, name="battery")
+app.add_typer(flagserve.flags_app, name="flags")
 # the order of the commands in --help
 app.command()(setup.init)
 app.command()(flags.status)

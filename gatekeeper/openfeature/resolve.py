@@ -1,0 +1,346 @@
+"""Flag evaluations from a verified ledger: what ``gatekeeper flags serve`` and the in-process provider answer.
+
+A ``Resolver`` holds the workspace's flags as one ``Snapshot``: per flag its value (the ledger's state as a
+boolean), variant (``on``/``off``), reason and metadata (the evaluation the state rests on, the
+pipeline-version hash), or one error for all of them.
+
+The failure rule: a snapshot is made only from a ledger that passes what ``gatekeeper ledger verify`` checks
+by default (the chain and every row, the signatures, the workspace's ``ledger/checkpoint.json`` and the
+policies' ``checkpoint_after_flip``). A ledger that does not, or cannot be read, or a workspace whose pipeline
+cannot be resolved, makes an error snapshot: every evaluation is then an error, never the last known "on".
+Flag states are read before the verification that vouches for them, so an edit made in between is caught.
+
+Re-verification is paid only on change. Each call reads a cheap stamp: for a SQLite ledger, ``PRAGMA
+data_version`` on one read-only connection held open (it moves on every commit by any other connection, an
+edit with the sqlite3 shell included) and the chain's last entry (one index lookup); for other databases the
+last entry, plus a full recheck every ``recheck_s`` seconds; and (looked at once a second at most) the names,
+sizes and times of the workspace's policies, engine profiles, suites and checkpoint. An unchanged stamp
+returns the snapshot made before, whatever the ledger's length. The engine identity (which builds the engine, seconds) is computed once
+per resolved engine profile.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..engines.registry import build_engine, resolve_profile
+from ..errors import GatekeeperError
+from ..gate import attestation, flags as flag_states, pipeline
+from ..identity import digest
+from ..ledger import CURRENT_VERSION, Ledger
+from ..ledger import checkpoint as checkpoints
+from ..ledger.store import shown
+from ..workspace import ASSERTIONS, ENGINES, POLICIES, EngineProfile, Workspace, find_root
+
+# OpenFeature's reasons, as the spec defines them.
+DEFAULT = "DEFAULT"  # never flipped: the policy's default (off), "a pre-configured value"
+STATIC = "STATIC"  # the ledger's latest flip: one value for every context, "no dynamic evaluation"
+RECHECK_S = 60.0  # databases without data_version (PostgreSQL): a full re-verification at least this often
+FILES_EVERY_S = 1.0  # the workspace's files are looked at no more often: an edited policy shows within a second
+
+
+class Unservable(GatekeeperError):
+    """No flag can be served: the ledger does not verify or cannot be read, or the pipeline cannot be resolved."""
+
+    code = "GENERAL"
+
+
+class FlagNotFound(GatekeeperError):
+    code = "FLAG_NOT_FOUND"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    key: str
+    value: bool
+    reason: str
+    metadata: dict[str, Any]  # OpenFeature flag metadata: strings, numbers and booleans only
+
+    @property
+    def variant(self) -> str:
+        return "on" if self.value else "off"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    flags: dict[str, Resolution]
+    error: str | None = None  # set: every evaluation is this error
+    version: str = ""  # a digest of every resolution: changes when any value, reason or metadata does
+
+    @classmethod
+    def of(cls, resolutions: list[Resolution]) -> "Snapshot":
+        flags = {r.key: r for r in resolutions}
+        return cls(flags, version=digest([[r.key, r.value, r.reason, r.metadata] for r in resolutions]))
+
+    @classmethod
+    def failed(cls, why: str) -> "Snapshot":
+        return cls({}, error=why)
+
+    def resolve(self, key: str) -> Resolution:
+        if self.error is not None:
+            raise Unservable(self.error)
+        if key not in self.flags:
+            known = ", ".join(self.flags) or "none"
+            raise FlagNotFound(f"no flag {key!r}: the workspace has no policies/{key}.yaml (flags: {known})")
+        return self.flags[key]
+
+
+class Resolver:
+    """The workspace's flags, re-read and re-verified only when the ledger or the workspace's files change."""
+
+    def __init__(self, workspace: str | os.PathLike | None = None, *, ledger: str | None = None,
+                 engine: str = "auto", recheck_s: float = RECHECK_S):
+        self.root = find_root(workspace)
+        ws = Workspace(self.root)
+        # A workspace that cannot be read is an error here, before anything is served.
+        ws.policies
+        ws.engine(engine)
+        self.url = ledger or f"sqlite:///{ws.ledger_path}"
+        self.engine = engine
+        self.checkpoint = ws.checkpoint_path
+        self._probe = _Probe(self.url, recheck_s)
+        self._identities: dict[str, dict[str, Any]] = {}  # resolved engine profile -> its identity
+        self._building = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._stamp: tuple | None = None
+        self._files: tuple = ()
+        self._files_at = -FILES_EVERY_S
+
+    def close(self) -> None:
+        self._probe.close()
+
+    def __enter__(self) -> "Resolver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stamp(self) -> tuple:
+        now = time.monotonic()
+        if now - self._files_at >= FILES_EVERY_S:  # a stat per file: 0.2 ms for 100 policies, so not every call
+            self._files, self._files_at = _files(self.root, self.checkpoint), now
+        return (self._probe.stamp(), self._files)
+
+    def fresh(self) -> Snapshot | None:
+        """The snapshot made before if nothing it rests on changed since (cheap); None when it must be remade."""
+        snapshot = self._snapshot
+        return snapshot if snapshot is not None and self.stamp() == self._stamp else None
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot, remade (read, verified) if the ledger or the workspace changed."""
+        if (snapshot := self.fresh()) is not None:
+            return snapshot
+        with self._building:  # one rebuild at a time; callers that waited find it done
+            stamp = self.stamp()
+            if self._snapshot is None or stamp != self._stamp:
+                # Stored with the stamp from before it was read: a change during the build means a rebuild next time.
+                self._snapshot, self._stamp = self._build(), stamp
+            return self._snapshot
+
+    def resolve(self, key: str) -> Resolution:
+        return self.snapshot().resolve(key)
+
+    def _build(self) -> Snapshot:
+        try:
+            return self._read()
+        except GatekeeperError as e:
+            return Snapshot.failed(str(e))
+        except Exception as e:  # noqa: BLE001 - a database that cannot be read, or a bug: an error, never a value
+            from sqlalchemy.exc import DBAPIError
+
+            cause = getattr(e, "orig", None) or e
+            line = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}"
+            if isinstance(e, (DBAPIError, sqlite3.Error)):
+                return Snapshot.failed(f"the ledger at {shown(self.url)} cannot be read ({line}); "
+                                       "run 'gatekeeper ledger verify' to see what is wrong with it")
+            return Snapshot.failed(f"flag states cannot be served: internal error, a bug in gatekeeper ({line}); "
+                                   "please report it")
+
+    def _read(self) -> Snapshot:
+        ws = Workspace(self.root)
+        with self._opened() as ledger:
+            try:
+                read: Any = (flag_states.states(ws, ledger), pipeline.in_force(ws, ledger))
+            except Exception as e:  # noqa: BLE001 - on a damaged ledger, say what verify finds, not what broke here
+                read = e
+            problems = verify(ws, ledger, self.url)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise Unservable(f"the ledger at {shown(self.url)} does not verify: {problems[0]}{more}; no flag is "
+                             "served from it; run 'gatekeeper ledger verify' to see every problem")
+        if isinstance(read, Exception):
+            raise read
+        states, force = read
+        _, pipeline_hash = pipeline.version(ws, force, self._identity(pipeline.engine_profile(ws, self.engine, force)))
+        out = []
+        for flag, st in states.items():
+            metadata: dict[str, Any] = {"pipelineHash": pipeline_hash}
+            if st["evaluation_id"] is not None:
+                metadata["evaluationId"] = st["evaluation_id"]
+            if st["since"] is not None:
+                metadata["flippedAt"] = st["since"]
+            out.append(Resolution(flag, st["state"] == "on", STATIC if st["since"] is not None else DEFAULT, metadata))
+        return Snapshot.of(out)
+
+    @contextmanager
+    def _opened(self) -> Iterator[Ledger | None]:
+        """The ledger, opened without writing (None when its SQLite file does not exist): one this gatekeeper would
+        have to migrate is an error, since opening it would upgrade it."""
+        from ..ledger.engine import make_engine
+        from ..ledger.migrations import schema_version
+
+        if self._probe.path is not None and not self._probe.path.is_file():
+            yield None
+            return
+        engine = make_engine(self.url)
+        try:
+            version = schema_version(engine)
+        finally:
+            engine.dispose()
+        if version < CURRENT_VERSION:
+            raise Unservable(f"the ledger at {shown(self.url)} is at schema version {version}, older than this "
+                             f"gatekeeper's {CURRENT_VERSION}, and serving never writes; upgrade it once with "
+                             "'gatekeeper ledger verify'")
+        ledger = Ledger(self.url)  # at the current version: opening migrates nothing
+        try:
+            yield ledger
+        finally:
+            ledger.close()
+
+    def _identity(self, profile: EngineProfile) -> dict[str, Any]:
+        key = resolve_profile(profile).model_dump_json()
+        if key not in self._identities:
+            with build_engine(profile, workspace_root=self.root) as model:
+                self._identities[key] = model.identity()
+        return self._identities[key]
+
+
+def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:
+    """What ``gatekeeper ledger verify`` finds wrong with the ledger and the workspace's checkpoint; [] when
+    nothing. No ledger is fine (nothing was ever flipped) unless a checkpoint says there was one."""
+    path = ws.checkpoint_path
+    if ledger is None:
+        if path.is_file():
+            return [f"there is no ledger at {shown(url)}, yet {path} records one up to seq "
+                    f"{checkpoints.load(path)['seq']}: it was deleted or moved"]
+        return []
+    report = ledger.verify()
+    if not report.ok:
+        return list(report.problems)  # the rest reads rows that verify has found damaged
+    out = [p for _, p in attestation.audit_signatures(ws, ledger).problems]
+    good = []
+    if path.is_file():
+        checked = checkpoints.check(checkpoints.load(path), str(path), ledger,
+                                    checkpoints.location(ledger.url, ws.root), ws.allowed_signers)
+        out += checked.problems
+        good = [checked] if checked.ok else []
+    return out + uncovered_flips(ws, ledger, good)
+
+
+def uncovered_flips(ws: Workspace, ledger: Ledger, good: list[checkpoints.CheckpointReport]) -> list[str]:
+    """A policy's ``approvals.checkpoint_after_flip``: its flag's last flip lies at or below a good checkpoint (a
+    signed one where the policy also wants signatures), the rule ``ledger verify`` applies."""
+    wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
+    last = {f: row for f, row in ledger.flag_states().items() if f in wants}
+    if not last:
+        return []
+    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
+    out = []
+    for flag, row in last.items():
+        seq = seqs.get(("flip", row["id"]), 0)
+        covering = [c for c in good if c.seq >= seq]
+        if not covering:
+            out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after every good checkpoint; its policy "
+                       f"wants one after every flip ({ws.checkpoint_path})")
+        elif wants[flag].approvals.signed and not any(c.signer for c in covering):
+            out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
+    return out
+
+
+def _files(root: Path, checkpoint: Path) -> tuple:
+    """Names, sizes and modification times of what a snapshot reads from the workspace besides the ledger."""
+    out: list[tuple] = []
+    for folder in (POLICIES, ENGINES, ASSERTIONS):
+        try:
+            with os.scandir(root / folder) as entries:
+                for e in entries:
+                    st = e.stat()
+                    out.append((folder, e.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((folder, None, 0, 0))
+    try:
+        st = checkpoint.stat()
+        out.append(("checkpoint", None, st.st_size, st.st_mtime_ns))
+    except OSError:
+        pass
+    return tuple(sorted(out, key=repr))
+
+
+class _Probe:
+    """What identifies the ledger's state, read without reading the ledger."""
+
+    def __init__(self, url: str, recheck_s: float):
+        from sqlalchemy.engine import make_url
+
+        u = make_url(url)
+        db = u.database or ""
+        self.path = Path(db).expanduser().resolve() if u.get_backend_name() == "sqlite" and db not in ("", ":memory:") \
+            and not db.startswith("file:") else None
+        self.url, self.recheck_s = url, recheck_s
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None
+        self._engine = None
+
+    def stamp(self) -> tuple:
+        with self._lock:
+            try:
+                return self._sqlite() if self.path is not None else self._other()
+            except Exception as e:  # noqa: BLE001 - unreadable now: a stamp of its own, so a repair is a change
+                self.close_unlocked()
+                return ("unreadable", type(e).__name__, str(e))
+
+    def _sqlite(self) -> tuple:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self.close_unlocked()
+            return ("missing",)
+        file = (st.st_dev, st.st_ino)  # a file put in its place is another database
+        if self._conn is None or file != self._file:
+            self.close_unlocked()
+            self._conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                         check_same_thread=False)
+            self._file = file
+        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        head = self._conn.execute("SELECT seq, hash FROM entry ORDER BY seq DESC LIMIT 1").fetchone()
+        return (file, version, head)
+
+    def _other(self) -> tuple:
+        from sqlalchemy import text
+
+        from ..ledger.engine import make_engine
+
+        if self._engine is None:
+            self._engine = make_engine(self.url)
+        with self._engine.connect() as conn:
+            head = conn.execute(text("SELECT seq, hash FROM entry ORDER BY seq DESC LIMIT 1")).first()
+        return (tuple(head) if head else None, int(time.monotonic() // self.recheck_s))
+
+    def close_unlocked(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._engine is not None:
+            self._engine.dispose()
+        self._conn = self._file = self._engine = None
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_unlocked()
