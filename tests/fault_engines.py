@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 from gatekeeper.engines.greedy import GreedySession
+from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 
 
@@ -173,3 +174,52 @@ class DriftingSession(GreedySession):
 
 class Drifting(TorchEngine):
     session_class = DriftingSession
+
+
+class BatchVariant(HTTPEngine):
+    """A served engine whose answers change only when batched: a battery call made while other requests
+    are in flight takes the runner-up at its nearest tie (as batch-dependent reduction order can)."""
+
+    def complete(self, config, prompt, max_tokens, stop, warm=False, replica=None, background=False):
+        with self._lock:
+            batched = sum(busy for busy, _ in self._busy.values()) > 0
+        g = super().complete(config, prompt, max_tokens, stop, warm, replica, background)
+        if background or warm or not batched or not g.top2:
+            return g
+        step = min(range(len(g.top2)), key=lambda i: g.top2[i][0][1] - g.top2[i][1][1])
+        tokens = [*g.tokens[:step], int(g.top2[step][1][0])]
+        return replace(g, tokens=tokens, text=self.detokenize(tokens), top2=g.top2[: step + 1])
+
+
+class OnRayActorsSession(GreedySession):
+    def generate(self, prompt, **kwargs):
+        import os
+
+        text = self.model.profile.options.get("die_at")
+        if text and self.cache and _in_ray_actor() and text in self.model.detokenize(prompt):
+            os._exit(1)  # the actor's process dies mid-run, as one lost to the OOM killer or a failed node would
+        return super().generate(prompt, **kwargs)
+
+
+class OnRayActors(TorchEngine):
+    """The real torch adapter with a fault planted only where it runs as a Ray actor (the driver's own model is
+    never touched): ``options.die_at``: the actor's process dies on the flag-on call whose prompt holds this text;
+    ``options.actor_model``: actors load this model directory instead of the profile's."""
+
+    session_class = OnRayActorsSession
+    options = {**TorchEngine.options, "die_at": "text of a prompt to die on", "actor_model": "a model directory"}
+
+    def _locate(self, workspace_root):
+        from pathlib import Path
+
+        super()._locate(workspace_root)
+        other = self.profile.options.get("actor_model")
+        if other and _in_ray_actor():
+            self.model_dir = self.weights = Path(other)
+
+
+def _in_ray_actor() -> bool:
+    import sys
+
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None

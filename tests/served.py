@@ -28,6 +28,17 @@ def evaluate(run_cli, ws, engine, *extra, operator="ci"):
         raise AssertionError(f"exit {code}, stdout not JSON: {out[:2000]!r}; stderr: {err[-2000:]!r}") from None
 
 
+def not_blamed_on_batching(code: int, out: dict, ev: dict, fix: str) -> None:
+    """Whatever a real server does under load, a flag-off side that batching changed is never a FAIL:
+    INCONCLUSIVE (batch_variant:, naming the server's ``fix``) exactly when the flag-off runs disagree."""
+    stable = all(c["equal"] for c in ev["comparisons"] if c["detail"]["pair"].split("~")[1].startswith("off"))
+    if out["verdict"] == "INCONCLUSIVE":
+        assert not stable and out["reasons"][0].startswith("batch_variant:"), out["reasons"]
+        assert fix in out["reasons"][0]
+    else:
+        assert stable and (code, out["verdict"]) in ((0, "PASS"), (1, "FAIL")), out["reasons"]
+
+
 def served_ws(workspace, **profiles: str):
     """The workspace with the tiny suite as its battery and these engine profiles (name -> YAML)."""
     from conftest import SUITE

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ledger
-from served import (BAD_ANSWERS, assert_aborted, evaluate, faulty_front, llama_cpp_python_server, mlx_server, served_ws,
-                    vllm_server)
+from served import (BAD_ANSWERS, assert_aborted, evaluate, faulty_front, llama_cpp_python_server, mlx_server,
+                    not_blamed_on_batching, served_ws, vllm_server)
 
 from gatekeeper.setup.models import default_model_dir, find_gguf
 
@@ -82,6 +82,18 @@ def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, worksp
     # vLLM's own per-request figures, and top-2 logprobs keyed by token id
     assert all(t["prefill_s"] > 0 and t["decode_s"] > 0 for t in turns["on"])
     assert all(t["top2"] and t["top2"][0][0][0] == t["tokens"][0] for t in turns["on"])
+    assert ledger(ws).verify().ok
+
+
+def test_vllm_under_load_batches_the_battery_and_never_blames_batching_on_the_flag(vllm, workspace, run_cli):
+    """Eight requests kept in flight on each deployment, the battery's among them; the battery also runs
+    alone. What vLLM for CPUs does under that load is recorded in the comparisons, whatever it is."""
+    ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
+    code, out = evaluate(run_cli, ws, "vllm", "--load", "8")
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    assert ev["identity"]["on"]["load"]["concurrency"] == 8
+    assert len([c for c in ev["comparisons"] if c["detail"]["pair"] == "alone#0~off#0"]) == 4
+    not_blamed_on_batching(code, out, ev, "vLLM: set VLLM_BATCH_INVARIANT=1")
     assert ledger(ws).verify().ok
 
 

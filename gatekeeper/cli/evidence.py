@@ -27,6 +27,11 @@ def evaluate(
     skip_unsupported: Annotated[bool, typer.Option(
         "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
                                    "the reasons list them (skipped:).")] = False,
+    load: Annotated[Optional[int], typer.Option(
+        help="Run under this production load: N requests kept in flight on each side's server, background traffic "
+             "beside the battery (default: the policy's 'load').")] = None,
+    load_from: Annotated[Optional[str], typer.Option(
+        help="The load's background traffic: 'battery' (its own prompts, the default) or a capture file to replay.")] = None,
     junit: Annotated[Optional[Path], typer.Option(
         help="Also write the verdict as JUnit XML here, one test case per battery case (and append a summary "
              "to $GITHUB_STEP_SUMMARY when it is set).")] = None,
@@ -36,6 +41,8 @@ def evaluate(
     import getpass
 
     from ..gate import evaluator, pipeline
+    from ..gate import load as load_
+    from ..traffic import capture
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -44,9 +51,12 @@ def evaluate(
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
     # every input is checked before anything is written
-    plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported)
+    production = load_.in_force(ws, flag, load, load_from)
+    replayed = load_.source(ws, production) if production else None
+    plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
+                          load=production, captured=capture.prompts(replayed) if replayed else None)
     models = evaluator.open_engines(plan)
-    total = len(plan.items) * (plan.policy.baseline_repeats + 1)
+    total = len(plan.items) * len(plan.schedule)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
           sigterm_as_interrupt()):
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Mapping, Sequence
 
 from ..errors import GatekeeperError
 from .faults import Fault
@@ -36,9 +36,13 @@ class Generation:
     ttft_s: float
     # per generated step, [[best_id, best_logit], [second_id, second_logit]]; None unless asked
     top2: list[list[list[float]]] | None = None
+    replica: str | None = None  # the server that answered, where a side has several
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["replica"] is None:
+            del d["replica"]
+        return d
 
 
 @dataclass
@@ -139,6 +143,7 @@ class Engine(ABC):
     faults: ClassVar[frozenset[str]] = frozenset()
     early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
     weights: Path | None = None  # the local weights it loads (a file or a model folder); None: a server's
+    dialect_name: str | None = None  # served engines: the kind of server (vllm, llamacpp, mlx, ...)
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         self.profile = profile
@@ -162,6 +167,13 @@ class Engine(ABC):
             return self.session_class(self, cache=cache, results=results if self.persists else None)
         self.check_fault(fault)
         return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
+
+    def load(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> ContextManager[Any]:
+        """Background traffic kept in flight on the deployment a ``session(cache=...)`` talks to, while
+        the ``with`` block runs: ``workers`` requests at a time, drawn in turn from ``prompts`` (token ids,
+        max tokens). Only served engines batch other people's requests with the battery's."""
+        raise GatekeeperError(f"the {self.name} adapter runs the model in this process, one request at a time: a load "
+                              "(policy 'load', evaluate --load) needs a served engine (adapter http)")
 
     def check_fault(self, fault: Fault) -> None:
         """Exit 2 unless this adapter can plant ``fault`` (before any model time is spent on it)."""

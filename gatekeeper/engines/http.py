@@ -12,10 +12,16 @@ What a call cost is what the server reports (``telemetry.py``); a figure it does
 request's wall time.
 
 ``generate`` is thread-safe and lets at most ``concurrency`` requests be in flight at once.
+
+A side may list several replicas (``url: [A, B]``): every replica must describe itself as the first does
+(the same model, server build and settings), calls go to the replica with the fewest in flight (then the
+least used), and each call records which replica answered. ``load`` keeps background requests in flight
+beside the battery's, as production traffic would be batched with them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -54,11 +60,12 @@ class HTTPSession(Session):
         self._pins.append(tuple(int(t) for t in prefix))
 
     def _warm_up(self, prompt: list[int]) -> None:
-        """Send the registered prefix this prompt starts with, once, before it (not counted in stats)."""
+        """Send the registered prefix this prompt starts with, once per replica, before it (not counted in stats)."""
         with self._warm:
             for pin in self._pins:
                 if len(pin) < len(prompt) and tuple(prompt[: len(pin)]) == pin:
-                    self.model.complete(self.config, list(pin), 1, (), warm=True)
+                    for url in self.model.replicas[self.config]:
+                        self.model.complete(self.config, list(pin), 1, (), warm=True, replica=url)
                     self._pins.remove(pin)
                     return
 
@@ -94,16 +101,20 @@ class HTTPEngine(Engine):
         if not profile.url:
             raise GatekeeperError(f"{self._where}: field 'url' is required for adapter http; "
                                   "set it to the flag-off server's base URL, e.g. http://127.0.0.1:8080")
-        self.urls = {"off": profile.url.rstrip("/"), "on": (profile.url_on or profile.url).rstrip("/")}
+        self.replicas = {side: profile.replicas(side) for side in ("off", "on")}
+        self.urls = {side: urls[0] for side, urls in self.replicas.items()}  # tokenizing, rendering, naming
         self.timeout = float(profile.timeout)
         self.concurrency = int(profile.concurrency)  # the gate may run this many cases at once
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
         self._memo: dict[tuple, Any] = {}
+        self._busy = {url: [0, 0] for urls in self.replicas.values() for url in urls}  # in flight, sent
         self.dialect_name = profile.dialect  # until detected: messages during the first requests name it
-        # Ask both deployments what they serve now: a server that is down fails here, before the
+        # Ask every deployment what it serves now: a server that is down fails here, before the
         # gate writes anything, and the answers are the identity.
-        described = {url: self._describe(url) for url in dict.fromkeys(self.urls.values())}
+        described = {url: self._describe(url) for urls in self.replicas.values() for url in urls}
+        for side, urls in self.replicas.items():
+            self._same_replicas(side, [described[u] for u in urls])
         self.servers = {cfg: described[url] for cfg, url in self.urls.items()}
         self.model_ids = {cfg: (s["models"][0]["id"] if s["models"] else None) for cfg, s in self.servers.items()}
         if profile.dialect == "auto":
@@ -116,6 +127,19 @@ class HTTPEngine(Engine):
     @property
     def _where(self) -> str:
         return self.profile.where
+
+    def _same_replicas(self, side: str, described: list[dict[str, Any]]) -> None:
+        """Exit 2 naming the first replica that serves something else than the side's first one."""
+        first = {k: v for k, v in described[0].items() if k != "url"}
+        for other in described[1:]:
+            theirs = {k: v for k, v in other.items() if k != "url"}
+            if theirs != first:
+                a, b = _flat(first), _flat(theirs)
+                fields = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+                field = "url" if side == "off" or not self.profile.url_on else "url_on"
+                raise GatekeeperError(f"{self._where}: field '{field}': replica {other['url']} does not serve what "
+                                      f"{described[0]['url']} serves ({fields}); replicas of one side must run the same "
+                                      "model, server build and settings: fix or remove that replica")
 
     # --- the wire -------------------------------------------------------------------------------
     def _raw(self, url: str, path: str, body: dict[str, Any] | None = None) -> bytes:
@@ -195,20 +219,41 @@ class HTTPEngine(Engine):
         return self.dialect.detokenize(tokens)
 
     # --- generation -----------------------------------------------------------------------------
-    def complete(self, config: str, prompt: list[int], max_tokens: int, stop: Sequence[str], warm: bool = False) -> Generation:
-        """One completion from the deployment of ``config`` (off or on); ``warm``: a prefix sent ahead."""
-        url = self.urls[config]
+    def complete(self, config: str, prompt: list[int], max_tokens: int, stop: Sequence[str], warm: bool = False,
+                 replica: str | None = None, background: bool = False) -> Generation:
+        """One completion from the deployment of ``config`` (off or on); ``warm``: a prefix sent ahead;
+        ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
+        battery's concurrency limit."""
         body: dict[str, Any] = {**self.profile.options.get("request", {}), **self.dialect.request(prompt),
                                 "max_tokens": max_tokens, "temperature": 0, "stream": False, "stop": list(stop)}
         if self.model_ids[config]:
             body["model"] = self.model_ids[config]
         if self.profile.cache_switch:
             body[self.profile.cache_switch] = config == "on"
-        with self._slots:
-            start = perf_counter()
-            answer = self.call(url, "/v1/completions", body)
-            wall = perf_counter() - start
-        return self._parse(url, answer, prompt, wall)
+        with contextlib.nullcontext() if background else self._slots:
+            url = self._pick(config, replica)
+            try:
+                start = perf_counter()
+                answer = self.call(url, "/v1/completions", body)
+                wall = perf_counter() - start
+            finally:
+                with self._lock:
+                    self._busy[url][0] -= 1
+        g = self._parse(url, answer, prompt, wall)
+        if len(self.replicas[config]) > 1:
+            g.replica = url
+        return g
+
+    def _pick(self, config: str, replica: str | None = None) -> str:
+        """``replica``, else the side's replica with the fewest calls in flight, then the fewest sent; counted as busy."""
+        with self._lock:
+            url = replica or min(self.replicas[config], key=lambda u: tuple(self._busy[u]))
+            self._busy[url][0] += 1
+            self._busy[url][1] += 1
+            return url
+
+    def load(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> "Background":
+        return Background(self, "on" if cache else "off", prompts, workers)
 
     def _parse(self, url: str, answer: Any, prompt: list[int], wall: float) -> Generation:
         where = f"{url}/v1/completions"
@@ -260,6 +305,7 @@ class HTTPEngine(Engine):
             "device": "server",
             "prefill": "server",
             "servers": self.servers,
+            **({"replicas": self.replicas} if any(len(u) > 1 for u in self.replicas.values()) else {}),
             "dialect": {"name": self.dialect_name, "detected": self.detected},
             "cache_granularity": self.granularity,
             "cache_switch": self.profile.cache_switch,
@@ -270,6 +316,60 @@ class HTTPEngine(Engine):
 
     def close(self) -> None:
         self._memo.clear()
+
+
+class Background:
+    """Load traffic on one side's deployment while the ``with`` block runs: ``workers`` threads, each
+    sending the next prompt as soon as its last one is answered, so that many stay in flight. A failed
+    background request fails the run on exit: the load was not what the evidence says it was."""
+
+    def __init__(self, model: HTTPEngine, config: str, prompts: Sequence[tuple[list[int], int]], workers: int):
+        if not prompts:
+            raise GatekeeperError("a load needs background prompts, and there are none")
+        self.model, self.config, self.prompts, self.workers = model, config, list(prompts), workers
+        self.sent = 0
+        self._next = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._errors: list[str] = []
+
+    def _take(self) -> tuple[list[int], int]:
+        with self._lock:
+            prompt = self.prompts[self._next % len(self.prompts)]
+            self._next += 1
+            return prompt
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            tokens, max_tokens = self._take()
+            try:
+                self.model.complete(self.config, tokens, max_tokens, (), warm=True, background=True)
+            except GatekeeperError as e:
+                self._errors.append(str(e))
+                return
+            with self._lock:
+                self.sent += 1
+
+    def __enter__(self) -> "Background":
+        self._threads = [threading.Thread(target=self._loop, daemon=True, name=f"load-{i}") for i in range(self.workers)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(self.model.timeout + 5)
+        if self._errors and exc[0] is None:
+            raise GatekeeperError(f"a background request of the load failed ({self._errors[0]}); the battery did not "
+                                  "run under the load the evaluation names")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict) and d:
+        return {k: v for key, value in d.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): d}
 
 
 def _best(top: list[dict[str, Any]]) -> list[dict[str, Any]]:

