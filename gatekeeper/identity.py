@@ -24,6 +24,13 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level of dotted paths (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``), for naming what differs."""
+    if isinstance(d, dict) and d:
+        return {k: v for key, value in d.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): d}
+
+
 def digest(obj: Any) -> str:
     """SHA-256 of the canonical JSON of ``obj``."""
     return sha256_hex(canonical_json(obj))

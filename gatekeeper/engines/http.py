@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from .. import __version__
 from . import telemetry
 from ..errors import GatekeeperError
-from ..identity import digest
+from ..identity import digest, flatten
 from ..workspace import EngineProfile
 from .base import Engine, Generation, Session, Until, checked_request
 from .dialects import DIALECTS, detect
@@ -134,7 +134,7 @@ class HTTPEngine(Engine):
         for other in described[1:]:
             theirs = {k: v for k, v in other.items() if k != "url"}
             if theirs != first:
-                a, b = _flat(first), _flat(theirs)
+                a, b = flatten(first), flatten(theirs)
                 fields = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
                 field = "url" if side == "off" or not self.profile.url_on else "url_on"
                 raise GatekeeperError(f"{self._where}: field '{field}': replica {other['url']} does not serve what "
@@ -364,12 +364,6 @@ class Background:
         if self._errors and exc[0] is None:
             raise GatekeeperError(f"a background request of the load failed ({self._errors[0]}); the battery did not "
                                   "run under the load the evaluation names")
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict) and d:
-        return {k: v for key, value in d.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): d}
 
 
 def _best(top: list[dict[str, Any]]) -> list[dict[str, Any]]:

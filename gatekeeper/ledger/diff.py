@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .export import flatten
+from ..identity import flatten
 from .outcomes import CaseOutcome, case_outcomes, divergence_text
 
 

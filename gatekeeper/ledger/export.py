@@ -20,6 +20,7 @@ from typing import Any
 from ..engines.base import plus
 from ..gate.kinds import AT_RISK, NEAR_TIE
 from ..cache.trie import common_prefix
+from ..identity import flatten
 from . import junit
 
 FORMATS = ("md", "html", "json", "junit")
@@ -27,12 +28,6 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be styled)
 
 # --- the view ----------------------------------------------------------------------------------
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict) and d:
-        return {k: v for key, value in d.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
-    return {prefix.rstrip("."): d}
 
 
 def _stages(case_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
