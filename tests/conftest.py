@@ -94,3 +94,18 @@ def ledger(ws):
     from gatekeeper.ledger import Ledger
 
     return Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}")
+
+
+def wait_for_case_results(ws: Path, n: int, timeout: float = 120) -> int:
+    """The running evaluation's id once it has recorded ``n`` case results (for tests that interrupt it)."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (ws / "ledger" / "evidence.db").exists():
+            with ledger(ws) as lg:
+                evs = lg.evaluations()
+                if evs and evs[0]["case_results"] >= n:
+                    return evs[0]["id"]
+        time.sleep(0.2)
+    raise AssertionError("the evaluation never got going")

@@ -5,12 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import evaluate, ledger, profile
+from conftest import evaluate, ledger, profile, wait_for_case_results
 
 TESTS = Path(__file__).resolve().parent
 
@@ -127,24 +126,11 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _wait_for_case_results(ws: Path, n: int, timeout: float = 120) -> int:
-    db = ws / "ledger" / "evidence.db"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if db.exists():
-            with ledger(ws) as lg:
-                evs = lg.evaluations()
-                if evs and evs[0]["case_results"] >= n:
-                    return evs[0]["id"]
-        time.sleep(0.2)
-    raise AssertionError("the evaluation never got going")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_is_aborted_never_a_verdict(tiny_ws, sig):
     proc = _start_evaluation(tiny_ws, "tiny")
     try:
-        eid = _wait_for_case_results(tiny_ws, 2)
+        eid = wait_for_case_results(tiny_ws, 2)
         proc.send_signal(sig)
         code = proc.wait(timeout=60)
     finally:

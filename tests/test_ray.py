@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import evaluate, ledger, profile
+from conftest import evaluate, ledger, profile, wait_for_case_results
 
 TESTS = Path(__file__).resolve().parent
 RAY = "executor: ray\nray: {actors: 2}\n"
@@ -54,7 +54,7 @@ def test_sigterm_aborts_and_takes_the_actors_and_the_local_cluster_down(tiny_ws,
                              "prefix_cache", "--engine", "tiny_ray", "--json"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        eid = _wait_for_case_results(tiny_ws, 2)
+        eid = wait_for_case_results(tiny_ws, 2, timeout=180)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     finally:
@@ -152,18 +152,6 @@ def _outputs(record: dict) -> dict:
     return {(r["case_id"], r["config"], r["repeat"]): ([(t["tokens"], t["text"]) for t in r["result"]["turns"]],
                                                       r["result"]["outcomes"])
             for r in record["case_results"]}
-
-
-def _wait_for_case_results(ws: Path, n: int, timeout: float = 180) -> int:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (ws / "ledger" / "evidence.db").exists():
-            with ledger(ws) as lg:
-                evs = lg.evaluations()
-                if evs and evs[0]["case_results"] >= n:
-                    return evs[0]["id"]
-        time.sleep(0.2)
-    raise AssertionError("the evaluation never got going")
 
 
 def _ray_processes(driver_pid: int) -> list[str]:
