@@ -169,6 +169,9 @@ class Assertion(Strict):
     type: str
     value: Any = None
     name: str | None = None
+    # left out of dumps when unset, so the digests of batteries that never use them stay as they were
+    threshold: float | None = Field(None, exclude_if=lambda v: v is None)  # a scored type's pass mark
+    options: dict[str, Any] = Field({}, exclude_if=lambda v: not v)  # what a graded type reads (rubricPrompt, provider, config)
 
     @field_validator("type")
     @classmethod

@@ -9,8 +9,10 @@ prefix inverts any of them. tests/test_promptfoo_oracle.py proves it against pro
 
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from ..js import regex, yaml as jsyaml
 from ..js.value import JSONError, deep_equal, is_js_space, is_json, js_string, js_trim, parse_json, truthy
@@ -157,15 +159,54 @@ GATEKEEPER_ONLY: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool
 }
 CHECKS = {**SHARED, **{f"not-{t}": SHARED[t] for t in SHARED}, **GATEKEEPER_ONLY}
 
+# promptfoo types that are more than a function of the output text, each evaluated by a module of this
+# package (imported when first used, so the CLI never loads a grader or a subprocess runner it does not need).
+# A module exposes ``prepare(assertion) -> Any`` (raises Refused at load) and
+# ``evaluate(assertion, output, context) -> dict`` (``{"pass": bool, ...}``; raises Refused when it cannot decide).
+EVALUATED_BY: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an assertion may see besides the output: the case's vars and rendered prompt, and the graders
+    the evaluation opened (``graders``: None when the battery needs none)."""
+
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    prompt: str = ""
+    graders: Any = None
+
+
+def base_type(kind: str) -> str:
+    return kind[4:] if kind.startswith("not-") else kind
+
+
+def evaluable(kind: str) -> bool:
+    """Whether gatekeeper evaluates this type (``not-`` forms included)."""
+    return kind in CHECKS or base_type(kind) in EVALUATED_BY
+
+
+def _module(kind: str):
+    return importlib.import_module(f".{EVALUATED_BY[base_type(kind)]}", __package__)
+
 
 def prepare(a: Assertion) -> Any:
     """The assertion's value made ready to check; raises Refused for a value it cannot use."""
+    if a.type not in CHECKS:
+        return _module(a.type).prepare(a)
     return CHECKS[a.type][0](a.value)
 
 
-def check(assertion: Assertion, output: str) -> bool:
-    passed = CHECKS[assertion.type][1](output, prepare(assertion))
-    return passed != assertion.type.startswith("not-")
+def evaluate(assertion: Assertion, output: str, context: Context = Context()) -> dict[str, Any]:
+    """``{"pass": bool, ...}`` for one assertion on one output (``not-`` inverts ``pass``)."""
+    if assertion.type in CHECKS:
+        passed = CHECKS[assertion.type][1](output, prepare(assertion))
+        return {"pass": passed != assertion.type.startswith("not-")}
+    result = _module(assertion.type).evaluate(assertion, output, context)
+    return {**result, "pass": result["pass"] != assertion.type.startswith("not-")}
+
+
+def check(assertion: Assertion, output: str, context: Context = Context()) -> bool:
+    return evaluate(assertion, output, context)["pass"]
 
 
 def _value_problem(a: Assertion) -> str | None:
@@ -188,6 +229,6 @@ def validate_suite(suite: Suite) -> list[str]:
     return problems
 
 
-def outcomes(assertions: list[Assertion], output: str) -> list[dict[str, Any]]:
+def outcomes(assertions: list[Assertion], output: str, context: Context = Context()) -> list[dict[str, Any]]:
     """Each assertion's outcome, in order, as recorded in the ledger."""
-    return [{"type": a.type, "name": a.name, "pass": check(a, output)} for a in assertions]
+    return [{"type": a.type, "name": a.name, **evaluate(a, output, context)} for a in assertions]

@@ -244,8 +244,8 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str) -> Assertion | st
     if unknown:
         raise GatekeeperError(f"{where}: field '{unknown[0]}': not a promptfoo assertion key; remove it or check its spelling")
     kind = raw["type"]
-    base_type = kind[4:] if kind.startswith("not-") else kind
-    if base_type not in checks.SHARED:
+    base_type = checks.base_type(kind)
+    if base_type not in checks.SHARED and base_type not in checks.EVALUATED_BY:
         if base_type in PROMPTFOO_TYPES or kind in SPECIAL_TYPES:
             return f"{kind}: not deterministic or not implemented in gatekeeper"
         if kind in checks.GATEKEEPER_ONLY:
