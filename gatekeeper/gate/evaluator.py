@@ -204,7 +204,8 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
         if watch and watch.fired:
             break
     text = turns[-1]["text"]
-    return {"turns": turns, "text": text, "outcomes": checks.outcomes(list(case.assert_), text)}
+    context = checks.Context(vars=values, prompt=rendered.text)
+    return {"turns": turns, "text": text, "outcomes": checks.outcomes(list(case.assert_), text, context)}
 
 
 def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
