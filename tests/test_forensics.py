@@ -1,6 +1,8 @@
 """``forensics`` on the logs of a real llama-server (built by gatekeeper.setup.llama_build) running the
-interleave scenario on a tiny hybrid model at its most verbose, checked request by request against
-the server's own ``timings``; damaged logs; ik_llama.cpp's line formats; the CLI's errors."""
+interleave scenario on a tiny hybrid model at its most verbose, behind a real ``gatekeeper proxy``
+capturing the prompts, checked request by request against the server's own ``timings``; reuse
+across requests and the advice, checked against real runs; damaged logs; ik_llama.cpp's line
+formats; the CLI's errors."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from served import llama_server
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper.traffic import forensics
+from gatekeeper.traffic import forensics, proxy
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.cache.trie import common_prefix as lcp
 
@@ -48,30 +50,37 @@ def scenario(tiny_hybrid, tmp_path_factory):  # noqa: F811
 
 
 def run(gguf: Path, chats: dict, plan: list[tuple[str, bool]], log: Path, *extra: str) -> list[dict]:
-    """One fresh one-slot server, most verbose (-v), the plan's chats in order; per request the
-    prompt's token ids (the server's own rendering), whether cache_prompt was on, and its timings."""
+    """One fresh one-slot server, most verbose (-v), the plan's chats in order through a capturing
+    proxy (its capture beside the log, ``.jsonl``); per request the prompt's token ids (the
+    server's own rendering), whether cache_prompt was on, and its timings."""
     rows = []
-    with llama_server(gguf, "-v", "-c", "16384", *extra, log=log) as url:
+    with llama_server(gguf, "-v", "-c", "16384", *extra, log=log) as url, \
+            proxy.running(url, log.with_suffix(".jsonl")) as relay:
         for name, cache_prompt in plan:
             text = post(url + "/apply-template", {"messages": chats[name]})["prompt"]
             ids = post(url + "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
-            answer = post(url + "/v1/chat/completions", {"messages": chats[name], "max_tokens": 4, "temperature": 0,
-                                                          "cache_prompt": cache_prompt})
+            answer = post(relay + "/v1/chat/completions", {"messages": chats[name], "max_tokens": 4, "temperature": 0,
+                                                            "cache_prompt": cache_prompt})
             rows.append({"name": name, "ids": ids, "cache_prompt": cache_prompt, "timings": answer["timings"]})
     return rows
+
+
+RAM_MIB = 64
 
 
 @pytest.fixture(scope="module")
 def runs(scenario, tmp_path_factory):
     """A->C and A->B->C on the slot alone (--cache-ram 0), the second ending with C again with
-    cache_prompt off (a silent full re-processing); A->B->C with the host prompt cache (default)."""
+    cache_prompt off (a silent full re-processing); A->B->C alone on the slot and with a host
+    prompt cache of RAM_MIB."""
     gguf, chats = scenario
     logs = tmp_path_factory.mktemp("logs")
     out = {}
     for name, plan, extra in [
         ("A->C", [("A", True), ("C", True)], ("--cache-ram", "0")),
         ("A->B->C", [("A", True), ("B", True), ("C", True), ("C", False)], ("--cache-ram", "0")),
-        ("A->B->C ram", [("A", True), ("B", True), ("C", True)], ()),
+        ("A->B->C ram", [("A", True), ("B", True), ("C", True)], ("--cache-ram", str(RAM_MIB))),
+        ("A->B->C slot", [("A", True), ("B", True), ("C", True)], ("--cache-ram", "0")),
     ]:
         log = logs / f"{name.replace('>', '').replace(' ', '_')}.log"
         out[name] = (log, run(gguf, chats, plan, log, *extra))
@@ -136,6 +145,81 @@ def test_the_host_prompt_cache_brings_back_a_prompt_an_interloper_displaced(runs
     # C's best match is A, saved to host memory when B took the slot: the slot loads it back
     assert c["prompt_cache_load"] and c["common_prefix"] == lcp(rows[0]["ids"], rows[2]["ids"]) > 1000
     assert c["restored"] is not None and report["prompt_cache"]["loaded"] == 1 and report["prompt_cache"]["saved"] >= 1
+
+
+def across(name: str, runs, **kw) -> tuple[dict, list[dict]]:
+    log, rows = runs[name]
+    report = forensics.read([log], log.with_suffix(".jsonl"), **kw)
+    assert report["reuse"]["unmatched"] == 0 and report["cannot_report"] == []
+    return report, rows
+
+
+@pytest.mark.slow
+def test_an_interloper_that_evicts_the_shared_prefix_is_counted_as_eviction(runs):
+    report, rows = across("A->B->C slot", runs)
+    a, b, c = (r["ids"] for r in rows)
+    shared = lcp(a, c)
+    assert shared >= forensics.reuse.UNIT > lcp(b, c)  # the scenario: C shares a long prefix with A, not with B
+    detail = report["requests_detail"][2]
+    # the slot-only view sees B's prompt before C, sharing a token or so; across requests, A's prefix
+    assert detail["common_prefix"] == detail["lost"] == lcp(b, c)
+    assert (detail["shared"], detail["possible"], detail["reused"]) == (shared, min(shared, len(c) - 1), 0)
+    assert detail["lost_to"] == {"evicted": min(shared, len(c) - 1)}
+    u = report["reuse"]
+    assert (u["possible"], u["obtained"], u["lost"]) == (detail["possible"], 0, detail["possible"])
+    assert u["lost_by_cause"]["evicted"] == detail["possible"] and sum(u["lost_by_cause"].values()) == u["lost"]
+    assert detail["forced"] and "forcing full prompt re-processing" in detail["forced_reason"]  # quoted, not the cause
+
+
+@pytest.mark.slow
+def test_with_the_host_cache_the_shared_prefix_is_obtained(runs):
+    report, rows = across("A->B->C ram", runs)
+    c = report["requests_detail"][2]
+    assert c["prompt_cache_load"] and c["reused"] == rows[2]["timings"]["cache_n"] > 0
+    assert c["shared"] == lcp(rows[0]["ids"], rows[2]["ids"]) and "evicted" not in (c["lost_to"] or {})
+    # what little is lost lies between the restored checkpoint and the end of the shared prefix
+    assert c["possible"] - c["reused"] == (c["lost_to"] or {}).get("checkpoint_spacing", 0) < forensics.reuse.UNIT
+    u = report["reuse"]
+    assert u["obtained"] == sum(r["timings"]["cache_n"] for r in rows) and u["lost_by_cause"]["evicted"] == 0
+
+
+@pytest.mark.slow
+def test_a_full_reprocessing_of_a_prompt_seen_before_is_silent_across_requests(runs):
+    report, rows = across("A->B->C", runs)
+    again = report["requests_detail"][3]  # C again with cache_prompt off: all of it was in the slot
+    assert again["silent"] and not again["forced"] and again["lost_to"] == {"unexplained": len(rows[3]["ids"]) - 1}
+    assert report["reuse"]["silent"] == report["full_reprocessing"]["silent"] == 1
+
+
+@pytest.mark.slow
+def test_the_advice_for_a_host_cache_matches_a_real_server_with_it(runs):
+    """The advice, from the run without a host cache, against the same traffic on a server with
+    --cache-ram RAM_MIB: within one unit, because the simulator restores its last snapshot below
+    the shared prefix (every unit) and the server its checkpoint at C's user message, which lies
+    between that snapshot and the end of the shared prefix."""
+    report, rows = across("A->B->C slot", runs, cache_ram=(RAM_MIB,))
+    lines = {line["setting"]: line for line in report["advice"]["lines"]}
+    served, host = lines["as served: -np 1 --cache-ram 0 --ctx-checkpoints 32"], lines[f"--cache-ram {RAM_MIB}"]
+    assert served["as_served"] and served["reused"] == report["reuse"]["obtained"] == 0  # the baseline agrees with the log
+    _, real = runs["A->B->C ram"]
+    obtained = sum(r["timings"]["cache_n"] for r in real)
+    unit = report["advice"]["unit"]
+    assert obtained > 0 and 0 <= obtained - host["reused"] < unit, (obtained, host)
+    assert host["share"] == round(host["reused"] / report["reuse"]["possible"], 4) and host["memory_mib"] > 0
+    assert lines["gatekeeper boundaries (pinned stage prefixes)"]["reused"] == report["reuse"]["possible"]
+
+
+@pytest.mark.slow
+def test_forensics_cli_reports_reuse_and_advice(runs, run_cli):
+    log, _ = runs["A->B->C slot"]
+    code, out, _ = run_cli("forensics", log, "--capture", log.with_suffix(".jsonl"), "--cache-ram", "64", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["reuse"]["lost_by_cause"]["evicted"] > 0 and any(l["setting"] == "--cache-ram 64" for l in report["advice"]["lines"])
+    code, out, _ = run_cli("forensics", log, "--capture", log.with_suffix(".jsonl"))
+    assert code == 0 and "lost: evicted" in out and "--cache-ram 8192" in out and "not reported:" not in out
+    code, out, _ = run_cli("forensics", log)  # without the prompts: the log's own figures, and what is missing
+    assert code == 0 and "not reported: reuse across requests" in out and "lost: evicted" not in out
 
 
 @pytest.mark.slow
@@ -248,3 +332,60 @@ def test_bad_input_is_exit_2_naming_the_file(tmp_path, run_cli):
         assert code == 2 and words in json.loads(out)["error"] and str(path) in json.loads(out)["error"]
     with pytest.raises(GatekeeperError):
         forensics.read([])
+
+
+def _slot_log(path: Path, requests: list[tuple[int, int, int, int]]) -> Path:
+    """A hand-written upstream log: (slot, task, prompt tokens, re-used) per request; a request's
+    timings come after the next one has started when that runs on another slot (out of order, as
+    with several slots busy)."""
+    lines, late = [], None
+    for slot, task, n, reused in requests:
+        if late and late[0] == slot:
+            lines.append(late[1])
+            late = None
+        lines += [f"slot launch_slot_: id  {slot} | task {task} | processing task",
+                  f"slot   operator(): id  {slot} | task {task} | new prompt, n_ctx_slot = 4096, n_keep = 0, task.n_tokens = {n}",
+                  f"slot   operator(): id  {slot} | task {task} | cached n_tokens = {reused}, memory_seq_rm [{reused}, end)"]
+        if late:
+            lines.append(late[1])
+        late = (slot, f"slot print_timing: id  {slot} | task {task} | prompt eval time =  1.00 ms /  {n - reused} tokens")
+    lines.append(late[1])
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _capture(path: Path, prompts: list[list[int]]) -> Path:
+    path.write_text("".join(json.dumps({"stage": "s", "stream": str(i), "t": i, "tokens": p}) + "\n"
+                            for i, p in enumerate(prompts)))
+    return path
+
+
+def test_a_prefix_another_slot_held_is_lost_to_that_slot_and_an_overwritten_one_to_eviction(tmp_path):
+    rng = random.Random(1)
+    a = [rng.randrange(2, 500) for _ in range(900)]
+    b = [1] + [rng.randrange(2, 500) for _ in range(299)]
+    c = a[:600] + [1] * 100
+    d = b[:280] + a[:10]
+    # A on slot 0; B, then C (sharing 600 with A, which slot 0 still holds) on slot 1; then A's
+    # neighbour D on slot 0 overwrites A, and E (A again) on slot 1 finds only C's 600 tokens of it there
+    log = _slot_log(tmp_path / "two.log", [(0, 1, 900, 0), (1, 2, 300, 0), (1, 3, 700, 0), (0, 4, 290, 280),
+                                           (1, 5, 900, 0)])
+    report = forensics.read([log], _capture(tmp_path / "cap.jsonl", [a, b, c, d, a]), unit=64)
+    assert report["complete"], report["problems"]
+    assert [r["line"] for r in report["requests_detail"]] == [1, 4, 9, 12, 16]  # timings of another slot in between
+    got = [(r["slot"], r["task"], r["shared"], r["lost_to"]) for r in report["requests_detail"]]
+    assert got == [(0, 1, 0, {}), (1, 2, 0, {}), (1, 3, 600, {"other_slot": 600}), (0, 4, 280, {}),
+                   (1, 5, 900, {"unexplained": 600, "evicted": 299})]  # its own slot held 600 of the 899 and said nothing
+    u = report["reuse"]
+    assert (u["lost_by_cause"]["other_slot"], u["lost_by_cause"]["evicted"], u["obtained"]) == (600, 299, 280)
+
+
+def test_the_capture_must_hold_the_prompts_of_this_log(tmp_path, run_cli):
+    log = _slot_log(tmp_path / "one.log", [(0, 1, 300, 0), (0, 2, 300, 200)])
+    meta = tmp_path / "meta.jsonl"
+    meta.write_text(json.dumps({"stage": "s", "stream": "x", "t": 0, "bytes": 900, "digest": "ab", "blocks": []}) + "\n")
+    other = _capture(tmp_path / "other.jsonl", [[5] * 10, [6] * 20])
+    for capture, words in [(meta, "no line has 'tokens'"), (other, "none of its 2 prompts matches"),
+                           (tmp_path / "none.jsonl", "none.jsonl")]:
+        code, out, _ = run_cli("forensics", log, "--capture", capture, "--json")
+        assert code == 2 and words in json.loads(out)["error"], out

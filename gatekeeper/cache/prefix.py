@@ -109,7 +109,7 @@ class PrefixCache:
         ``edges``: where the passes that computed it ended, ``len(tokens)`` last (aligned plans).
         The caller hands the state over: it must not run the model on it afterwards.
         """
-        key = tuple(int(t) for t in tokens)
+        key = tuple(map(int, tokens))
         if not key:
             return None
         if self.ops.length(state) != len(key):
@@ -129,8 +129,9 @@ class PrefixCache:
                 self._lru.move_to_end(longer.tokens)  # a longer entry already covers these tokens
                 return None
         entry = Entry(key, state, self.ops.nbytes(state), pinned, edges)
-        if not pinned and entry.nbytes + self._pinned_bytes() > self.max_bytes:
-            return None  # could never fit beside the pinned entries
+        # could never fit beside the pinned entries (they are part of nbytes: summed only when it is over)
+        if not pinned and entry.nbytes + self.nbytes > self.max_bytes and entry.nbytes + self._pinned_bytes() > self.max_bytes:
+            return None
         if trimmable:
             # Shorter unpinned entries on the same path are now redundant: this one covers them.
             for _, shorter in self._trie.prefixes(key[:-1]):

@@ -101,6 +101,20 @@ class TokenTrie(Generic[V]):
             return 0, None
         return i, min(self._values_under(node), key=lambda dv: dv[0])[1]
 
+    def shared(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of ``tokens`` shared with any stored sequence: ``longest`` without
+        looking for a value, so its cost is the query's length, not the matching subtree's size."""
+        node, i, n = self._root, 0, len(tokens)
+        while i < n:
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            k = _shared(child.edge, tokens, i)
+            node, i = child, i + k
+            if k < len(child.edge):
+                break
+        return i
+
     def prefixes(self, tokens: Sequence[int]) -> list[tuple[int, V]]:
         """Stored sequences that are prefixes of ``tokens`` (whole-entry matches), shortest first."""
         return [(node.depth, node.value) for node in self._path(tokens) if node.value is not None]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -35,12 +35,22 @@ def proxy(
 @reporting
 def forensics(
     logs: Annotated[list[Path], typer.Argument(help="The server's log file(s), oldest first.")],
+    capture: Annotated[Optional[Path], typer.Option(
+        help="A capture of the same traffic with token ids (gatekeeper proxy): reuse across requests, and advice.")] = None,
+    unit: Annotated[int, typer.Option(help="Tokens: shared prefixes below this are not reuse; the advice's checkpoint spacing.")] = 256,
+    cache_ram: Annotated[Optional[list[int]], typer.Option(
+        help="Host prompt cache sizes (MiB, repeatable) the advice simulates. Default: 1024, 8192, 32768.")] = None,
+    advise: Annotated[bool, typer.Option("--advice/--no-advice",
+        help="With --capture: simulate each server setting on the traffic (minutes per 10,000 requests).")] = True,
     json_: Json = False,
 ) -> None:
-    """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log."""
-    from ..traffic import forensics as reading
+    """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log; with a capture,
+    reuse across requests and what each server setting would have re-used."""
+    from ..traffic import advice, forensics as reading
 
-    report = reading.read(logs)
+    if cache_ram and any(m < 1 for m in cache_ram):
+        raise GatekeeperError("--cache-ram sizes must be at least 1 MiB")
+    report = reading.read(logs, capture, unit=unit, cache_ram=cache_ram or advice.CACHE_RAM, advise=advise)
     emit(json_, report, lambda: print_forensics(report))
 
 
@@ -79,3 +89,34 @@ def print_forensics(r: dict) -> None:
         console.print(f"[yellow]partial:[/yellow] {p}" if not r["complete"] else p, highlight=False)
     for u in r["unparsed"]["examples"][:5]:
         console.print(f"  {u['file']}:{u['line']}: {u['text'][:160]}", highlight=False, markup=False)
+    for line in r["cannot_report"]:
+        console.print(f"not reported: {line}", highlight=False, markup=False)
+    if r["reuse"]:
+        _print_reuse(console, r["reuse"])
+    if r["advice"]:
+        _print_advice(console, r["advice"])
+
+
+def _print_reuse(console: Any, u: dict) -> None:
+    from rich.table import Table
+
+    table = Table("", "tokens", "share of possible",
+                  title=f"reuse across requests ({u['requests']} requests matched, {u['unmatched']} not; unit {u['unit']})")
+    table.add_row("possible (shared with any earlier request)", _n(u["possible"]), "")
+    table.add_row("obtained", _n(u["obtained"]), _n(u["obtained_share"], "{:.1%}"))
+    for cause, n in u["lost_by_cause"].items():
+        table.add_row(f"lost: {cause.replace('_', ' ')}", _n(n), _n(n / u["possible"] if u["possible"] else None, "{:.1%}"))
+    table.add_row("silent full re-processing (requests)", str(u["silent"]), "")
+    console.print(table)
+    for reason, n in u["forced_reasons"].items():
+        console.print(f"  forced {n}x: {reason}", highlight=False, markup=False)
+
+
+def _print_advice(console: Any, a: dict) -> None:
+    from rich.table import Table
+
+    advice = Table("setting", "re-used", "share of possible", "memory MiB",
+                   title=f"advice: each setting simulated on these {a['requests']} requests")
+    for line in a["lines"]:
+        advice.add_row(line["setting"], _n(line["reused"]), _n(line["share"], "{:.1%}"), _n(line["memory_mib"], "{:,.1f}"))
+    console.print(advice)

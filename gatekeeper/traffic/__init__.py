@@ -1,7 +1,8 @@
 """Live traffic and measurement: the capture format (``capture``), the prefill tax per stage (``measure``),
 what captured prompts could cache (``analyze``) and the load they put on a server (``load``), a
 pass-through proxy that captures calls with their telemetry (``proxy``), llama.cpp-family server logs
-(``forensics``) and replaying a trace under snapshot policies (``replay``).
+(``forensics``), with reuse across requests (``reuse``) and advice on server settings (``advice``), and
+replaying a trace under snapshot policies (``replay``).
 
 Imports: errors, workspace, cache, battery, engines, runtime.
 """

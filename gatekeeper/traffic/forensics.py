@@ -5,7 +5,10 @@ prompt tokens it re-used and re-computed, and, for hybrid/SWA models, the life c
 checkpoints (created, restored, erased and why) and every forced full re-processing. Reconstructed
 here per slot and in total, with the common prefix each request shared with the slot's cached prompt
 (the bound on what the slot could have re-used) and the *silent* full re-processings: a request that
-shared a prefix with the slot's cache yet re-computed its whole prompt without any forcing line.
+shared at least a unit with an earlier request yet re-computed its whole prompt without any forcing
+line. With a capture of the same traffic (its prompts' token ids, which no log holds), reuse across
+requests, whichever slot ran them, and its losses by cause (``reuse.py``), and what each server
+setting would have re-used on this traffic (``advice.py``).
 
 Read: upstream llama-server (``slot <fn>: id S | task T | ...`` lines; checkpoint and prefix lines
 are trace level, so run it with ``-lv 4`` or ``--verbose``), older upstream builds (``kv cache rm``,
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from . import advice, reuse
 from .analyze import distribution
 from ..errors import GatekeeperError
 
@@ -45,7 +49,8 @@ _SIZE = re.compile(r"size\s*=\s*(\d+(?:\.\d+)?)\s*MiB")
 _RELEVANT = re.compile(
     r"checkpoint|re-?process|from scratch|eval time|memory_seq_rm|kv cache rm|lcp =|checking sim|"
     r"Cache: cache_size|stop processing|slot released|new prompt|processing task|n_past|saving prompt|"
-    r"better prompt|initializing|prompt tokenized|slot is empty")
+    r"better prompt|initializing|prompt tokenized|slot is empty|prompt cache is|context checkpoints enabled|"
+    r"llama_kv_cache: size")
 _EVENTS: list[tuple[str, re.Pattern]] = [(name, re.compile(p)) for name, p in [
     ("restore_failed", r"failed to restore context checkpoint"),
     ("created", r"created context checkpoint\s+(\d+)\s+of\s+(\d+)"),
@@ -68,7 +73,12 @@ _EVENTS: list[tuple[str, re.Pattern]] = [(name, re.compile(p)) for name, p in [
     ("decode", r"eval time\s*=\s*([\d.]+) ms /\s*(\d+) (?:tokens|runs)"),
     ("release", r"stop processing: (?:n_tokens|n_past) = (\d+)|^slot released"),
     ("restart", r"initializing, n_slots = (\d+)|^initializing slots"),
+    ("cache_ram", r"prompt cache is (?:enabled, size limit: (-?\d+) MiB|disabled)"),
+    ("checkpoint_limits", r"context checkpoints enabled, max = (\d+)(?:, min spacing = (\d+))?"),
+    ("kv_size", r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells"),
 ]]
+# The server's settings some of these lines show (None where the log does not say).
+SETTINGS = ("slots", "n_ctx_slot", "cache_ram_mib", "ctx_checkpoints", "checkpoint_min_step", "kv_bytes_per_token")
 # Relevant-looking lines that carry nothing this report uses.
 _KNOWN = re.compile(
     r"checking checkpoint with|do_checkpoint|speculative checkpoint|checkpoints (?:enabled|disabled)|use checkpoints|"
@@ -94,6 +104,7 @@ class Call:
     decode_ms: float | None = None
     generated: int | None = None
     forced: bool = False
+    reason: str | None = None  # the server's own words when it forced a full re-processing
     cache_load: bool = False  # the slot's cached prompt was swapped for one from the prompt cache
     restored: dict[str, float] | None = None
     restore_failed: int = 0
@@ -101,6 +112,12 @@ class Call:
     erased: Counter = field(default_factory=Counter)
     wiped: bool = False  # this request erased every checkpoint the slot held
     ended: bool = False
+    epoch: int = 0  # server starts before this request: a restart empties every slot
+    # across requests (``reuse.measure``, from the prompts' ids): the longest prefix shared with
+    # any earlier request, the reuse that was possible, and the lost part by cause
+    shared: int | None = None
+    possible: int | None = None
+    lost_to: dict[str, int] | None = None
 
     def finish(self) -> None:
         if self.reused is None and self.prompt_tokens is not None and self.processed is not None:
@@ -112,9 +129,11 @@ class Call:
     def full(self) -> bool:
         return self.reused == 0 and bool(self.prompt_tokens or self.processed)
 
-    @property
-    def silent(self) -> bool:
-        return self.full and not self.forced and bool(self.lcp)
+    def silent(self, unit: int) -> bool:
+        """A whole prompt re-processed, no forcing line, though an earlier request shared at least
+        ``unit`` tokens of it (across requests when the prompts' ids are known, else the slot's)."""
+        known = self.shared if self.shared is not None else self.lcp
+        return self.full and not self.forced and (known or 0) >= unit
 
     @property
     def reusable(self) -> int | None:
@@ -124,7 +143,7 @@ class Call:
             return None
         return max(0, min(self.lcp, self.prompt_tokens - 1))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, unit: int) -> dict[str, Any]:
         lost = None if self.reusable is None or self.reused is None else max(0, self.reusable - self.reused)
         return {
             "slot": self.slot, "task": self.task, "file": self.file, "line": self.line,
@@ -132,7 +151,8 @@ class Call:
             "processed": self.processed, "lost": lost,
             "prefill_s": None if self.prefill_ms is None else round(self.prefill_ms / 1000, 6),
             "decode_s": None if self.decode_ms is None else round(self.decode_ms / 1000, 6),
-            "generated": self.generated, "forced": self.forced, "silent": self.silent,
+            "generated": self.generated, "forced": self.forced, "forced_reason": self.reason,
+            "silent": self.silent(unit), "shared": self.shared, "possible": self.possible, "lost_to": self.lost_to,
             "prompt_cache_load": self.cache_load, "restored": self.restored, "restore_failed": self.restore_failed,
             "created": len(self.created), "erased": dict(self.erased), "wiped": self.wiped, "complete": self.ended,
         }
@@ -170,6 +190,7 @@ class Reader:
         self.problems: list[str] = []
         self.lines = self.bytes = self.recognized = self.garbled = self.starts = 0
         self.files: list[str] = []
+        self.server: dict[str, Any] = dict.fromkeys(SETTINGS)
 
     # --- lines -----------------------------------------------------------------------------------
     def feed_file(self, path: Path) -> None:
@@ -252,7 +273,7 @@ class Reader:
                                  f"timings before task {task} starts at {file}:{n}; lines are missing")
         state = self._slot(slot)
         call = Call(slot, task if task is not None and task >= 0 else None, file, n,
-                    lcp=state.pending_lcp, cache_load=state.pending_load)
+                    lcp=state.pending_lcp, cache_load=state.pending_load, epoch=self.starts)
         if state.pending_load:
             state.live = None  # the slot now holds another prompt's checkpoints
         state.pending_lcp, state.pending_load, state.candidates = None, False, []
@@ -269,6 +290,21 @@ class Reader:
                     self.problems.append(f"incomplete: task {call.task} on slot {call.slot} ({call.file}:{call.line}) "
                                          f"never finished: the server restarted at {file}:{n}")
             self.slots, self.current, self.last, self.selecting = {}, {}, None, None
+            values = _fields(msg)
+            if m.group(1):
+                self.server["slots"] = int(m.group(1))
+            if "n_ctx_slot" in values:
+                self.server["n_ctx_slot"] = int(values["n_ctx_slot"])
+            return
+        if name == "cache_ram":
+            self.server["cache_ram_mib"] = int(m.group(1)) if m.group(1) else 0
+            return
+        if name == "checkpoint_limits":
+            self.server["ctx_checkpoints"] = int(m.group(1))
+            self.server["checkpoint_min_step"] = _int(m.group(2))
+            return
+        if name == "kv_size":  # the last one is the context the server kept (an earlier one may be a fit probe)
+            self.server["kv_bytes_per_token"] = float(m.group(1)) * 2**20 / int(m.group(2))
             return
         if name in ("sim", "empty") and slot is not None:
             self._slot(slot).pending_lcp = int(m.group(1)) if name == "sim" else 0
@@ -312,6 +348,7 @@ class Reader:
             call.reused = _int(kept)
         elif name == "forced":
             call.forced = True
+            call.reason = call.reason or msg.strip()[:200]
         elif name == "created":
             call.created.append(values)
             state.live = int(m.group(1))
@@ -334,7 +371,7 @@ class Reader:
             call.ended = call.ended or call.processed is not None
 
     # --- the report ------------------------------------------------------------------------------
-    def report(self) -> dict[str, Any]:
+    def report(self, unit: int) -> dict[str, Any]:
         for call in self.calls:
             call.finish()
         problems = list(self.problems)
@@ -354,9 +391,10 @@ class Reader:
         return {
             "files": self.files, "lines": self.lines, "bytes": self.bytes, "server_starts": self.starts,
             "complete": not problems,
-            **summary(self.calls, self.saved),
-            "slots": {str(s): summary([c for c in self.calls if c.slot == s]) for s in slots},
-            "requests_detail": [c.to_dict() for c in self.calls],
+            "server": {**self.server, "slots": self.server["slots"] or (max(slots) + 1 if slots else None)},
+            **summary(self.calls, unit, self.saved),
+            "slots": {str(s): summary([c for c in self.calls if c.slot == s], unit) for s in slots},
+            "requests_detail": [c.to_dict(unit) for c in self.calls],
             "unparsed": {"count": self.unparsed_count, "examples": self.unparsed},
             "problems": problems,
         }
@@ -389,7 +427,7 @@ def _dist(values: Sequence[float | None]) -> dict[str, float] | None:
     return distribution([v for v in values if v is not None])  # type: ignore[arg-type]
 
 
-def summary(calls: Sequence[Call], saved: int | None = None) -> dict[str, Any]:
+def summary(calls: Sequence[Call], unit: int, saved: int | None = None) -> dict[str, Any]:
     """The figures of a set of requests (a slot's, or all); sums run over the requests that show them."""
     sized = [c for c in calls if c.prompt_tokens is not None]
     bounded = [c for c in sized if c.reusable is not None and c.reused is not None]
@@ -410,7 +448,7 @@ def summary(calls: Sequence[Call], saved: int | None = None) -> dict[str, Any]:
         "reusable_share": _share(_total(c.reusable for c in bounded), _total(c.prompt_tokens for c in bounded)),
         "reused_share": _share(_total(c.reused for c in sized), prompt),
         "common_prefix": _dist([c.lcp for c in calls]),
-        "full_reprocessing": {"forced": sum(c.forced for c in calls), "silent": sum(c.silent for c in calls),
+        "full_reprocessing": {"forced": sum(c.forced for c in calls), "silent": sum(c.silent(unit) for c in calls),
                               "total": sum(c.full for c in calls)},
         "checkpoints": {
             "created": len(created), "restored": len(restores), "restore_failed": sum(c.restore_failed for c in calls),
@@ -429,10 +467,14 @@ def summary(calls: Sequence[Call], saved: int | None = None) -> dict[str, Any]:
     return out
 
 
-def read(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """The report for one server's logs, in the order given (rotated files continue each other)."""
+def read(paths: Sequence[str | Path], capture: str | Path | None = None, *, unit: int = reuse.UNIT,
+         cache_ram: Sequence[int] = advice.CACHE_RAM, advise: bool = True) -> dict[str, Any]:
+    """The report for one server's logs, in the order given (rotated files continue each other);
+    with ``capture`` (the same traffic's prompts), reuse across requests and (``advise``) the advice too."""
     if not paths:
         raise GatekeeperError("give at least one server log file")
+    if unit < 1:
+        raise GatekeeperError("--unit must be at least 1 token")
     reader = Reader()
     for raw in paths:
         p = Path(raw)
@@ -444,4 +486,17 @@ def read(paths: Sequence[str | Path]) -> dict[str, Any]:
             reader.feed_file(p)
         except OSError as e:
             raise GatekeeperError(f"log file {p}: cannot be read ({e.strerror or e})") from None
-    return reader.report()
+    for call in reader.calls:
+        call.finish()
+    cross = tips = None
+    if capture is not None:
+        matched = reuse.prompts(capture, reader.calls)
+        cross = reuse.measure(reader.calls, [m.tokens if m else None for m in matched], unit)
+    if capture is not None and advise:
+        found = [m for m in matched if m is not None]
+        tips = advice.advise([m.tokens for m in found], [m.stage for m in found], cross["possible"], reader.server,
+                             advice.checkpoint_size([v.get("size_mib") for c in reader.calls for v in c.created]),
+                             unit=unit, cache_ram=cache_ram)
+    report = reader.report(unit)
+    report.update(reuse=cross, advice=tips, cannot_report=[] if capture is not None else [reuse.NEEDS])
+    return report
