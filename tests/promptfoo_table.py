@@ -10,8 +10,30 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
+
+from gatekeeper.setup import promptfoo as promptfoo_build
 
 ABSENT = object()
+
+
+def promptfoo_results(folder: Path, text: str, rows: int, **env: str) -> tuple[Path, dict[int, dict]]:
+    """The real promptfoo's result for each of ``rows`` tests of config ``text``, from one ``promptfoo eval``
+    in ``folder`` (installed by ``make promptfoo``), by test index."""
+    import pytest
+
+    assert promptfoo_build.installed(), "promptfoo is not installed: run 'make promptfoo' (python -m gatekeeper.setup.promptfoo)"
+    path = folder / "oracle.promptfoo.yaml"
+    path.write_text(text, encoding="utf-8")
+    out = folder / "out.json"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        run = promptfoo_build.eval_config(path, out)
+    assert out.is_file(), f"promptfoo eval wrote no results (exit {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    results = {r["testIdx"]: r for r in json.loads(out.read_text(encoding="utf-8"))["results"]["results"]}
+    assert sorted(results) == list(range(rows)), "promptfoo did not grade every row"
+    return path, results
 
 
 class Raw(str):
@@ -128,13 +150,42 @@ for kind, v, outs in [("icontains", "İ", ["i̇", "i"]), ("icontains", "ß", ["S
                       ("contains", "\n", ["a\nb", "ab"]), ("equals", "😀", ["😀"]), ("contains", "e\u0301", ["é"])]:
     rows("strings", kind, v, outs)
 
+# strings as JavaScript compares them: UTF-16 code units (a lone surrogate is half an emoji; "\ud83d\ude00"
+# escapes are the emoji) and toLowerCase (surrogate pairs as one character, Unicode 17's case pairs)
+for kind, v, outs in [("contains", "\ud83d", ["a😀b", "ab"]), ("contains", "\ude00", ["😀"]), ("contains", "\ud83d\ude00", ["😀"]),
+                      ("not-contains", "\ud83d", ["😀", "a"]), ("icontains", "\ud83d", ["😀"]), ("icontains", "\ud801\udc00", ["𐐨", "𐐀"]),
+                      ("icontains", "\ua7cb", ["ɤ"]), ("icontains", "\U00010d50", ["\U00010d70"]), ("icontains", "\u1c89", ["\u1c8a"]),
+                      ("icontains-any", ["\ud83d", "x"], ["😀"]), ("icontains-all", ["\ua7dc", "\ud83d"], ["ƛ😀"]),
+                      ("contains-any", "\ud83d, x", ["😀"]), ("contains-all", ["\ud83d", "\ude00"], ["😀"]), ("not-contains-any", ["\ude00"], ["😀"]),
+                      ("starts-with", "\ud83d", ["😀 hi", "hi 😀"]), ("not-starts-with", "\ud83d", ["😀"]), ("equals", "\ud83d\ude00", ["😀", "x"]),
+                      ("not-equals", "\ud83d\ude00", ["😀"]), ("equals", {"k": "😀"}, ['{"k": "\\ud83d\\ude00"}']), ("equals", ["\ud83d\ude00"], ['["😀"]'])]:
+    rows("utf-16", kind, v, outs)
+
+# a missing var is JavaScript's undefined (promptfoo's nunjucks has no throwOnUndefined)
+for kind, v, outs in [("equals", "{{ missing.a }}x", ["x"]), ("contains", "{{ obj.zz.b }}y", ["y"]), ("equals", "{{ missing[0] }}", [""]),
+                      ("equals", "{{ missing ~ '!' }}", ["undefined!", "!"]), ("equals", "{{ 'a' + missing }}", ["aundefined"]),
+                      ("equals", "{{ missing + 1 }}", ["NaN"]), ("equals", "{{ -missing }}", ["NaN"]), ("equals", "{{ missing | abs }}", ["NaN"]),
+                      ("equals", "{{ missing | upper }}x", ["x"]), ("equals", "{{ missing | default('d') }}", ["d"]),
+                      ("equals", "{{ missing.a | default('d') }}", ["d"]), ("equals", "{{ missing | length }}", ["0"]),
+                      ("equals", "{{ missing | int }}|", ["|"]), ("equals", "{{ missing | int ~ '|' }}", ["undefined|"]),
+                      ("equals", "{{ missing | center(3) }}|", ["   |"]), ("contains", "{{ missing | join(',') }}x", ["x"]),
+                      ("contains", "{{ missing | trim }}x", ["x"]), ("contains", "{{ missing | first }}x", ["x"]),
+                      ("equals", "{{ missing == none }}", ["true"]), ("equals", "{{ missing > 0 }}", ["false"]),
+                      ("equals", "{{ 'a' in missing }}", ["false"]), ("contains", "{{ missing() }}x", ["x"]),
+                      ("equals", "{% for i in missing %}a{% else %}e{% endfor %}", ["e"]), ("equals", "{{ [missing, 1] | join('-') }}", ["-1"]),
+                      ("equals", "{{ [missing, 1] }}", [",1"]), ("equals", "{{ nums[5] ~ 'x' }}", ["undefinedx"]),
+                      ("contains-any", ["{{ missing }}", "{{ missing.a }}z"], ["z"]), ("contains", "{{ missing | tojson }}x", ["x"]),
+                      ("equals", "{{ nums | join(missing) }}", ["1,2"]), ("equals", "{{ missing | replace('a', 'b') ~ '|' }}", ["undefined|"])]:
+    rows("undefined", kind, v, outs, V)
+
 
 def _scalar(v) -> str:
     """A YAML value as flow text: JSON, except Raw tokens, and characters js-yaml will not take raw escaped."""
     if isinstance(v, Raw):
         return str(v)
     text = json.dumps(v, ensure_ascii=False)
-    return re.sub("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]", lambda m: "\\u%04x" % ord(m.group()), text)
+    # (lone surrogates, which YAML text cannot hold, as the escapes js-yaml reads back to them)
+    return re.sub("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]", lambda m: "\\u%04x" % ord(m.group()), text)
 
 
 def config() -> str:

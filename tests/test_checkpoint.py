@@ -1,7 +1,8 @@
 """Checkpoints: the ledger's head kept outside the database shows what the hash chain alone cannot:
 a cut-off tail, a rewrite re-hashed to the end, rows forged with correct hashes. The attacks run on SQLite
 and PostgreSQL both (backend_ws); what the chain does not hash, the triggers and ``migrations``, verify
-finds by itself."""
+finds by itself. The shipped policy records a checkpoint in the workspace after every flip, and a plain
+``ledger verify`` checks every one recorded."""
 
 from __future__ import annotations
 
@@ -83,10 +84,124 @@ def test_a_checkpoint_survives_moving_the_workspace_but_not_another_ledger(run_c
     assert code == 1 and report["problem"].startswith("other_ledger:"), report
 
 
+# --- the workspace's own checkpoints (the shipped policy's checkpoint_after_flip) ------------------
+
+
+def log(ws: Path) -> list[dict]:
+    return [json.loads(line) for line in (ws / "ledger" / "checkpoints.jsonl").read_text().splitlines()]
+
+
+def test_the_shipped_policy_records_a_checkpoint_after_every_flip(run_cli, backend_ws, keys):
+    from gatekeeper.workspace import Workspace
+
+    assert Workspace(backend_ws).policy("prefix_cache").approvals.checkpoint_after_flip  # as `init` lays it out
+    code, result = flip(run_cli, backend_ws, "on", "--sign", keys["ana"], operator="ana")
+    assert code == 0 and result["action"] == "flipped", result
+    first = (backend_ws / "ledger" / "checkpoints.jsonl").read_text()
+    with lg(backend_ws) as ledger:
+        head = ledger.entries()[-1]
+    assert head["kind"] == "flip"  # written after the flip was committed: its head is the flip itself
+    [cp1] = log(backend_ws)
+    assert (cp1["seq"], cp1["hash"], cp1["signer"]) == (head["seq"], head["hash"], "ana")  # signed with the flip's key
+    assert result["checkpoint"] == {"file": str(backend_ws / "ledger" / "checkpoints.jsonl"), "seq": head["seq"],
+                                    "signer": "ana"}
+
+    assert flip(run_cli, backend_ws, "off", operator="bob", evaluation=None)[0] == 0  # unsigned flip, unsigned checkpoint
+    assert (backend_ws / "ledger" / "checkpoints.jsonl").read_text().startswith(first)  # the file extends
+    cp1_again, cp2 = log(backend_ws)
+    assert cp1_again == cp1 and cp2["seq"] == head["seq"] + 1 and "signature" not in cp2
+    assert json.loads((backend_ws / "ledger" / "checkpoint.json").read_text()) == cp2  # the newest, for one-file readers
+
+    code, report = verify(run_cli, backend_ws)
+    assert code == 0 and report["checkpoint_sources"] == {"workspace": 2, "given": 0}, report
+    assert [c["ok"] for c in report["checkpoints"]] == [True, True]
+
+
+def test_plain_verify_finds_a_cut_tail_by_the_workspace_checkpoints(run_cli, backend_ws, keys):
+    on_then_off(run_cli, backend_ws, keys)
+    conn = unlocked(ledger_of(backend_ws))  # delete the flip that turned the flag back off, entry and row
+    conn.execute("DELETE FROM entry WHERE seq = 5")
+    conn.execute("DELETE FROM flip WHERE id = 2")
+    conn.close()
+    with lg(backend_ws) as ledger:
+        assert ledger.verify().ok  # the chain alone cannot tell
+    code, report = verify(run_cli, backend_ws)  # no options
+    named = f"{backend_ws / 'ledger' / 'checkpoints.jsonl'}:2"
+    assert code == 1 and report["problem"].startswith(f"truncated: the ledger ends at seq 4, below checkpoint {named} "), report
+
+
+def test_plain_verify_finds_a_forged_tail(run_cli, backend_ws, keys):
+    on_then_off(run_cli, backend_ws, keys)
+    forge_on(backend_ws)  # an approval and a flip appended with correct hashes, no checkpoint recorded for them
+    with lg(backend_ws) as ledger:
+        assert ledger.verify().ok
+    code, report = verify(run_cli, backend_ws)
+    assert code == 1 and report["problem"].startswith(
+        "no_checkpoint: prefix_cache's last flip (seq 7) is after the newest good checkpoint, at seq 5"), report
+    assert str(backend_ws / "ledger" / "checkpoints.jsonl") in report["problem"]
+
+
+def test_plain_verify_finds_a_tail_cut_and_forged_anew(run_cli, backend_ws, keys):
+    on_then_off(run_cli, backend_ws, keys)
+    conn = unlocked(ledger_of(backend_ws))
+    conn.execute("DELETE FROM entry WHERE seq = 5")
+    conn.execute("DELETE FROM flip WHERE id = 2")
+    conn.close()
+    forge_on(backend_ws)  # seq 5 and 6 anew: as long as the ledger was, with other entries
+    code, report = verify(run_cli, backend_ws)
+    named = f"{backend_ws / 'ledger' / 'checkpoints.jsonl'}:2"
+    assert code == 1 and report["problem"].startswith("forked: entry seq 5 is") and named in report["problem"], report
+
+
+def test_a_workspace_without_checkpoints_verifies_as_before_and_says_so(run_cli, trust_ws, keys):
+    set_approvals(trust_ws)  # an older policy: checkpoint_after_flip left out, so off
+    on_then_off(run_cli, trust_ws, keys)
+    assert not (trust_ws / "ledger" / "checkpoints.jsonl").exists()
+    code, report = verify(run_cli, trust_ws)
+    assert code == 0 and report["checkpoints"] == [] and report["checkpoint_sources"] == {"workspace": 0, "given": 0}
+
+
+def test_a_given_checkpoint_is_checked_besides_the_workspaces(run_cli, trust_ws, keys, tmp_path):
+    on_then_off(run_cli, trust_ws, keys)
+    checkpoint(run_cli, trust_ws, tmp_path / "cp.json")
+    code, report = verify(run_cli, trust_ws, tmp_path / "cp.json")
+    assert code == 0 and report["checkpoint_sources"] == {"workspace": 2, "given": 1}, report
+    assert report["checkpoints"][0]["file"] == str(tmp_path / "cp.json")
+
+
+def test_a_checkpoint_that_cannot_be_recorded_does_not_lose_the_flip(run_cli, trust_ws, keys):
+    (trust_ws / "ledger" / "checkpoints.jsonl").mkdir()  # in the way: appending to it fails after the flip
+    code, result = flip(run_cli, trust_ws, "on", "--sign", keys["ana"], operator="ana")
+    assert code == 1 and result["action"] == "flipped" and result["state"] == "on", result
+    assert result["checkpoint"]["error"].startswith("checkpoint_failed: prefix_cache is on (the ledger holds the flip)")
+    assert "gatekeeper ledger checkpoint --record --sign KEY" in result["checkpoint"]["error"]
+    assert state(trust_ws) == "on"
+    (trust_ws / "ledger" / "checkpoints.jsonl").rmdir()
+    assert verify(run_cli, trust_ws)[1]["problem"].startswith("no_checkpoint: prefix_cache's last flip (seq 4) is after every checkpoint")
+    code, data = cli(run_cli, trust_ws, "ledger", "checkpoint", "--record", "--sign", keys["ana"])  # as it says
+    assert code == 0 and data["recorded"] == str(trust_ws / "ledger" / "checkpoints.jsonl") and data["seq"] == 4
+    assert verify(run_cli, trust_ws)[0] == 0
+
+
+def test_a_line_of_the_log_that_is_no_checkpoint_is_exit_2_naming_it(run_cli, trust_ws, keys):
+    on_then_off(run_cli, trust_ws, keys)
+    path = trust_ws / "ledger" / "checkpoints.jsonl"
+    path.write_text(path.read_text() + '{"type": "gatekeeper.checkpoint", "seq": 9}\n')
+    code, report = verify(run_cli, trust_ws)
+    assert code == 2 and report["error"].startswith(f"{path} line 3: field 'ledger' is missing"), report
+    good = path.read_text().splitlines(keepends=True)[:2]
+    path.write_text("".join(good) + '{"type": "gatekeeper.chec')  # a line cut short, then a record
+    assert cli(run_cli, trust_ws, "ledger", "checkpoint", "--record")[0] == 0
+    assert json.loads(path.read_text().splitlines()[-1])["seq"] == 5  # its own line, not joined to the cut one
+    code, report = verify(run_cli, trust_ws)
+    assert code == 2 and report["error"].startswith(f"{path} line 3: not a JSON checkpoint"), report
+
+
 # --- the motivating attacks --------------------------------------------------------------------
 
 
 def test_attack_a_deleting_the_last_flip_is_truncation(run_cli, backend_ws, keys, tmp_path):
+    set_approvals(backend_ws)  # a policy that records no checkpoints of its own: only the one given shows it
     on_then_off(run_cli, backend_ws, keys)
     checkpoint(run_cli, backend_ws, tmp_path / "cp.json")
     conn = unlocked(ledger_of(backend_ws))  # delete the flip that turned the flag back off, entry and row

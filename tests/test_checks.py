@@ -3,6 +3,8 @@
 import pytest
 
 from gatekeeper.battery.checks import CHECKS, Refused, check, prepare
+from gatekeeper.js.nunjucks import render
+from gatekeeper.js.value import js_lower
 from gatekeeper.workspace import Assertion
 
 CASES = [
@@ -82,3 +84,69 @@ def test_deep_json_does_not_recurse():
     nested = '{"a":' * 5000 + "1" + "}" * 5000
     assert check(Assertion(type="contains-json"), nested)
     assert check(Assertion(type="equals", value={"a": 1}), nested) is False
+
+
+@pytest.mark.parametrize("kind, value, output, expected", [
+    ("contains", "\ud83d", "a 😀", True),             # a lone surrogate is half of an emoji (UTF-16 code units)
+    ("contains", "\ude00", "a 😀", True),
+    ("contains", "\ud83d", "a b", False),
+    ("contains", "\ud83d\ude00", "😀", True),          # a pair read from escapes is the emoji
+    ("not-contains", "\ud83d", "😀", False),
+    ("starts-with", "\ud83d", "😀 hi", True),
+    ("starts-with", "\ude00", "😀 hi", False),
+    ("equals", "\ud83d\ude00", "😀", True),
+    ("equals", "\ud83d", "😀", False),
+    ("equals", {"k": "😀"}, '{"k": "\\ud83d\\ude00"}', True),
+    ("contains-any", ["x", "\ud83d"], "😀", True),
+    ("contains-all", ["\ud83d", "\ude00"], "😀", True),
+    ("icontains", "\ud83d", "😀", True),
+    ("icontains", "\ud801\udc00", "𐐨", True),         # toLowerCase sees the pair as one letter
+    ("icontains-any", ["\ua7cb"], "\u0264", True),      # a case pair Unicode added after Python's tables
+    ("icontains-all", ["ΑΣ", "İ"], "ας i\u0307", True),  # final sigma, dotted capital I
+])
+def test_strings_compare_as_javascript_strings(kind, value, output, expected):
+    assert check(Assertion(type=kind, value=value), output) is expected
+
+
+@pytest.mark.parametrize("text, lower", [
+    ("ABC", "abc"), ("ΑΣ", "ας"), ("Σ", "σ"), ("İ", "i\u0307"), ("\ud801\udc00", "\U00010428"), ("\ud83d", "\ud83d"),
+    ("\u1c89\ua7dc\U00010d50\U00016ea0", "\u1c8a\u019b\U00010d70\U00016ebb"),
+])
+def test_lower_case_is_javascripts(text, lower):
+    assert js_lower(text) == lower
+
+
+VARS = {"word": "cat", "nums": [1, 2], "obj": {"a": "b"}, "nul": None}
+
+
+@pytest.mark.parametrize("template, rendered", [
+    ("{{ missing }}", ""), ("{{ missing.a.b }}x", "x"), ("{{ obj.zz.b }}", ""), ("{{ missing[0] }}", ""),
+    ("{{ missing ~ '!' }}", "undefined!"), ("{{ 'a' + missing }}", "aundefined"), ("{{ missing + 1 }}", "NaN"),
+    ("{{ missing * 2 }}", "NaN"), ("{{ missing > 0 }}", "false"), ("{{ missing == none }}", "true"),
+    ("{{ missing | upper }}x", "x"), ("{{ missing | length }}", "0"), ("{{ missing | abs }}", "NaN"),
+    ("{{ nul | abs }}", "0"), ("{{ missing | int }}|", "|"), ("{{ missing | int(3) }}", "3"),
+    ("{{ missing | int ~ '|' }}", "undefined|"), ("{{ missing | default('d') }}", "d"), ("{{ nul | default('d') }}", ""),
+    ("{{ nul | default('d', true) }}", "d"), ("{{ missing | center(3) }}|", "   |"), ("{{ [missing, 1] }}", ",1"),
+    ("{{ [missing, nul, 1] | join('-') }}", "--1"), ("{% for i in missing %}a{% else %}e{% endfor %}", "e"),
+    ("{{ nums | join(',') }}", "1,2"), ("{{ word | upper }}", "CAT"),
+])
+def test_an_undefined_var_renders_as_nunjucks_renders_it(template, rendered):
+    assert render(template, VARS) == rendered
+
+
+@pytest.mark.parametrize("template", [
+    "{{ missing | join(',') }}", "{{ missing | trim }}", "{{ missing | first }}", "{{ 'a' in missing }}", "{{ missing() }}",
+    "{{ word | tojson }}", "{{ env.HOME }}", "{{ word | truncate(2) }}",
+])
+def test_what_nunjucks_cannot_render_is_an_error(template):
+    with pytest.raises(ValueError, match="cannot be rendered"):
+        render(template, VARS)
+
+
+def test_a_lone_surrogate_needle_is_digested_as_its_json_escape():
+    # the battery's digest holds every assertion value; a needle JavaScript allows must not stop an evaluation
+    from gatekeeper.identity import canonical_json
+
+    data = canonical_json(Assertion(type="contains", value="\ud83d 😀").model_dump(mode="json"))
+    assert b'"\\ud83d \xf0\x9f\x98\x80"' in data
+    data.decode("utf-8")  # still UTF-8

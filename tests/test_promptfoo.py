@@ -25,7 +25,7 @@ tests:
     vars: {question: "What is 2+2?"}
     assert:
       - {type: contains-any, value: "4, four"}
-      - {type: llm-rubric, value: "says four"}
+      - {type: moderation}
   - file://faq.csv
   - description: expands
     vars: {question: [one, two]}
@@ -57,28 +57,28 @@ def test_config_reads_as_a_suite(pf_ws):
                                                              ("contains-any", ["Paris", "France"])]
     assert len(colour.assert_) == 2
     assert one.vars["question"] == "one" and one.assert_[1].value == "one" and two.assert_[1].value == "two"  # templated
-    assert suite.skipped == ("arithmetic: assertion 3 (llm-rubric: not deterministic or not implemented in gatekeeper)",)
+    assert suite.skipped == ("arithmetic: assertion 3 (moderation: not deterministic or not implemented in gatekeeper)",)
 
 
 def test_unsupported_is_refused_unless_skipped(pf_ws):
     ws = Workspace(pf_ws)
-    with pytest.raises(GatekeeperError, match=r"faq.promptfoo.yaml: arithmetic: assertion 3 \(llm-rubric") as e:
+    with pytest.raises(GatekeeperError, match=r"faq.promptfoo.yaml: arithmetic: assertion 3 \(moderation") as e:
         battery.load(ws, ["faq"])
     assert "--skip-unsupported" in str(e.value)
     items = battery.load(ws, ["faq"], skip_unsupported=True)
-    assert battery.skipped(items) == ["skipped: faq/arithmetic: assertion 3 (llm-rubric: not deterministic or not implemented in gatekeeper)"]
+    assert battery.skipped(items) == ["skipped: faq/arithmetic: assertion 3 (moderation: not deterministic or not implemented in gatekeeper)"]
     assert battery.skipped(battery.load(ws, ["faq"], limit=1, skip_unsupported=True)[:0]) == []
 
 
 def test_evaluate_exits_2_then_lists_the_skipped_in_its_reasons(run_cli, pf_ws):
     args = ("--workspace", pf_ws, "evaluate", "--flag", "prefix_cache", "--engine", "tiny", "--suite", "faq", "--json")
     code, out, _ = run_cli(*args)
-    assert code == 2 and "arithmetic: assertion 3 (llm-rubric" in json.loads(out)["error"]
+    assert code == 2 and "arithmetic: assertion 3 (moderation" in json.loads(out)["error"]
     assert not (pf_ws / "ledger" / "evidence.db").exists()
     code, out, _ = run_cli(*args, "--skip-unsupported")
     outcome = json.loads(out)
     assert code in (0, 1) and outcome["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE"), out
-    assert "skipped: faq/arithmetic: assertion 3 (llm-rubric: not deterministic or not implemented in gatekeeper)" in outcome["reasons"]
+    assert "skipped: faq/arithmetic: assertion 3 (moderation: not deterministic or not implemented in gatekeeper)" in outcome["reasons"]
     code, out, _ = run_cli("--workspace", pf_ws, "ledger", "show", str(outcome["evaluation_id"]), "--json")
     assert "skipped: faq/arithmetic" in out  # the reasons are the ledger's, not only the command's
 
@@ -118,7 +118,7 @@ def _bad(ws: Path, files: dict[str, str]) -> str:
      r"test 1, assertion 1: 'value' must be a non-empty string or a number"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, assert: [{type: regex, value: '(?i)x'}]}]\n"},
      r"'value' is not a valid regular expression"),
-    ({"faq.promptfoo.yaml": "prompts: ['{{q}}', 'again {{q}}']\ntests: [{vars: {q: x}}]\n"}, r"gatekeeper maps one prompt onto the stage, found 2"),
+    ({"faq.promptfoo.yaml": "prompts: ['{{q}}', {id: 'x', lable: y}]\ntests: [{vars: {q: x}}]\n"}, r"field 'prompts.1.lable': not a promptfoo prompt key"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q | upper}}']\ntests: [{vars: {q: x}}]\n"}, r"nunjucks beyond"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\nscenarios: []\ntests: [{vars: {q: x}}]\n"}, r"field 'scenarios': not supported"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, options: {transform: output.trim()}}]\n"}, r"options.transform"),
@@ -153,12 +153,12 @@ def test_file_values_and_vars(tiny_ws):
     (folder / "faq.promptfoo.yaml").write_text(
         "prompts: ['Say {{q}}']\ntests:\n  - vars: {q: file://word.txt}\n    assert:\n"
         "      - {type: contains, value: '{{ q }}s'}\n      - {type: contains-any, value: file://words.json}\n"
-        "      - {type: equals, value: file://word.txt}\n      - {type: javascript, value: file://check.js}\n")
+        "      - {type: equals, value: file://word.txt}\n")
     suite = all_suites(Workspace(tiny_ws))["faq"]
     (case,) = suite.cases
     assert case.vars == {"q": "cat"}
     assert [a.value for a in case.assert_] == ["cats", ["dog", "cow"], "cat"]
-    assert suite.skipped == ("test 1: assertion 4 (javascript: not deterministic or not implemented in gatekeeper)",)
+    assert suite.skipped == ()
 
 
 def test_test_files_by_glob_json_and_yaml(tiny_ws):

@@ -10,33 +10,23 @@ fails the assertion with "Invalid regex pattern") and an ``equals`` with no valu
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
 from gatekeeper.battery import checks, promptfoo
-from gatekeeper.setup import promptfoo as promptfoo_build
 from gatekeeper.errors import GatekeeperError
 
-from promptfoo_table import ABSENT, ROWS, Raw, config
+from promptfoo_table import ABSENT, ROWS, Raw, config, promptfoo_results
 
-CLASSES = {"numbers", "commas", "empty", "regex", "is-json", "contains-json", "templating", "yaml", "strings"}
+CLASSES = {"numbers", "commas", "empty", "regex", "is-json", "contains-json", "templating", "yaml", "strings", "utf-16",
+           "undefined"}
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """promptfoo's outcome for every row, from one ``promptfoo eval`` (installed by ``make promptfoo``)."""
-    assert promptfoo_build.installed(), "promptfoo is not installed: run 'make promptfoo' (python -m gatekeeper.setup.promptfoo)"
-    folder = tmp_path_factory.mktemp("oracle")
-    path = folder / "oracle.promptfoo.yaml"
-    path.write_text(config(), encoding="utf-8")
-    out = folder / "out.json"
-    run = promptfoo_build.eval_config(path, out)
-    assert out.is_file(), f"promptfoo eval wrote no results (exit {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    results = {r["testIdx"]: r for r in json.loads(out.read_text(encoding="utf-8"))["results"]["results"]}
-    assert sorted(results) == list(range(len(ROWS))), "promptfoo did not grade every row"
-    return path, results
+    return promptfoo_results(tmp_path_factory.mktemp("oracle"), config(), len(ROWS))
 
 
 def _promptfoo(result: dict) -> tuple[str, str]:

@@ -414,3 +414,18 @@ def test_a_metadata_only_capture_feeds_analyze_but_not_replay(tmp_path):
     assert [r.size for r in requests] == [len(t) for t in texts] and requests[0].blocks[:3] == requests[1].blocks[:3]
     with pytest.raises(GatekeeperError, match="metadata-only line"):
         capture.read(cap)  # replay needs the prompt itself
+
+
+@pytest.mark.slow
+def test_a_served_engine_names_its_stages_and_streams_to_the_proxy(server, workspace, run_cli, tmp_path):
+    from served import evaluate, served_ws
+
+    cap = tmp_path / "staged.jsonl"
+    with proxy(server, cap) as (where, proc):
+        ws = served_ws(workspace, served=f"adapter: http\nurl: http://{where}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        code, out = evaluate(run_cli, ws, "served", "--limit", "1")
+        assert code in (0, 1), out
+        # case a: twice with the flag off, once on; and each of those three sessions warms the stage's static prefix once
+        got = lines(cap, 6)
+    assert len(got) == 6 and {g["stage"] for g in got} == {"tiny"}  # the suite's stage, not one named after the model
+    assert sorted(g["stream"] for g in got) == ["default"] * 3 + ["tiny/a"] * 3  # a warm-up belongs to no conversation

@@ -97,7 +97,7 @@ def test_hybrid_boundary_snapshots_round_trip(hybrid_ws, home, run_cli, forwarde
 
     # The comparison has teeth: a loaded snapshot one position off changes the answers.
     from gatekeeper.engines.mlx import MLXKV
-    from gatekeeper.engines.torch import TorchKV
+    from gatekeeper.engines.torch_kv import TorchKV
 
     ops = TorchKV if engine == "hybrid" else MLXKV
     monkeypatch.setattr(ops, "load", lambda self, path, real=ops.load: shift_conv_windows(real(self, path)))

@@ -28,6 +28,15 @@ def db_of(ws: Path) -> Path:
     return ws / "ledger" / "evidence.db"
 
 
+@pytest.fixture
+def workspace(workspace: Path) -> Path:
+    """The flips here are written straight into the ledger, no checkpoint after them: so a policy that wants
+    none (under the shipped one's checkpoint_after_flip, verify would also name each such flip uncovered)."""
+    policy = workspace / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace(", checkpoint_after_flip: true", ""))
+    return workspace
+
+
 def fill(db: Path | str) -> None:
     """A small ledger with one record of most kinds (at a SQLite file, or any ledger URL), closed (its WAL folded
     back into the file)."""

@@ -1,6 +1,7 @@
 """The battery: suites as the gate runs them. Loading them (gatekeeper YAML suites and promptfoo configs,
 one home: ``load``), rendering their prompts as written or static-first (``partition``), and checking
-assertions on outputs (``checks``, with promptfoo's meaning for the types both share).
+assertions on outputs (``checks``, with promptfoo's meaning for the types both share; model-graded ones
+in ``graded``, embedding similarity in ``similar``).
 
-Imports: errors, identity, workspace, js, cache.
+Imports: errors, identity, workspace, js, cache, setup.
 """

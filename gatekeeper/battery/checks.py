@@ -1,9 +1,10 @@
 """Assertion types: each one a pure function of the model's output text.
 
 The types promptfoo also has (``SHARED``) mean exactly what promptfoo 0.123.1 means, down to how a
-numeric value prints, how a comma-separated list splits, JavaScript's RegExp and JSON.parse, and which
-values it refuses (refused here at load, exit 2, where promptfoo would error at run time); a ``not-``
-prefix inverts any of them. tests/test_promptfoo_oracle.py proves it against promptfoo itself.
+numeric value prints, how a comma-separated list splits, JavaScript's RegExp and JSON.parse, strings compared
+as UTF-16 code units and lower-cased by toLowerCase, and which values it refuses (refused here at load,
+exit 2, where promptfoo would error at run time); a ``not-`` prefix inverts any of them.
+tests/test_promptfoo_oracle.py proves it against promptfoo itself.
 ``one-of``, ``max-length`` and ``min-length`` are gatekeeper's own (promptfoo has no such types).
 """
 
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..js import regex, yaml as jsyaml
-from ..js.value import JSONError, deep_equal, is_js_space, is_json, js_string, js_trim, parse_json, truthy
+from ..js.value import (JSONError, code_units, deep_equal, is_js_space, is_json, js_lower, js_string, js_trim,
+                        parse_json, truthy)
 from ..workspace import Assertion, Suite
 
 
@@ -114,7 +116,7 @@ def _equals(v: Any) -> tuple[str, Any]:
 def _equals_check(out: str, prepared: tuple[str, Any]) -> bool:
     kind, v = prepared
     if kind == "text":
-        return out == v
+        return out == v or code_units(out) == code_units(v)
     try:
         return deep_equal(v, parse_json(out))
     except JSONError:
@@ -138,17 +140,33 @@ def _length(v: Any) -> int:
     raise Refused("'value' must be a non-negative integer")
 
 
+def _units(prepare: Callable[[Any], Any], fold: Callable[[str], str] = str) -> Callable[[Any], Any]:
+    """Needles (one, or a list) as JavaScript compares them: UTF-16 code units, lower-cased first for i-types."""
+    def prepared(v: Any) -> list[str]:
+        v = prepare(v)
+        return [code_units(fold(s)) for s in (v if isinstance(v, list) else [v])]
+    return prepared
+
+
+def _found(fold: Callable[[str], str] = str, quantifier: Callable = all) -> Callable[[str, list[str]], bool]:
+    """JavaScript's ``output.includes(needle)`` (lower-cased first for i-types) for all or any needle."""
+    def check(out: str, needles: list[str]) -> bool:
+        hay = code_units(fold(out))
+        return quantifier(n in hay for n in needles)
+    return check
+
+
 # base type -> (prepare(value) -> prepared, check(output, prepared) -> bool)
 SHARED: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool]]] = {
     "equals": (_equals, _equals_check),
-    "contains": (_needle("contains"), lambda out, v: v in out),
-    "icontains": (_needle("icontains"), lambda out, v: v.lower() in out.lower()),
-    "starts-with": (_text("starts-with"), lambda out, v: out.startswith(v)),
+    "contains": (_units(_needle("contains")), _found()),
+    "icontains": (_units(_needle("icontains"), js_lower), _found(js_lower)),
+    "starts-with": (_units(_text("starts-with")), lambda out, v: code_units(out).startswith(v[0])),
     "regex": (_regex, lambda out, r: r.search(out)),
-    "contains-any": (_many, lambda out, v: any(s in out for s in v)),
-    "contains-all": (_many, lambda out, v: all(s in out for s in v)),
-    "icontains-any": (_many, lambda out, v: any(s.lower() in out.lower() for s in v)),
-    "icontains-all": (_many, lambda out, v: all(s.lower() in out.lower() for s in v)),
+    "contains-any": (_units(_many), _found(quantifier=any)),
+    "contains-all": (_units(_many), _found()),
+    "icontains-any": (_units(_many, js_lower), _found(js_lower, any)),
+    "icontains-all": (_units(_many, js_lower), _found(js_lower)),
     "is-json": (_no_schema, lambda out, v: is_json(out)),
     "contains-json": (_no_schema, lambda out, v: jsyaml.has_json_object(out)),
 }
@@ -164,6 +182,14 @@ CHECKS = {**SHARED, **{f"not-{t}": SHARED[t] for t in SHARED}, **GATEKEEPER_ONLY
 # A module exposes ``prepare(assertion) -> Any`` (raises Refused at load) and
 # ``evaluate(assertion, output, context) -> dict`` (``{"pass": bool, ...}``; raises Refused when it cannot decide).
 EVALUATED_BY: dict[str, str] = {}
+EVALUATED_BY["javascript"] = EVALUATED_BY["python"] = "scripted"  # the suite's own code, in a worker process
+EVALUATED_BY.update(dict.fromkeys(("llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval",
+                                    "answer-relevance", "context-faithfulness", "context-recall", "context-relevance"),
+                                   "graded"))  # judged by the policy's grader (an engine profile, greedy)
+EVALUATED_BY.update(dict.fromkeys(("similar", "similar:cosine", "similar:dot", "similar:euclidean"), "similar"))  # local embeddings
+# promptfoo's scored text metrics, computed as promptfoo computes them
+EVALUATED_BY.update(dict.fromkeys(("levenshtein", "bleu", "gleu", "rouge-n", "word-count", "is-refusal", "contains-html"),
+                                   "scored"))
 
 
 @dataclass(frozen=True)

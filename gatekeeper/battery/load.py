@@ -2,21 +2,23 @@
 
 Assertion values are templated from the case's vars here (``{{ var }}``, as promptfoo does); promptfoo
 suites arrive templated already, from their typed vars. A promptfoo assertion gatekeeper cannot
-evaluate stops the load (exit 2) unless the workspace skips them (``evaluate --skip-unsupported``);
-the skipped ones are then listed in the evaluation's reasons (``skipped:``).
+evaluate stops the load (exit 2), in any case of the chosen suites whatever ``--limit`` runs, unless the
+workspace skips them (``evaluate --skip-unsupported``); the skipped ones are then listed in the evaluation's
+reasons (``skipped:``), as are ``cost`` and ``latency`` assertions, which are always left out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from weakref import WeakKeyDictionary
 
 from ..js import nunjucks
 from .checks import validate_suite
 from ..errors import GatekeeperError
-from ..identity import digest
+from ..identity import digest, sha256_hex
 from .partition import missing_vars
-from ..workspace import ASSERTIONS, Case, Suite, Workspace, parse
+from ..workspace import ASSERTIONS, Case, Suite, Workspace, parse, read_yaml
 from . import promptfoo
 
 
@@ -31,13 +33,31 @@ def all_suites(ws: Workspace) -> dict[str, Suite]:
 
 
 def _read(ws: Workspace) -> dict[str, Suite]:
-    out: dict[str, Suite] = {}
+    """``assertions/*.yaml``: promptfoo configs (``*.promptfoo.yaml``), suites that point at one (``promptfoo:``),
+    and gatekeeper suites; a file a promptfoo config reads (its tests beside it) is none of them."""
+    configs, pointers, rest = [], [], []
     for path in ws.files(ASSERTIONS):
-        suite = promptfoo.load_suite(path, ws.root) if promptfoo.is_config(path) else parse(Suite, path, path=path)
-        if suite.promptfoo is not None and not suite.cases:
-            suite = promptfoo.with_cases(suite, ws.root)
+        data = None if promptfoo.is_config(path) else read_yaml(path)
+        (configs if data is None else pointers if isinstance(data, dict) and "promptfoo" in data else rest).append((path, data))
+    found: list[Suite] = []
+    used: set[Path] = set()
+    for path, _ in configs:
+        found += promptfoo.load_suites(path, promptfoo.config_name(path))
+        used |= promptfoo.referenced(path)
+    for path, data in pointers:
+        if "prompt" in data:  # its own prompt: only the config's tests are read
+            found.append(promptfoo.with_cases(parse(Suite, path, path=path), ws.root))
+        else:
+            found += promptfoo.pointed(path, data, ws.root)
+        config = promptfoo.config_file(data["promptfoo"], path, ws.root)
+        used |= {config.resolve(), *promptfoo.referenced(config)}
+    found += [parse(Suite, path, path=path) for path, _ in rest if path.resolve() not in used]
+    out: dict[str, Suite] = {}
+    for suite in found:
+        path = suite.path
         if suite.suite in out:
-            raise GatekeeperError(f"{path}: field 'suite': {suite.suite!r} is already defined by {out[suite.suite].path}; rename one")
+            raise GatekeeperError(f"{path}: suite {suite.suite!r} is already defined by {out[suite.suite].path}; rename one"
+                                  + (" (a promptfoo config's suites are named after it and its prompts' labels)" if suite.promptfoo else ""))
         for seg_no, seg in enumerate(suite.prompt):
             if seg.file and not (path.parent / seg.file).is_file() and not (ws.root / seg.file).is_file():
                 raise GatekeeperError(f"{path}: field 'prompt.{seg_no}.file': {seg.file} not found (relative to the workspace or the suite's folder)")
@@ -73,20 +93,19 @@ def load(ws: Workspace, suites: list[str] | None = None, limit: int | None = Non
         raise GatekeeperError(f"battery invalid ({where}):\n  " + "\n  ".join(problems))
     if limit is not None and limit < 1:
         raise GatekeeperError("--limit must be at least 1")
-    items = [Item(available[name], case) for name in chosen for case in rendered[name][0].cases[:limit]]
-    ids = {i.case.id for i in items}
-    unsupported = [f"{available[name].path}: {s}" for name in chosen for s in available[name].skipped if s.split(": assertion ")[0] in ids]
+    # every case of the chosen suites is checked, whatever --limit runs: a clean run means the suites load
+    unsupported = list(dict.fromkeys(f"{available[name].path}: {s}" for name in chosen for s in available[name].skipped))
     if unsupported and not skip_unsupported:
         raise GatekeeperError("promptfoo assertions gatekeeper cannot evaluate deterministically:\n  " + "\n  ".join(unsupported)
                               + "\nremove them, or pass --skip-unsupported to evaluate without them")
-    return items
+    return [Item(available[name], case) for name in chosen for case in rendered[name][0].cases[:limit]]
 
 
 def skipped(items: list[Item]) -> list[str]:
-    """``skipped:`` reasons: the promptfoo assertions of these cases that were left out."""
+    """``skipped:`` reasons: the promptfoo assertions of these cases that were left out (cost and latency always)."""
     ids = {(i.suite.suite, i.case.id) for i in items}
     suites = {i.suite.suite: i.suite for i in items}
-    return [f"skipped: {name}/{s}" for name, suite in suites.items() for s in suite.skipped
+    return [f"skipped: {name}/{s}" for name, suite in suites.items() for s in (*suite.skipped, *suite.call_metrics)
             if (name, s.split(": assertion ")[0]) in ids]
 
 
@@ -109,13 +128,32 @@ def _templated(suite: Suite) -> tuple[Suite, list[str]]:
 
 
 def battery_digest(ws: Workspace, items: list[Item]) -> str:
-    """Content digest of exactly what runs: suites (with segment file texts) and the chosen cases."""
+    """Content digest of exactly what runs: suites (with segment file texts and assertion scripts) and the
+    chosen cases."""
     suites = {i.suite.suite: i.suite for i in items}
-    return digest({
-        name: {
-            "suite": s.model_dump(mode="json", by_alias=True),
-            "texts": [ws.segment_text(s, seg) for seg in s.prompt],
-            "cases": [i.case.id for i in items if i.suite.suite == name],
-        }
-        for name, s in sorted(suites.items())
-    })
+    out = {}
+    for name, s in sorted(suites.items()):
+        dumped, scripts = _scripts(ws, s.model_dump(mode="json", by_alias=True))
+        out[name] = {"suite": dumped, "texts": [ws.segment_text(s, seg) for seg in s.prompt], "scripts": scripts,
+                     "cases": [i.case.id for i in items if i.suite.suite == name]}
+    if not any(v["scripts"] for v in out.values()):  # batteries without scripts keep the digest they always had
+        for v in out.values():
+            del v["scripts"]
+    return digest(out)
+
+
+def _scripts(ws: Workspace, suite: dict) -> tuple[dict, dict[str, str]]:
+    """The suite with its script paths made relative to the workspace (evidence survives a moved checkout),
+    and each script's content digest (an edited script makes the evidence stale)."""
+    scripts: dict[str, str] = {}
+    for case in suite.get("cases", []):
+        for a in case.get("assert", []):
+            value = a.get("value")
+            if a["type"].removeprefix("not-") in ("javascript", "python") and isinstance(value, str) and value.startswith("file://"):
+                path = Path(value[len("file://"):].partition(":")[0])
+                if path.is_relative_to(ws.root):
+                    a["value"] = "file://" + value[len("file://"):].replace(str(ws.root) + "/", "", 1)
+                    path = path.relative_to(ws.root)
+                file = ws.root / path
+                scripts[str(path)] = sha256_hex(file.read_bytes()) if file.is_file() else ""
+    return suite, scripts

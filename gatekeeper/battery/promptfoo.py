@@ -1,11 +1,17 @@
 """promptfoo configs as gatekeeper suites, read as promptfoo 0.123.1 reads them.
 
-A suite is ``assertions/NAME.promptfoo.yaml`` (its one ``prompts`` entry becomes the stage prompt NAME)
-or a gatekeeper suite with ``promptfoo: FILE`` (its own prompt; the config's tests are its cases). Tests
-come inline, from ``file://`` YAML/JSON lists, or CSV rows with ``__expected`` columns; ``defaultTest``
-vars and assertions merge in as promptfoo merges them, array vars expand into one case each, and
-values are templated from the test's vars. An assertion gatekeeper cannot evaluate deterministically
-is kept aside in ``Suite.skipped``: battery.load refuses it unless ``--skip-unsupported``.
+A config is ``assertions/NAME.promptfoo.yaml``, or any config a pointer suite names (``assertions/NAME.yaml``
+holding ``suite: NAME`` and ``promptfoo: FOLDER/promptfooconfig.yaml``, no prompt). Each of its prompts
+(battery/promptfoo_prompts.py) becomes its own suite and stage running every test its ``prompts:`` allows:
+NAME alone for one prompt, NAME.LABEL for several. A gatekeeper suite with its own prompt and
+``promptfoo: FILE`` takes only FILE's tests.
+
+Tests come inline, from local YAML/JSON/JSONL/CSV files (CSV ``__expected`` columns), ``defaultTest``
+merges in as promptfoo merges it, ``$ref`` pointers (``assertionTemplates``) are resolved, array vars
+expand into one case each, and values are templated from the test's vars. Whatever promptfoo gives a
+meaning gatekeeper cannot honour is refused (exit 2) naming the file, the field and the fix; an assertion
+gatekeeper cannot evaluate is kept aside in ``Suite.skipped`` (battery.load refuses it unless
+``--skip-unsupported``), and ``cost``/``latency`` (about the call, not the output) in ``Suite.call_metrics``.
 """
 
 from __future__ import annotations
@@ -14,15 +20,19 @@ import csv
 import io
 import itertools
 import json
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from . import checks
 from ..js import yaml as jsyaml, nunjucks
 from ..errors import GatekeeperError
 from ..js.value import js_string, js_trim
-from ..workspace import Assertion, Case, Segment, Suite, read_text, read_yaml
+from ..workspace import Assertion, Case, Decoding, Suite, read_text, read_yaml
+from .promptfoo_prompts import SCRIPT_SUFFIXES, glob_files, has_magic, matches, read_prompts, warn
 
 SUFFIXES = (".promptfoo.yaml", ".promptfoo.yml")
 # promptfoo's assertion types (BaseAssertionTypesSchema and the special ones), for telling a type
@@ -38,13 +48,29 @@ PROMPTFOO_TYPES = (
     "trajectory:tool-sequence trajectory:tool-used trace-error-spans trace-span-count trace-span-duration "
     "search-rubric webhook word-count").split()
 SPECIAL_TYPES = ("select-best", "human", "max-score", "assert-set")
-# config keys that do not change what an assertion means
-IGNORED_KEYS = {"description", "providers", "targets", "outputPath", "sharing", "env", "evaluateOptions",
-                "commandLineOptions", "metadata", "tags", "writeLatestResults", "tracing", "derivedMetrics", "prompts"}
+CALL_METRICS = {"cost": "what the call cost", "latency": "how long the call took"}  # not properties of the output
+# top-level keys: read; silent (they choose or describe providers and reports, which the engine and the
+# ledger replace); warned (promptfoo uses them, gatekeeper does not, what is graded stays the same);
+# refused (they change what is graded and gatekeeper cannot honour them: the fix)
+READ_KEYS = {"prompts", "tests", "defaultTest"}
+SILENT_KEYS = {"description", "tags", "metadata", "providers", "targets", "outputPath", "sharing", "env",
+               "writeLatestResults", "tracing", "assertionTemplates"}
+WARNED_KEYS = {"evaluateOptions": "run settings (repeat, delay, concurrency); gatekeeper's own policy sets these",
+               "commandLineOptions": "defaults for promptfoo's command line; gatekeeper has its own",
+               "derivedMetrics": "metrics computed from assertion scores; gatekeeper records each assertion's outcome"}
+REFUSED_KEYS = {"scenarios": "list the tests themselves under 'tests'", "nunjucksFilters": "render the values in the config",
+                "extensions": "hooks run JavaScript or Python", "redteam": "generate the tests first ('promptfoo redteam generate')",
+                "plugins": "generate the tests first ('promptfoo redteam generate')",
+                "strategies": "generate the tests first ('promptfoo redteam generate')"}
 TEST_KEYS = {"description", "vars", "assert", "options", "threshold", "metadata", "provider", "providers", "prompts"}
 ASSERTION_KEYS = {"type", "value", "threshold", "weight", "metric", "provider", "rubricPrompt", "config",
                   "transform", "contextTransform"}
-CHANGES_OUTPUT = ("transform", "postprocess", "prefix", "suffix")  # test options that change what is graded
+# test options: changing what is graded (refused), read (grading settings and expansion), and the rest promptfoo
+# uses for running, not grading (ignored)
+CHANGES_OUTPUT = ("transform", "postprocess", "prefix", "suffix", "transformVars", "storeOutputAs")
+GRADING_OPTIONS = ("provider", "rubricPrompt", "factuality")
+RUN_OPTIONS = {"disableVarExpansion", "disableDefaultAsserts", "disableConversationVar", "runSerially", "repeat"}
+REMOTE = re.compile(r"^(https?|huggingface|hf|az|s3|gs)://", re.I)
 _CSV_EXPECTED = re.compile(r"^(not-)?(" + "|".join(re.escape(t) for t in PROMPTFOO_TYPES) + r")(?:\((\d+(?:\.\d+)?)\))?(?::([\s\S]*))?$")
 
 
@@ -53,17 +79,53 @@ def is_config(path: Path) -> bool:
 
 
 def _read(path: Path) -> dict:
+    """The config with its ``$ref`` pointers resolved; its top-level keys read, ignored, warned of or refused."""
     data = read_yaml(path, jsyaml.load)
     if not isinstance(data, dict):
         raise GatekeeperError(f"{path}: expected a promptfoo config (a mapping with 'tests', 'prompts', ...) at the top level")
-    refused = {"scenarios": "list the tests themselves", "nunjucksFilters": "render the values in the config",
-               "extensions": "hooks run JavaScript or Python", "redteam": "generate the tests first"}
     for key in data:
-        if key in refused:
-            raise GatekeeperError(f"{path}: field '{key}': not supported by gatekeeper ({refused[key]}); remove it")
-        if key not in IGNORED_KEYS | {"tests", "defaultTest"}:
-            raise GatekeeperError(f"{path}: field '{key}': not a promptfoo config key gatekeeper knows; remove it or check its spelling")
-    return data
+        if key in REFUSED_KEYS:
+            raise GatekeeperError(f"{path}: field '{key}': not supported by gatekeeper; {REFUSED_KEYS[key]}, and remove it")
+        if key in WARNED_KEYS:
+            warn(str(path), f"field '{key}' is ignored: {WARNED_KEYS[key]}")
+        elif key not in READ_KEYS | SILENT_KEYS:
+            warn(str(path), f"field '{key}' is ignored: not a promptfoo config key (promptfoo ignores it too); check its spelling")
+    providers = data.get("providers", data.get("targets"))
+    if isinstance(providers, list) and any(isinstance(p, dict) and "prompts" in p for p in providers):
+        warn(str(path), "a provider's 'prompts' is ignored: the engine profile replaces the providers, and it runs every prompt")
+    return _deref(data, path)
+
+
+def _deref(data: Any, path: Path) -> Any:
+    """``{$ref: "#/a/b"}`` replaced by what the pointer names (its other keys merged over it), as promptfoo's
+    json-schema-ref-parser does within one file; a reference to another file is refused."""
+
+    def resolve(node: Any, trail: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [resolve(v, trail) for v in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if not isinstance(ref, str):
+            return {k: resolve(v, trail) for k, v in node.items()}
+        if not ref.startswith("#"):
+            raise GatekeeperError(f"{path}: $ref {ref!r}: gatekeeper resolves references within the file (#/...); "
+                              "copy the referenced part into this file or load it with file://")
+        if ref in trail:
+            raise GatekeeperError(f"{path}: $ref {ref!r} refers to itself; fix the reference")
+        target: Any = data
+        for part in [unquote(p).replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]]:
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                raise GatekeeperError(f"{path}, line {_line(path, ref)}: $ref {ref!r}: no such entry in the file; fix the reference")
+        target = resolve(target, (*trail, ref))
+        extra = {k: resolve(v, trail) for k, v in node.items() if k != "$ref"}
+        return {**target, **extra} if extra and isinstance(target, dict) else target
+
+    return resolve(data, ())
 
 
 def _line(path: Path, needle: str) -> int | None:
@@ -76,24 +138,37 @@ def _line(path: Path, needle: str) -> int | None:
     return text.count("\n", 0, at) + 1 if at >= 0 else None
 
 
+def _at(path: Path, needle: str) -> str:
+    line = _line(path, needle)
+    return f"{path}" + (f", line {line}" if line else "")
+
+
 def _file(ref: str, base: Path, within: Path) -> Path:
     """A ``file://`` reference relative to the config that holds it; missing is exit 2 naming where."""
-    path = (base / ref[len("file://"):]).resolve()
+    path = (base / ref.removeprefix("file://")).resolve()
     if not path.is_file():
-        line = _line(within, ref)
-        where = f"{within}" + (f", line {line}" if line else "")
-        raise GatekeeperError(f"{where}: {ref} not found (relative to {base}); fix the path")
+        raise GatekeeperError(f"{_at(within, ref)}: {ref} not found (relative to {base}); fix the path")
     return path
+
+
+def _remote(ref: str, within: Path, field: str, fix: str) -> None:
+    if REMOTE.match(ref):
+        raise GatekeeperError(f"{_at(within, ref)}: field '{field}': {ref} is fetched over the network, which gatekeeper "
+                              f"does not do (evidence must not depend on what a server returns today); {fix}")
 
 
 # --- tests ---------------------------------------------------------------------------------------
 
 
 class _Test:
-    """One promptfoo test before merging: its raw mapping and where it came from, for messages."""
+    """One promptfoo test before merging: its raw mapping, where it came from (for messages) and the folder
+    its ``file://`` vars are relative to (the file that holds it, as promptfoo reads them)."""
 
-    def __init__(self, raw: Any, where: str, csv_line: int | None = None):
-        self.raw, self.where, self.csv_line = raw, where, csv_line
+    def __init__(self, raw: Any, where: str, csv_line: int | None = None, base: Path | None = None):
+        self.raw, self.where, self.csv_line, self.base = raw, where, csv_line, base
+
+
+TESTS_FIX = "export the tests to a CSV, YAML or JSON file beside the config and point 'tests:' at it"
 
 
 def _tests(config: dict, path: Path) -> list[_Test]:
@@ -101,35 +176,64 @@ def _tests(config: dict, path: Path) -> list[_Test]:
     entries = tests if isinstance(tests, list) else [tests]
     out: list[_Test] = []
     for n, entry in enumerate(entries, 1):
-        if isinstance(entry, str) and entry.startswith("file://") and any(c in entry for c in "*?["):
-            matches = sorted(p for p in path.parent.glob(entry[len("file://"):]) if p.is_file())
-            if not matches:
-                raise GatekeeperError(f"{path}, line {_line(path, entry)}: {entry} matches no file (relative to {path.parent}); fix the pattern")
-            out += [t for match in matches for t in _test_file(match, path)]
-        elif isinstance(entry, str) and entry.startswith("file://"):
-            out += _test_file(_file(entry, path.parent, path), path)
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and not set(entry) & {"vars", "assert"}:
+            if entry.get("config") is not None:  # promptfoo's TestGeneratorConfig
+                raise GatekeeperError(f"{path}: field 'tests.{n - 1}.config': tests generated with a config are not supported; {TESTS_FIX}")
+            entry = entry["path"]
+        if isinstance(entry, str):
+            out += [t for file in _test_files(entry, path, f"tests.{n - 1}" if isinstance(tests, list) else "tests")
+                    for t in _test_file(file, path)]
         elif isinstance(entry, dict):
-            out.append(_Test(entry, f"{path}, test {n}"))
+            out.append(_Test(entry, f"{path}, test {n}", base=path.parent))
         else:
-            raise GatekeeperError(f"{path}: field 'tests.{n - 1}': a test is a mapping or a file:// reference, not {entry!r}")
+            raise GatekeeperError(f"{path}: field 'tests.{n - 1}': a test is a mapping or a file reference, not {entry!r}")
     if not out:
         raise GatekeeperError(f"{path}: field 'tests': no tests; add at least one")
     return out
 
 
+def _test_files(ref: str, path: Path, field: str) -> list[Path]:
+    """The local files a ``tests`` string names (``file://`` optional, as in promptfoo; a glob matches several)."""
+    _remote(ref, path, field, TESTS_FIX)
+    local = ref.removeprefix("file://")
+    name = local.split("#")[0]
+    if name.lower().endswith(SCRIPT_SUFFIXES) or re.search(r"\.(c|m)?[jt]s:|\.py:", local):
+        raise GatekeeperError(f"{_at(path, ref)}: field '{field}': {ref} generates tests by running code, which gatekeeper "
+                              f"does not do; {TESTS_FIX}")
+    if name.lower().endswith((".xlsx", ".xls")):
+        raise GatekeeperError(f"{_at(path, ref)}: field '{field}': {ref}: gatekeeper reads no spreadsheets; save it as CSV "
+                              "and point 'tests:' at the CSV file")
+    if has_magic(local):
+        matches = glob_files(path.parent, local)
+        if not matches:
+            raise GatekeeperError(f"{_at(path, ref)}: {ref} matches no file (relative to {path.parent}); fix the pattern")
+        return matches
+    return [_file(ref, path.parent, path)]
+
+
 def _test_file(path: Path, config: Path) -> list[_Test]:
-    if path.suffix.lower() == ".csv":
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
         return _csv_tests(path)
-    if path.suffix.lower() not in (".yaml", ".yml", ".json"):
-        raise GatekeeperError(f"{config}: {path.name}: tests are read from YAML, JSON or CSV files; "
+    if suffix == ".jsonl":
+        rows = []
+        for n, line in enumerate(read_text(path).splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise GatekeeperError(f"{path}, line {n}: not JSON ({e.msg}); fix the line") from None
+    elif suffix in (".yaml", ".yml", ".json"):
+        data = _deref(read_yaml(path, jsyaml.load), path)
+        rows = data if isinstance(data, list) else [data]
+    else:
+        raise GatekeeperError(f"{config}: {path.name}: tests are read from YAML, JSON, JSONL or CSV files; "
                               "gatekeeper runs no test generators (JavaScript, Python)")
-    data = read_yaml(path, jsyaml.load)
-    rows = data if isinstance(data, list) else [data]
     out = []
     for n, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             raise GatekeeperError(f"{path}: test {n} is not a mapping; fix the file")
-        out.append(_Test({**row, "description": row.get("description") or f"Row #{n}"}, f"{path}, test {n}"))
+        out.append(_Test({**row, "description": row.get("description") or f"Row #{n}"}, f"{path}, test {n}", base=path.parent))
     return out
 
 
@@ -157,6 +261,7 @@ def _csv_tests(path: Path) -> list[_Test]:
             raise GatekeeperError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}; fix the row")
         where = f"{path}, line {line}"
         test: dict[str, Any] = {"vars": {}, "assert": []}
+        configs: dict[int, float] = {}
         for key, value in zip(header, row):
             if key.startswith("__expected"):
                 if js_trim(value):
@@ -167,24 +272,49 @@ def _csv_tests(path: Path) -> list[_Test]:
                 raise GatekeeperError(f"{where}: column {key}: not supported by gatekeeper (it changes what is graded); remove it")
             elif key == "__metric":
                 test["metric"] = value
-            elif not key.startswith(("__metadata", "__config", "__threshold")):
+            elif key.startswith("__config:"):
+                index, threshold = _csv_config(key, value, where)
+                configs[index] = threshold
+            elif not key.startswith(("__metadata", "__threshold")):
                 test["vars"][key] = value
         metric = test.pop("metric", None)
-        for a in test["assert"]:
+        for n, a in enumerate(test["assert"]):
             a["metric"] = metric
-        out.append(_Test(test, where, csv_line=line))
+            if n in configs:  # counted over the non-empty __expected cells, as promptfoo counts them
+                a["threshold"] = configs[n]
+        out.append(_Test(test, where, csv_line=line, base=path.parent))
         line = reader.line_num + 1
     return out
 
 
+_FINITE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _csv_config(key: str, value: str, where: str) -> tuple[int, float]:
+    """A ``__config:__expected<N>:threshold`` column: the index of the assertion it sets, and the threshold."""
+    parts = key[len("__config:"):].split(":")
+    m = re.fullmatch(r"__expected(\d*)", parts[0]) if len(parts) == 2 else None
+    if not m or m.group(1) and int(m.group(1)) < 1 or parts[1] != "threshold":
+        raise GatekeeperError(f"{where}: column {key}: write __config:__expected:threshold or __config:__expected<N>:threshold")
+    number = float(js_trim(value)) if _FINITE.fullmatch(js_trim(value)) else math.nan
+    if not math.isfinite(number):
+        raise GatekeeperError(f"{where}: column {key}: {value!r} is not a number; write the threshold, e.g. 0.8")
+    return (int(m.group(1)) - 1 if m.group(1) else 0), number
+
+
 def _from_string(expected: str, where: str) -> dict:
     """promptfoo's assertionFromString: ``type:value``, ``not-type:value`` or else ``equals`` the text."""
-    if expected.startswith(("javascript:", "fn:", "eval:")) or re.match(r"file://.*\.(c|m)?(j|t)s(:|$)", expected):
-        return {"type": "javascript", "value": expected}
+    if expected.startswith(("javascript:", "fn:", "eval:")) or re.fullmatch(r"file://.*\.[cm]?[jt]s", expected, re.I | re.S):
+        prefix = next((p for p in ("javascript:", "fn:", "eval:") if expected.startswith(p)), "")
+        return {"type": "javascript", "value": js_trim(expected[len(prefix):])}
     if expected.startswith(("grade:", "llm-rubric:")):
         return {"type": "llm-rubric", "value": expected}
-    if expected.startswith("python:") or (expected.startswith("file://") and (expected.endswith(".py") or ".py:" in expected)):
-        return {"type": "python", "value": expected}
+    if expected.startswith("python:"):
+        return {"type": "python", "value": js_trim(expected[len("python:"):])}
+    if expected.startswith("file://") and (expected.endswith(".py") or ".py:" in expected):
+        raise GatekeeperError(f"{where}: __expected {expected!r}: promptfoo reads it as the Python code "
+                              f"{expected[len('file://'):]!r} (it drops only 'file://'), which never passes; "
+                              f"write 'python:{expected}' to run the file")
     m = _CSV_EXPECTED.match(expected)
     if not m:
         return {"type": "equals", "value": expected}
@@ -236,8 +366,9 @@ def _prompt_var(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":")) if isinstance(v, (dict, list)) else js_string(v)
 
 
-def _assertion(raw: Any, vars: dict, config: Path, where: str) -> Assertion | str:
-    """An Assertion gatekeeper checks, or why it cannot (a str, for Suite.skipped)."""
+def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | None = None) -> Assertion | str:
+    """An Assertion gatekeeper checks, or why it cannot (a str, for Suite.skipped). ``grading``: the test's
+    grading options (provider, rubricPrompt, ...), which the assertion's own override (promptfoo's getFinalTest)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise GatekeeperError(f"{where}: an assertion is a mapping with a 'type'; fix {raw!r}")
     unknown = sorted(set(raw) - ASSERTION_KEYS - ({"assert"} if raw["type"] == "assert-set" else set()))
@@ -257,10 +388,14 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str) -> Assertion | st
     if raw.get("weight") == 0:
         return f"{kind}: weight 0 (promptfoo passes it whatever the output)"
     value = raw.get("value")
-    if isinstance(value, str) and (value.startswith("package:") or value.startswith("file://") and Path(
+    script = base_type in ("javascript", "python") and isinstance(value, str) and value.startswith("file://")
+    if not script and isinstance(value, str) and (value.startswith("package:") or value.startswith("file://") and Path(
             value[len("file://"):].split(":")[0]).suffix.lower() not in (".txt", ".json", ".yaml", ".yml")):
         return f"{kind}: its value comes from a script ({value})"
-    if isinstance(value, str) and value.startswith("file://"):  # promptfoo's processFileReference: not templated
+    if script:  # the script is the value: its path resolved against the config's folder, its function kept
+        path, colon, function = value[len("file://"):].partition(":")
+        value = f"file://{_file('file://' + path, config.parent, config)}{colon}{function}"
+    elif isinstance(value, str) and value.startswith("file://"):  # promptfoo's processFileReference: not templated
         path = _file(value, config.parent, config)
         value = js_trim(read_text(path)) if path.suffix.lower() == ".txt" else read_yaml(path, jsyaml.load)
     else:
@@ -270,8 +405,18 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str) -> Assertion | st
             raise GatekeeperError(f"{where}: {e}; fix the value") from None
     if base_type in ("is-json", "contains-json") and checks.truthy(value):
         return f"{kind}: JSON schema validation (ajv) is not implemented in gatekeeper"
-    metric = raw.get("metric")
-    a = Assertion(type=kind, value=value, name=metric if isinstance(metric, str) else None)
+    metric, threshold = raw.get("metric"), raw.get("threshold")
+    if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)):
+        raise GatekeeperError(f"{where}: field 'threshold' must be a number, not {threshold!r}; fix it")
+    options = {}
+    if base_type in checks.EVALUATED_BY:  # what a graded type reads; the assertion's own win
+        options = {**{k: v for k, v in (grading or {}).items() if k in GRADING_OPTIONS and v is not None},
+                   **{k: raw[k] for k in ("provider", "rubricPrompt", "config") if raw.get(k) is not None}}
+        rubric = options.get("rubricPrompt")
+        if isinstance(rubric, str) and rubric.startswith("file://") and Path(rubric).suffix.lower() not in (".js", ".cjs", ".mjs", ".ts", ".py"):
+            options["rubricPrompt"] = read_text(_file(rubric, config.parent, config))  # its text enters the battery digest
+    a = Assertion(type=kind, value=value, name=metric if isinstance(metric, str) else None,
+                  threshold=threshold if base_type in checks.EVALUATED_BY else None, options=options)
     try:
         checks.prepare(a)
     except checks.Refused as e:
@@ -279,105 +424,219 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str) -> Assertion | st
     return a
 
 
-def _cases(config: dict, path: Path) -> tuple[list[Case], tuple[str, ...]]:
+
+
+@dataclass(frozen=True)
+class _Cases:
+    """A test's cases and what was left out of them, with the prompts it runs on (None: all)."""
+
+    cases: list[Case]
+    skipped: list[str]
+    call_metrics: list[str]
+    prompts: list[str] | None
+
+
+def _default_test(config: dict, path: Path) -> dict:
     default = config.get("defaultTest") or {}
-    if isinstance(default, str) and default.startswith("file://"):
-        default = read_yaml(_file(default, path.parent, path), jsyaml.load) or {}
+    if isinstance(default, str):
+        if not default.startswith("file://"):
+            raise GatekeeperError(f"{path}: field 'defaultTest': a string must be a file:// reference (promptfoo's rule); fix it")
+        file = _file(default, path.parent, path)
+        default = _deref(read_yaml(file, jsyaml.load), file) or {}
     default = _mapping(default, str(path), "defaultTest")
-    cases, skipped, seen = [], [], set()
+    _test_keys(default, f"{path}: defaultTest", set(TEST_KEYS) - {"description"})
+    return default
+
+
+def _test_keys(raw: dict, where: str, allowed: set[str]) -> None:
+    for key in sorted(set(raw) - allowed):
+        if key == "assertScoringFunction":
+            raise GatekeeperError(f"{where}: field 'assertScoringFunction': not supported by gatekeeper (a JavaScript or "
+                                  "Python function scores the test); remove it")
+        if key == "providerOutput":
+            raise GatekeeperError(f"{where}: field 'providerOutput': not supported by gatekeeper (a fixed output, no model "
+                                  "runs); remove it")
+        raise GatekeeperError(f"{where}: field '{key}': not a promptfoo test key; remove it or check its spelling")
+
+
+def _options(default: dict, raw: dict, path: Path, test: _Test) -> dict:
+    """The test's options over defaultTest's; one that changes what is graded is refused, naming where it was set."""
+    own = _mapping(raw.get("options"), test.where, "options")
+    merged = {**_mapping(default.get("options"), str(path), "defaultTest.options"), **own}
+    for key in merged:
+        where = test.where if key in own else f"{path}: defaultTest (applies to every test)"
+        if key in CHANGES_OUTPUT and merged[key] is not None:
+            raise GatekeeperError(f"{where}: field 'options.{key}': not supported by gatekeeper (it changes what is "
+                                  "rendered or graded); remove it")
+        if key not in CHANGES_OUTPUT + GRADING_OPTIONS and key not in RUN_OPTIONS:
+            warn(where, f"field 'options.{key}' is ignored: not a promptfoo test "
+                        "option (promptfoo ignores it too); check its spelling")
+    return merged
+
+
+def _cases(config: dict, path: Path) -> tuple[list[Case], tuple[str, ...]]:
+    """The config's cases in test order and the assertions left out of them."""
+    per_test = _test_cases(config, path)
+    return [c for t in per_test for c in t.cases], tuple(s for t in per_test for s in t.skipped)
+
+
+def _test_cases(config: dict, path: Path) -> list[_Cases]:
+    default = _default_test(config, path)
+    out, seen = [], set()
     for n, test in enumerate(_tests(config, path), 1):
         raw = test.raw
-        unknown = sorted(set(raw) - TEST_KEYS)
-        if unknown:
-            what = "not supported by gatekeeper" if unknown[0] in ("providerOutput", "assertScoringFunction") else "not a promptfoo test key"
-            raise GatekeeperError(f"{test.where}: field '{unknown[0]}': {what}; remove it")
-        options = {**_mapping(default.get("options"), str(path), "defaultTest.options"),
-                   **_mapping(raw.get("options"), test.where, "options")}
-        changes = [k for k in CHANGES_OUTPUT if options.get(k)]
-        if changes:
-            raise GatekeeperError(f"{test.where}: options.{changes[0]}: not supported by gatekeeper (it changes what is graded); remove it")
+        _test_keys(raw, test.where, TEST_KEYS)
+        options = _options(default, raw, path, test)
         vars = {**_mapping(default.get("vars"), str(path), "defaultTest.vars"), **_mapping(raw.get("vars"), test.where, "vars")}
-        vars = {k: _var_value(v, path.parent, test.where) for k, v in vars.items()}
-        asserts = [*([] if options.get("disableDefaultAsserts") is True else default.get("assert") or []), *(raw.get("assert") or [])]
+        vars = {k: _var_value(v, test.base or path.parent, test.where) for k, v in vars.items()}
+        own = raw.get("assert") or []
+        defaults = [] if options.get("disableDefaultAsserts") is True else default.get("assert") or []
+        prompts = raw.get("prompts", default.get("prompts"))
+        if prompts is not None and not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
+            raise GatekeeperError(f"{test.where}: field 'prompts' must be a list of prompt labels; fix it")
         combos = _combinations(vars, not options.get("disableVarExpansion"))
+        cases, skipped, call_metrics = [], [], []
         for k, combo in enumerate(combos, 1):
             base_id = str(raw.get("description") or f"test {n}") + (f" [{k}]" if len(combos) > 1 else "")
             case_id = base_id if base_id not in seen else f"{base_id} (test {n})"
             seen.add(case_id)
             kept = []
-            for m, a in enumerate(asserts, 1):
-                where = f"{test.where}" + (f" ({raw['description']})" if raw.get("description") and not test.csv_line else "") + f", assertion {m}"
-                result = _assertion(a, combo, path, where)
+            for m, a in enumerate([*defaults, *own], 1):
+                if m <= len(defaults):
+                    where = f"{path}: defaultTest, assertion {m} (in {test.where.removeprefix(str(path) + ', ')})"
+                else:
+                    label = f" ({raw['description']})" if raw.get("description") and not test.csv_line else ""
+                    where = f"{test.where}{label}, assertion {m - len(defaults)}"
+                kind = a.get("type") if isinstance(a, dict) else None
+                if isinstance(kind, str) and checks.base_type(kind) in CALL_METRICS:
+                    call_metrics.append(f"{case_id}: assertion {m} ({kind}: {CALL_METRICS[checks.base_type(kind)]}, "
+                                        "not a property of the output, which is what gatekeeper compares)")
+                    continue
+                result = _assertion(a, combo, path, where, options)
                 if isinstance(result, str):
                     skipped.append(f"{case_id}: assertion {m} ({result})")
                 else:
                     kept.append(result)
             cases.append(Case(id=case_id, vars={k2: _prompt_var(v) for k2, v in combo.items()}, assert_=kept))
-    return cases, tuple(skipped)
+        out.append(_Cases(cases, skipped, call_metrics, prompts))
+    return out
 
 
-# --- the prompt ----------------------------------------------------------------------------------
-
-_SIMPLE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+# --- suites --------------------------------------------------------------------------------------
 
 
-def _segment(role: str, text: str, where: str) -> Segment:
-    from .partition import VAR
-
-    literal = VAR.search(_SIMPLE_VAR.sub("", text))
-    if literal:
-        raise GatekeeperError(f"{where}: the prompt holds {literal.group()!r}, which gatekeeper would read as a var; "
-                              "use a gatekeeper suite with 'promptfoo: FILE' and its own prompt")
-    fields = _SIMPLE_VAR.sub(lambda m: "{" + m.group(1) + "}", text)
-    if any(mark in fields for mark in nunjucks.MARKS):
-        raise GatekeeperError(f"{where}: the prompt uses nunjucks beyond {{{{ var }}}} (tags, filters); "
-                              "use a gatekeeper suite with 'promptfoo: FILE' and its own prompt")
-    if role not in ("system", "user", "assistant"):
-        raise GatekeeperError(f"{where}: prompt role {role!r}: use system, user or assistant")
-    return Segment(role=role, static=fields == text, text=fields)
-
-
-def _prompt(config: dict, path: Path) -> list[Segment]:
-    prompts = config.get("prompts")
-    entries = prompts if isinstance(prompts, list) else [prompts] if prompts is not None else []
-    if len(entries) != 1:
-        raise GatekeeperError(f"{path}: field 'prompts': gatekeeper maps one prompt onto the stage, found {len(entries)}; "
-                              "keep one, or use a gatekeeper suite with 'promptfoo: FILE'")
-    entry = entries[0]
-    text = entry.get("raw") or entry.get("id") if isinstance(entry, dict) else entry
-    if not isinstance(text, str):
-        raise GatekeeperError(f"{path}: field 'prompts.0': a prompt is text, file://FILE or {{raw: TEXT}}")
-    if text.startswith("file://"):
-        file = _file(text, path.parent, path)
-        if file.suffix.lower() not in (".txt", ".md", ".json", ".j2", ""):
-            raise GatekeeperError(f"{path}: prompt {text}: gatekeeper reads text or JSON chat prompts, not scripts")
-        text = read_text(file)
-    try:
-        messages = json.loads(text) if text.lstrip().startswith("[") else None
-    except json.JSONDecodeError:
-        messages = None
-    where = f"{path}: field 'prompts.0'"
-    if isinstance(messages, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-        return [_segment(m["role"], str(m["content"]), where) for m in messages]
-    return [_segment("user", text, where)]
-
-
-def load_suite(path: Path, root: Path) -> Suite:
-    """``assertions/NAME.promptfoo.yaml``: suite and stage NAME, the config's prompt and tests."""
+def config_name(path: Path) -> str:
     name = path.name
     for suffix in SUFFIXES:
         name = name.removesuffix(suffix)
+    return name
+
+
+def load_suites(path: Path, name: str, shown: str | None = None, decoding: Decoding | None = None) -> list[Suite]:
+    """A config's suites: one per prompt, running every test the prompt is selected for. One prompt makes
+    suite and stage ``name``; several make ``name.LABEL`` each (the label as a name, made unique).
+    ``shown``: how the config is named in the suite (its file name, or a pointer's ``promptfoo:``)."""
     config = _read(path)
-    suite = Suite(suite=name, stage=name, prompt=_prompt(config, path), promptfoo=path.name, path=path)
-    cases, skipped = _cases(config, path)
-    return suite.model_copy(update={"cases": cases, "skipped": skipped})
+    prompts = read_prompts(config, path)
+    tests = _test_cases(config, path)
+    for t in tests:
+        for ref in t.prompts or []:
+            if not any(matches(ref, p) for p in prompts):
+                labels = ", ".join(sorted({repr(n[:60]) for p in prompts for n in (p.label, p.id) if n}))
+                raise GatekeeperError(f"{_at(path, ref)}: a test's 'prompts' names {ref!r}, which is no prompt's label or id "
+                                      f"(labels: {labels}); fix the name")
+    parts = _unique([p.name for p in prompts])
+    suites = []
+    for prompt, part in zip(prompts, parts):
+        chosen = [t for t in tests if t.prompts is None or any(matches(r, prompt) for r in t.prompts)]
+        suite_name = name if len(prompts) == 1 else f"{name}.{part}"
+        if not chosen:
+            warn(str(path), f"prompt {suite_name!r} runs no test (each test's 'prompts' names another), so nothing gates it")
+            continue
+        suite = Suite(suite=suite_name, stage=suite_name, prompt=prompt.segments, promptfoo=shown or path.name, path=path,
+                      decoding=decoding or Decoding())
+        suites.append(suite.model_copy(update={
+            "cases": [c for t in chosen for c in t.cases], "skipped": tuple(s for t in chosen for s in t.skipped),
+            "call_metrics": tuple(s for t in chosen for s in t.call_metrics)}))
+    return suites
+
+
+def _unique(names: list[str]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        candidate, k = name, 2
+        while candidate in out:
+            candidate, k = f"{name}-{k}", k + 1
+        out.append(candidate)
+    return out
 
 
 def with_cases(suite: Suite, root: Path) -> Suite:
-    """A gatekeeper suite with ``promptfoo: FILE``: its cases are FILE's tests (FILE relative to the suite's folder or the workspace)."""
-    base = suite.path.parent if suite.path else root
-    file = next((b / suite.promptfoo for b in (base, root) if (b / suite.promptfoo).is_file()), None)
+    """A gatekeeper suite with its own prompt and ``promptfoo: FILE``: its cases are FILE's tests."""
+    file = config_file(suite.promptfoo, suite.path, root)
+    per_test = _test_cases(_read(file), file)
+    return suite.model_copy(update={"cases": [c for t in per_test for c in t.cases],
+                                    "skipped": tuple(s for t in per_test for s in t.skipped),
+                                    "call_metrics": tuple(s for t in per_test for s in t.call_metrics)})
+
+
+def config_file(ref: str, suite_path: Path | None, root: Path) -> Path:
+    """``promptfoo: FILE`` relative to the suite's folder or the workspace."""
+    base = suite_path.parent if suite_path else root
+    file = next((b / ref for b in (base, root) if (b / ref).is_file()), None)
     if file is None:
-        raise GatekeeperError(f"{suite.path}: field 'promptfoo': {suite.promptfoo} not found (relative to the suite's folder or the workspace)")
-    cases, skipped = _cases(_read(file), file)
-    return suite.model_copy(update={"cases": cases, "skipped": skipped})
+        raise GatekeeperError(f"{suite_path}: field 'promptfoo': {ref} not found (relative to the suite's folder or the workspace); fix the path")
+    return file
+
+
+POINTER_KEYS = {"suite", "promptfoo", "decoding"}
+
+
+def pointed(path: Path, data: dict, root: Path) -> list[Suite]:
+    """``assertions/NAME.yaml`` holding ``suite: NAME`` and ``promptfoo: FOLDER/promptfooconfig.yaml`` and no
+    prompt: the config's own prompts and tests, as the suites NAME (one prompt) or NAME.LABEL (several)."""
+    for key in data:
+        if key not in POINTER_KEYS:
+            fix = ("each of the config's prompts is its own stage, named after the suite; remove it" if key == "stage"
+                   else "remove it, or give the suite its own 'prompt' (then only the config's tests are read)")
+            raise GatekeeperError(f"{path}: field '{key}': a suite that takes its prompts from a promptfoo config holds "
+                                  f"only {', '.join(sorted(POINTER_KEYS))}; {fix}")
+    name, ref = data.get("suite"), data.get("promptfoo")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", name):
+        raise GatekeeperError(f"{path}: field 'suite': required, a name of letters, digits, '_', '-' and '.'; fix it")
+    if not isinstance(ref, str):
+        raise GatekeeperError(f"{path}: field 'promptfoo': the path of a promptfoo config; fix it")
+    try:
+        decoding = Decoding.model_validate(data.get("decoding") or {})
+    except ValueError as e:
+        raise GatekeeperError(f"{path}: field 'decoding': {e}") from None
+    return load_suites(config_file(ref, path, root), name, ref, decoding)
+
+
+def referenced(path: Path, config: dict | None = None) -> set[Path]:
+    """The local files a config reads (tests, prompts, vars, values), so that files kept beside a config in
+    assertions/ are not taken for suites."""
+    data = config if config is not None else read_yaml(path, jsyaml.load)
+    out: set[Path] = set()
+
+    def add(ref: str) -> None:
+        local = ref.removeprefix("file://").split("#")[0]
+        if "\n" in local or REMOTE.match(local) or not local:
+            return
+        out.update(m.resolve() for m in (glob_files(path.parent, local) if has_magic(local) else [path.parent / local]) if m.is_file())
+
+    def walk(node: Any, bare: bool) -> None:
+        if isinstance(node, str) and (bare or node.startswith("file://")):
+            add(node)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                walk(k, bare), walk(v, bare and k in ("id", "raw", "path"))
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, bare)
+
+    if isinstance(data, dict):
+        walk({k: v for k, v in data.items() if k not in ("prompts", "tests")}, False)
+        walk(data.get("prompts"), True)
+        walk(data.get("tests"), True)
+    return out

@@ -13,6 +13,10 @@ from . import tables
 from .common import (EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt,
                      writable_file)
 
+SkipUnsupported = Annotated[bool, typer.Option(
+    "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
+                               "evaluate's reasons list them (skipped:).")]
+
 
 @reporting
 def evaluate(
@@ -24,9 +28,7 @@ def evaluate(
     operator: Operator = None,
     candidate: Annotated[Optional[Path], typer.Option(
         help="adapter flag: the candidate LoRA adapter directory to compare with the current weights.")] = None,
-    skip_unsupported: Annotated[bool, typer.Option(
-        "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
-                                   "the reasons list them (skipped:).")] = False,
+    skip_unsupported: SkipUnsupported = False,
     load: Annotated[Optional[int], typer.Option(
         help="Run under this production load: N requests kept in flight on each side's server, background traffic "
              "beside the battery (default: the policy's 'load').")] = None,
@@ -101,6 +103,7 @@ def calibrate(
         help="Calibrate a served evaluation (--evaluation) through this in-process engine profile on the same weights.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Decode every case of every fault run whole (exact counts by "
                                        "outputs; by default a case stops at its first flag).")] = False,
+    skip_unsupported: SkipUnsupported = False,
     json_: Json = False,
 ) -> None:
     """Plant faults of graded size in the flag-on run and record the share of cases the gate would flag."""
@@ -116,7 +119,8 @@ def calibrate(
         record = ledger.evaluation(evaluation) if ledger is not None and evaluation is not None else None
         if evaluation is not None and record is None:
             raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
-        plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger, twin=twin)
+        plan = calibration.plan(ws, flag, engine, suite, limit, force=force, evaluation=record, ledger=ledger, twin=twin,
+                                skip_unsupported=skip_unsupported)
     # A twin's flag-off run is its own: the server's numerics are not the twin's.
     reference = calibration.reference(record) if record is not None and twin is None else None
     models = evaluator.open_engines(plan)
@@ -131,7 +135,8 @@ def calibrate(
     with settings.opened_ledger(ws, create=True) as ledger:  # written once every fault has run
         result.calibration_id = ledger.add_calibration(
             flag, evaluation, operator or getpass.getuser(),
-            {"engine": plan.engine_name, "suites": plan.config["suites"], "limit": plan.config["limit"]},
+            {"engine": plan.engine_name, "suites": plan.config["suites"], "limit": plan.config["limit"],
+             **({"skip_unsupported": True} if plan.config.get("skip_unsupported") else {})},
             result.to_dict())
     emit(json_, result.to_dict(), lambda: tables.print_calibration(result.to_dict()))
 
@@ -147,6 +152,7 @@ def measure(
     limit: Limit = None,
     capture: Annotated[Optional[Path], typer.Option(help="Write each rendered prompt to this local JSONL file.")] = None,
     operator: Operator = None,
+    skip_unsupported: SkipUnsupported = False,
     json_: Json = False,
 ) -> None:
     """Run the battery's cases through the runtime and print the prefill tax per stage."""
@@ -157,7 +163,7 @@ def measure(
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    p = measuring.plan(ws, flag, flag_state, compare, engine, suite, limit)
+    p = measuring.plan(ws, flag, flag_state, compare, engine, suite, limit, skip_unsupported=skip_unsupported)
     if capture is not None:
         check_path(capture)
     with progress(len(p.items) * len(p.states), enabled=not json_) as advance:

@@ -57,6 +57,7 @@ def flip(
     from .. import signing
     from ..gate import attestation, flags
     from ..gate import evaluator
+    from ..ledger import checkpoint
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -79,20 +80,14 @@ def flip(
     attestation = _attestation(sign, signature, record, os.environ.get(signing.SIGNING_KEY_ENV))
     ws.allowed_signers  # a malformed allowed_signers is exit 2 before anything is written
     if policy.approvals.checkpoint_after_flip:
-        _writable(ws.checkpoint_path)
+        for path in (checkpoint.log_path(ws), ws.checkpoint_path):
+            _writable(path)
     with settings.opened_ledger(ws, create=True) as ledger:
         result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
-                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attestation)
-        data = result.to_dict()
-        if result.action == "flipped" and policy.approvals.checkpoint_after_flip:
-            from ..ledger import checkpoint
-
-            key = attestation.key if attestation else None
-            cp = checkpoint.make(ledger, checkpoint.location(ledger.url, ws.root), key, ws.allowed_signers)
-            checkpoint.write(cp, ws.checkpoint_path)
-            data["checkpoint"] = {"file": str(ws.checkpoint_path), "seq": cp["seq"], "signer": cp.get("signer")}
-    emit(json_, data, lambda: tables.print_flip(flag, result, data.get("checkpoint")))
-    if result.action == "refused":
+                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attestation,
+                            record_checkpoint=lambda key: checkpoint.after_flip(ws, ledger, key))
+    emit(json_, result.to_dict(), lambda: tables.print_flip(flag, result, result.checkpoint))
+    if result.action == "refused" or "error" in (result.checkpoint or {}):
         raise typer.Exit(1)
 
 
@@ -138,14 +133,14 @@ def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
     from ..gate import flags, pipeline
-    from ..engines.registry import build_engine
+    from ..engines import registry
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
-    with build_engine(pipeline.engine_profile(ws, engine, force), workspace_root=ws.root) as model:
-        parts, digest = pipeline.version(ws, force, model.identity())
+    identity = registry.identity(pipeline.engine_profile(ws, engine, force), workspace_root=ws.root)
+    parts, digest = pipeline.version(ws, force, identity)
     data = {"pipeline_hash": digest, "hash_parts": flags.hash_parts(ws), "parts": parts}
     emit(json_, data, lambda: tables.print_hash(data))
 

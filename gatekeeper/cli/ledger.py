@@ -51,24 +51,28 @@ def ledger_show(ctx: typer.Context, evaluation_id: Annotated[int, typer.Argument
 def ledger_verify(
     ctx: typer.Context,
     checkpoint: Annotated[Optional[list[Path]], typer.Option(
-        help="A checkpoint the ledger must still extend (repeatable; default: ledger/checkpoint.json if there is one).")] = None,
+        help="A checkpoint the ledger must still extend (repeatable), besides the workspace's own (every one in "
+             "ledger/checkpoints.jsonl, and ledger/checkpoint.json).")] = None,
     json_: Json = False,
 ) -> None:
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
-    extends each checkpoint; exit 1 naming the first problem."""
+    extends every checkpoint the workspace records and each one given; exit 1 naming the first problem."""
     from ..gate import attestation
     from ..ledger import checkpoint as cp
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    files = list(checkpoint or ([ws.checkpoint_path] if ws.checkpoint_path.is_file() else []))
-    loaded = [(str(f), cp.load(f)) for f in files]  # a file that is no checkpoint: exit 2, before anything else
+    # a file or line that is no checkpoint: exit 2, before anything else
+    given = [(str(f), cp.load(f)) for f in checkpoint or []]
+    own = [(name, c) for name, c in cp.recorded(ws) if all(c != g for _, g in given)]
+    loaded = given + own
+    source = {"workspace": len(own), "given": len(given)}
     url = settings.ledger_url(ws)
     try:
         early, unopened = _preflight(url)  # before opening, which would migrate a ledger whose migrations were edited
         if early:
             _report_verify(json_, [], early, entries=unopened.entries if unopened else None,
-                           first_bad=unopened.first_bad_seq if unopened else None, signatures=None)
+                           first_bad=unopened.first_bad_seq if unopened else None, signatures=None, source=source)
         with settings.opened_ledger(ws, create=False) as ledger:
             if ledger is None:
                 raise GatekeeperError(f"no ledger at {url}; nothing has been recorded yet")
@@ -94,14 +98,17 @@ def ledger_verify(
     first_bad = report.first_bad_seq if not report.ok else next(
         (s for s, _ in (audit.problems if audit else []) if s is not None), None)
     signatures = {"checked": audit.checked, "problems": [p for _, p in audit.problems]} if audit else None
-    _report_verify(json_, checked, problems, entries=report.entries, first_bad=first_bad, signatures=signatures)
+    _report_verify(json_, checked, problems, entries=report.entries, first_bad=first_bad, signatures=signatures,
+                   source=source)
 
 
-def _report_verify(json_: bool, checked: list, problems: list[str], *, entries, first_bad, signatures) -> None:
+def _report_verify(json_: bool, checked: list, problems: list[str], *, entries, first_bad, signatures, source) -> None:
+    # checkpoint_sources: how many checkpoints the workspace recorded and --checkpoint gave (none: a cut-off or
+    # forged tail cannot show)
     data = {"ok": not problems, "entries": entries, "first_bad_seq": first_bad,
             "problem": problems[0] if problems else "", "problems": problems,
             "signatures": signatures or {"checked": 0, "problems": []},
-            "checkpoints": [c.to_dict() for c in checked]}
+            "checkpoints": [c.to_dict() for c in checked], "checkpoint_sources": source}
     emit(json_, data, lambda: tables.print_verify(data))
     if problems:
         raise typer.Exit(1)
@@ -173,6 +180,8 @@ def _unreadable(url: str, e: Exception, json_: bool) -> None:
 def _checkpoint_after_flip(ws, ledger, checked) -> list[str]:
     """A policy's ``checkpoint_after_flip``: its flag's last flip must lie at or below a good checkpoint
     (a signed one where the policy also wants signatures)."""
+    from ..ledger import checkpoint as cp
+
     if not (ws.root / "policies").is_dir():
         return []
     wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
@@ -189,8 +198,9 @@ def _checkpoint_after_flip(ws, ledger, checked) -> list[str]:
         if not covering:
             newest = max((c.seq for c in good), default=None)
             out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after "
-                       f"{'the newest good checkpoint, at seq ' + str(newest) if newest else 'every checkpoint given'}; "
-                       f"its policy wants one after every flip ({ws.checkpoint_path}, or pass --checkpoint FILE)")
+                       f"{'the newest good checkpoint, at seq ' + str(newest) if newest else 'every checkpoint'}; "
+                       f"its policy wants one after every flip (recorded in {cp.log_path(ws)} by 'gatekeeper ledger "
+                       "checkpoint --record', or pass --checkpoint FILE)")
         elif wants[flag].approvals.signed and not any(c.signer for c in covering):
             out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
     return out
@@ -204,6 +214,9 @@ def ledger_checkpoint(
         help="Sign it with this SSH private key (default: $GATEKEEPER_SIGNING_KEY); its public key must be in "
              "policies/allowed_signers.")] = None,
     output: Annotated[Optional[Path], typer.Option(help="Write it to this file (default: print it).")] = None,
+    record: Annotated[bool, typer.Option(
+        "--record", help="Record it in the workspace (append it to ledger/checkpoints.jsonl, which 'ledger verify' "
+                         "checks), as a flip does under its policy's checkpoint_after_flip.")] = False,
     json_: Json = False,
 ) -> None:
     """Write the ledger's head (seq, hash, time, entries, where it lives) as a small JSON checkpoint, to commit
@@ -226,9 +239,15 @@ def ledger_checkpoint(
         checkpoint = cp.make(ledger, cp.location(ledger.url, ws.root), key, allowed)
     if output is not None:
         cp.write(checkpoint, output)
-    data = {**checkpoint, "file": str(output) if output else None}
+    try:
+        recorded = cp.record(checkpoint, ws) if record else None
+    except OSError as e:
+        raise GatekeeperError(f"{cp.log_path(ws)}: cannot record the checkpoint there ({e}); make the folder writable") from None
+    data = {**checkpoint, "file": str(output) if output else None, "recorded": str(recorded) if recorded else None}
     if json_:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    elif recorded is not None:
+        tables.print_checkpoint({**data, "file": ", ".join(str(p) for p in (output, recorded) if p)})
     elif output is None:
         typer.echo(cp.text(checkpoint), nl=False)
     else:

@@ -65,10 +65,12 @@ def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -
         typer.echo(f"{flag} is now {result.state}{signed}")
     for r in result.reasons if result.action != "approved" else []:
         typer.echo(f"  - {r}")
-    if checkpoint:
-        typer.echo(f"checkpoint at seq {checkpoint['seq']} written to {checkpoint['file']}"
+    if checkpoint and "error" in checkpoint:
+        typer.echo(checkpoint["error"])
+    elif checkpoint:
+        typer.echo(f"checkpoint at seq {checkpoint['seq']} recorded in {checkpoint['file']}"
                    + (f", signed by {checkpoint['signer']}" if checkpoint["signer"] else
-                      " (unsigned: 'gatekeeper ledger checkpoint --sign KEY --output FILE' writes a signed one)"))
+                      " (unsigned: 'gatekeeper ledger checkpoint --record --sign KEY' records a signed one)"))
 
 
 def print_hash(data: dict[str, Any]) -> None:

@@ -9,9 +9,11 @@ runtime, ``measure`` and ``replay`` never probe an adapter's internals.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence
 
 from ..errors import GatekeeperError
 from .faults import Fault
@@ -66,6 +68,58 @@ class EngineStats:
 def plus(a: int | None, b: int | None) -> int | None:
     """A running total that stays unknown once one part of it is."""
     return None if a is None or b is None else a + b
+
+
+# What the requests made now are part of (``stage``, ``stream``): for whoever watches the traffic, never
+# an input to the model. A context variable, so each thread (each case the gate runs) keeps its own.
+_labels: ContextVar[dict[str, str]] = ContextVar("gatekeeper_request_labels", default={})
+
+
+@contextmanager
+def labelled(**labels: str | None) -> Iterator[None]:
+    """Requests made inside the block carry these labels (None: not that one, whatever is in force around
+    it); a served engine sends them as headers (``X-Gatekeeper-Stage``, ``X-Gatekeeper-Stream``), which
+    ``gatekeeper proxy`` records."""
+    merged = {**_labels.get(), **labels}
+    token = _labels.set({k: str(v) for k, v in merged.items() if v is not None})
+    try:
+        yield
+    finally:
+        _labels.reset(token)
+
+
+def request_labels() -> dict[str, str]:
+    """The labels in force (``labelled``)."""
+    return dict(_labels.get())
+
+
+def versions(*distributions: str) -> dict[str, str]:
+    """Installed versions by distribution name, as the package metadata says (no import needed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return {name: version(name) for name in distributions}
+    except PackageNotFoundError as e:
+        raise GatekeeperError(f"the {e.name} package is not installed; install it: pip install {e.name}") from None
+
+
+# Variables that hide accelerators from a framework (CUDA, ROCm, oneAPI, Metal's MLX).
+_HIDING = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "MLX_DEVICE")
+
+
+def accelerators() -> dict[str, Any]:
+    """What decides which accelerator an in-process framework finds here: the platform, the device
+    nodes GPU drivers make, and the variables that hide devices. What loading learns on this machine
+    is remembered under it, so a GPU that comes or goes is learned afresh."""
+    import os
+    import platform
+
+    try:
+        nodes = sorted(n for n in os.listdir("/dev") if n.startswith(("nvidia", "kfd", "dri", "accel")))
+    except OSError:
+        nodes = []
+    return {"system": platform.system(), "machine": platform.machine(), "devices": nodes,
+            "env": {k: os.environ[k] for k in _HIDING if k in os.environ}}
 
 
 def checked_request(prompt: Sequence[int], max_tokens: int) -> list[int]:
@@ -215,6 +269,12 @@ class Engine(ABC):
     def identity(self) -> dict[str, Any]:
         """What makes the outputs what they are: engine name/version, library versions,
         weight/tokenizer digest, adapter digest, dtype, device, prefill plan."""
+
+    @classmethod
+    def identity_of(cls, profile: EngineProfile, *, workspace_root: Path | None = None) -> dict[str, Any] | None:
+        """The identity a model loaded from ``profile`` would report, byte for byte, found without loading
+        its weights; None where this adapter cannot tell without loading (the default: callers then load it)."""
+        return None
 
     def close(self) -> None:
         """Release the model."""

@@ -16,11 +16,11 @@ from .. import __version__
 from ..cache import PrefixCache, StateOps, snapshots
 from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
-from ..identity import directory_digest
+from ..identity import Memo, digest, directory_digest, file_digest
 from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, Until, checked_request
+from .base import Engine, Generation, Session, Until, accelerators, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -272,9 +272,14 @@ class GreedyEngine(Engine):
 
     # --- what an adapter implements -------------------------------------------------------------
     def _locate(self, workspace_root: Path | None) -> None:
-        """Find the model (and LoRA) directories the profile names."""
-        self.model_dir = self.weights = resolve_model(self.profile.model, workspace_root)
-        self.adapter_dir = _local_dir(self.profile.adapter_path, workspace_root) if self.profile.adapter_path else None
+        self.model_dir, self.adapter_dir = self._folders(self.profile, workspace_root)
+        self.weights = self.model_dir
+
+    @classmethod
+    def _folders(cls, profile: EngineProfile, workspace_root: Path | None) -> tuple[Path, Path | None]:
+        """The model (and LoRA) directories the profile names."""
+        adapter = _local_dir(profile.adapter_path, workspace_root) if profile.adapter_path else None
+        return resolve_model(profile.model, workspace_root), adapter
 
     @abstractmethod
     def _load(self) -> None:
@@ -288,8 +293,10 @@ class GreedyEngine(Engine):
     def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
         """Run ``tokens`` on top of ``state`` (extending it); the last position's logits as float32."""
 
+    @classmethod
     @abstractmethod
-    def _libraries(self) -> dict[str, str]: ...
+    def _libraries(cls, profile: EngineProfile) -> dict[str, str]:
+        """Versions of the libraries that run the model (``base.versions``: no import)."""
 
     def _decode(self, prompt: list[int], state: Any, logits: np.ndarray, max_tokens: int,
                 stop: Sequence[str], margins: list | None, until: Until | None = None) -> tuple[list[int], float]:
@@ -323,26 +330,59 @@ class GreedyEngine(Engine):
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         if self._identity is None:
-            self._identity = {
-                "engine": self.name,
-                "engine_version": __version__,
-                "libraries": self._libraries(),
-                "model_digest": directory_digest(self.model_dir),
-                "adapter_digest": directory_digest(self.adapter_dir) if self.adapter_dir else None,
-                "dtype": self.dtype_name,
-                "device": self.device_name,
-                "prefill": self.profile.prefill,
-                **self._identity_extra(),
-            }
-            if self.profile.prefill == "aligned":
-                self._identity["chunk"] = self.profile.chunk
-            if self.hybrid:  # the policy places pass edges (and interval ones are cold-plan cuts)
-                self._identity["snapshots"] = snapshots.parse(self.profile.snapshots).spec
+            learned = {"dtype": self.dtype_name, "device": self.device_name, "hybrid": self.hybrid}
+            key = self._learned_key(self.profile, self.model_dir)
+            if _LEARNED.get(key) != learned:
+                _LEARNED.put(key, learned)
+            self._identity = self._identity_from(self.profile, self.workspace_root, learned)
         return dict(self._identity)
 
-    def _identity_extra(self) -> dict[str, Any]:
+    @classmethod
+    def identity_of(cls, profile: EngineProfile, *, workspace_root: Path | None = None) -> dict[str, Any] | None:
+        """From the files' digests, the profile and the libraries' versions, plus what only a load can
+        tell (dtype and device as the framework resolves them here, whether the state can be cut back),
+        remembered from the last load of this model configuration on this machine; None before one."""
+        model_dir, _ = cls._folders(profile, workspace_root)
+        learned = _LEARNED.get(cls._learned_key(profile, model_dir))
+        return None if learned is None else cls._identity_from(profile, workspace_root, learned)
+
+    @classmethod
+    def _learned_key(cls, profile: EngineProfile, model_dir: Path) -> str:
+        """Everything a load's dtype, device and hybrid-ness depend on: the adapter, the profile's
+        choices, the model's architecture (config.json), the libraries and the machine's accelerators."""
+        return digest({"adapter": f"{cls.__module__}:{cls.__qualname__}", "device": profile.device, "dtype": profile.dtype,
+                       "config": file_digest(model_dir / "config.json"), "libraries": cls._libraries(profile),
+                       "machine": accelerators()})
+
+    @classmethod
+    def _identity_from(cls, profile: EngineProfile, workspace_root: Path | None, learned: dict[str, Any]) -> dict[str, Any]:
+        """The identity, loaded or not: the one function both ``identity`` and ``identity_of`` use."""
+        model_dir, adapter_dir = cls._folders(profile, workspace_root)
+        out = {
+            "engine": cls.name,
+            "engine_version": __version__,
+            "libraries": cls._libraries(profile),
+            "model_digest": directory_digest(model_dir),
+            "adapter_digest": directory_digest(adapter_dir) if adapter_dir else None,
+            "dtype": learned["dtype"],
+            "device": learned["device"],
+            "prefill": profile.prefill,
+            **cls._identity_extra(profile, workspace_root),
+        }
+        if profile.prefill == "aligned":
+            out["chunk"] = profile.chunk
+        if learned["hybrid"]:  # the policy places pass edges (and interval ones are cold-plan cuts)
+            out["snapshots"] = snapshots.parse(profile.snapshots).spec
+        return out
+
+    @classmethod
+    def _identity_extra(cls, profile: EngineProfile, workspace_root: Path | None) -> dict[str, Any]:
         """What an adapter's options add to the identity (nothing by default)."""
         return {}
+
+
+# What loads taught, by ``GreedyEngine._learned_key``.
+_LEARNED = Memo("learned.json", keep=256)
 
 
 def pick(logits: np.ndarray, margins: list | None) -> int:

@@ -35,7 +35,7 @@ from . import telemetry
 from ..errors import GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
-from .base import Engine, Generation, Session, Until, checked_request
+from .base import Engine, Generation, Session, Until, checked_request, labelled, request_labels
 from .dialects import DIALECTS, detect
 
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
@@ -53,20 +53,22 @@ class HTTPSession(Session):
         self.model: HTTPEngine = model
         self.config = "on" if cache else "off"
         self._lock = threading.Lock()
-        self._pins: list[tuple[int, ...]] = []
+        self._pins: list[tuple[tuple[int, ...], dict[str, str]]] = []  # prefix, labels when registered
         self._warm = threading.Lock()
 
     def pin(self, prefix: Sequence[int]) -> None:
-        self._pins.append(tuple(int(t) for t in prefix))
+        # the prefix's warm-up is labelled as it was registered (its stage), not as the case that sends it
+        self._pins.append((tuple(int(t) for t in prefix), request_labels()))
 
     def _warm_up(self, prompt: list[int]) -> None:
         """Send the registered prefix this prompt starts with, once per replica, before it (not counted in stats)."""
         with self._warm:
-            for pin in self._pins:
+            for pin, labels in self._pins:
                 if len(pin) < len(prompt) and tuple(prompt[: len(pin)]) == pin:
-                    for url in self.model.replicas[self.config]:
-                        self.model.complete(self.config, list(pin), 1, (), warm=True, replica=url)
-                    self._pins.remove(pin)
+                    with labelled(stage=labels.get("stage"), stream=labels.get("stream")):
+                        for url in self.model.replicas[self.config]:
+                            self.model.complete(self.config, list(pin), 1, (), warm=True, replica=url)
+                    self._pins.remove((pin, labels))
                     return
 
     def generate(
@@ -142,12 +144,12 @@ class HTTPEngine(Engine):
                                       "model, server build and settings: fix or remove that replica")
 
     # --- the wire -------------------------------------------------------------------------------
-    def _raw(self, url: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+    def _raw(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> bytes:
         """One request; every way it can fail becomes a GatekeeperError naming the URL and the fix."""
         target = url + path
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(target, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **(headers or {})})
         late = (f"{target}: no answer within {self.timeout:g} s; raise 'timeout' in {self._where} or check the server")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -164,8 +166,8 @@ class HTTPEngine(Engine):
                 raise GatekeeperError(late) from None
             raise GatekeeperError(f"{target}: cannot connect ({reason}); start the server or fix the URL in {self._where}") from None
 
-    def call(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        raw = self._raw(url, path, body)
+    def call(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> Any:
+        raw = self._raw(url, path, body, headers)
         try:
             return json.loads(raw)
         except ValueError:
@@ -223,7 +225,7 @@ class HTTPEngine(Engine):
                  replica: str | None = None, background: bool = False) -> Generation:
         """One completion from the deployment of ``config`` (off or on); ``warm``: a prefix sent ahead;
         ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
-        battery's concurrency limit."""
+        battery's concurrency limit. It carries the labels in force (``base.labelled``) as headers."""
         body: dict[str, Any] = {**self.profile.options.get("request", {}), **self.dialect.request(prompt),
                                 "max_tokens": max_tokens, "temperature": 0, "stream": False, "stop": list(stop)}
         if self.model_ids[config]:
@@ -234,7 +236,7 @@ class HTTPEngine(Engine):
             url = self._pick(config, replica)
             try:
                 start = perf_counter()
-                answer = self.call(url, "/v1/completions", body)
+                answer = self.call(url, "/v1/completions", body, _headers(request_labels()))
                 wall = perf_counter() - start
             finally:
                 with self._lock:
@@ -364,6 +366,14 @@ class Background:
         if self._errors and exc[0] is None:
             raise GatekeeperError(f"a background request of the load failed ({self._errors[0]}); the battery did not "
                                   "run under the load the evaluation names")
+
+
+# A request's labels as the headers ``gatekeeper proxy`` reads (UTF-8: stage names are the user's).
+_HEADERS = {"stage": "X-Gatekeeper-Stage", "stream": "X-Gatekeeper-Stream"}
+
+
+def _headers(labels: dict[str, str]) -> dict[str, bytes]:
+    return {_HEADERS[k]: v.encode() for k, v in labels.items() if k in _HEADERS}
 
 
 def _best(top: list[dict[str, Any]]) -> list[dict[str, Any]]:

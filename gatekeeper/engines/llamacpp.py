@@ -17,7 +17,9 @@ from llama.cpp's own performance counters.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import os
 import threading
 from dataclasses import dataclass
@@ -281,27 +283,13 @@ class LlamaCppEngine(Engine):
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         super().__init__(profile, workspace_root=workspace_root)
-        from ..setup.llama_libs import import_llama_cpp
-
-        try:
-            llama_cpp = import_llama_cpp()  # a missing llama.cpp library names `make llama-server`
-        except ImportError:
-            raise GatekeeperError(f"adapter llamacpp needs llama-cpp-python; install it: {_INSTALL}") from None
-        self.lib = llama_cpp
+        self.lib = llama_cpp = _library()
         self.check(profile)
-        if profile.device not in ("auto", "cpu") and not llama_cpp.llama_supports_gpu_offload():
-            raise GatekeeperError(f"{profile.where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
+        gpu = _on_gpu(profile, llama_cpp)
         self.gguf = self.weights = resolve_gguf(profile.model, workspace_root)
-        opts = profile.options
-        self.n_ctx = int(opts.get("n_ctx", 4096))
-        # Every core by default (llama-cpp-python would take half of them).
-        self.n_threads = int(opts.get("n_threads") or os.cpu_count() or 1)
-        # By default one batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
-        self.n_batch = int(opts.get("n_batch", self.n_ctx))
-        self.n_ubatch = int(opts.get("n_ubatch", self.n_batch))
-        self.kv = {k: opts.get(k, "f16") for k in ("type_k", "type_v")}
-        self.flash_attn = bool(opts.get("flash_attn", False))
-        gpu = profile.device != "cpu" and llama_cpp.llama_supports_gpu_offload()
+        settings = _settings(profile)
+        self.n_ctx, self.n_threads, self.n_batch, self.n_ubatch, self.kv, self.flash_attn = (
+            settings[k] for k in ("n_ctx", "n_threads", "n_batch", "n_ubatch", "kv_cache", "flash_attn"))
         try:
             self.llm = llama_cpp.Llama(
                 str(self.gguf), n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
@@ -368,29 +356,38 @@ class LlamaCppEngine(Engine):
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         if self._identity is None:
-            from importlib.metadata import version
-
-            meta = self.llm.metadata
-            self._identity = {
-                "engine": self.name,
-                "engine_version": __version__,
-                "libraries": {"llama-cpp-python": version("llama-cpp-python")},
-                "model_digest": file_digest(self.gguf),
-                "adapter_digest": None,
-                "dtype": f"gguf:file_type={meta.get('general.file_type', '?')}",
-                "device": self.device_name,
-                "prefill": self.profile.prefill,
-                "n_ctx": self.n_ctx,
-                "n_threads": self.n_threads,
-                "n_batch": self.n_batch,
-                "n_ubatch": self.n_ubatch,
-                "kv_cache": self.kv,
-                "flash_attn": self.flash_attn,
-                "system": self.lib.llama_print_system_info().decode(errors="replace").strip(),
-            }
-            if self.profile.prefill == "aligned":
-                self._identity["chunk"] = self.profile.chunk
+            self._identity = self._identity_from(self.profile, self.lib, self.gguf,
+                                                 self.llm.metadata.get("general.file_type", "?"))
         return dict(self._identity)
+
+    @classmethod
+    def identity_of(cls, profile: EngineProfile, *, workspace_root: Path | None = None) -> dict[str, Any]:
+        """Without the weights: llama.cpp reads the GGUF's metadata in a vocabulary-only load."""
+        lib = _library()
+        _on_gpu(profile, lib)  # a device this build cannot offload to is refused as a load would refuse it
+        gguf = resolve_gguf(profile.model, workspace_root)
+        return cls._identity_from(profile, lib, gguf, _metadata(lib, gguf, "general.file_type"))
+
+    @classmethod
+    def _identity_from(cls, profile: EngineProfile, lib: Any, gguf: Path, file_type: str) -> dict[str, Any]:
+        """The identity, loaded or not: the one function both ``identity`` and ``identity_of`` use."""
+        from importlib.metadata import version
+
+        out = {
+            "engine": cls.name,
+            "engine_version": __version__,
+            "libraries": {"llama-cpp-python": version("llama-cpp-python")},
+            "model_digest": file_digest(gguf),
+            "adapter_digest": None,
+            "dtype": f"gguf:file_type={file_type}",
+            "device": "gpu" if _on_gpu(profile, lib) else "cpu",
+            "prefill": profile.prefill,
+            **_settings(profile),
+            "system": lib.llama_print_system_info().decode(errors="replace").strip(),
+        }
+        if profile.prefill == "aligned":
+            out["chunk"] = profile.chunk
+        return out
 
     def close(self) -> None:
         with self.lock:
@@ -398,6 +395,52 @@ class LlamaCppEngine(Engine):
             if getattr(self, "llm", None) is not None:
                 self.llm.close()
                 self.llm = None
+
+
+def _library() -> Any:
+    from ..setup.llama_libs import import_llama_cpp
+
+    try:
+        return import_llama_cpp()  # a missing llama.cpp library names `make llama-server`
+    except ImportError:
+        raise GatekeeperError(f"adapter llamacpp needs llama-cpp-python; install it: {_INSTALL}") from None
+
+
+def _on_gpu(profile: EngineProfile, lib: Any) -> bool:
+    """Whether the model runs on the GPU: unless the profile says cpu, where this build can offload to one."""
+    if profile.device not in ("auto", "cpu") and not lib.llama_supports_gpu_offload():
+        raise GatekeeperError(f"{profile.where}: field 'device': this llama.cpp build is CPU-only; set device: auto or cpu")
+    return profile.device != "cpu" and bool(lib.llama_supports_gpu_offload())
+
+
+def _settings(profile: EngineProfile) -> dict[str, Any]:
+    """The context's settings, from the profile's options and their defaults."""
+    opts = profile.options
+    n_ctx = int(opts.get("n_ctx", 4096))
+    # By default one batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
+    n_batch = int(opts.get("n_batch", n_ctx))
+    return {"n_ctx": n_ctx,
+            "n_threads": int(opts.get("n_threads") or os.cpu_count() or 1),  # every core (llama-cpp-python takes half)
+            "n_batch": n_batch, "n_ubatch": int(opts.get("n_ubatch", n_batch)),
+            "kv_cache": {k: opts.get(k, "f16") for k in ("type_k", "type_v")},
+            "flash_attn": bool(opts.get("flash_attn", False))}
+
+
+def _metadata(lib: Any, gguf: Path, key: str) -> str:
+    """One metadata value of a GGUF as llama.cpp reads it (``Llama.metadata``'s strings), from a
+    vocabulary-only load: the tensors are never read."""
+    params = lib.llama_model_default_params()
+    params.vocab_only = True
+    with contextlib.redirect_stderr(io.StringIO()):  # llama.cpp's loading log, as ``Llama(verbose=False)`` hides it
+        model = lib.llama_model_load_from_file(str(gguf).encode(), params)
+    if not model:
+        raise GatekeeperError(f"{gguf}: llama.cpp could not read it; check the model file")
+    try:
+        buf = ctypes.create_string_buffer(1024)
+        n = lib.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else "?"
+    finally:
+        lib.llama_model_free(model)
 
 
 def _write_state(state: SavedState, path: Path) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 
 from ..errors import GatekeeperError
+from .base import versions
 from .greedy import GreedyEngine
 from .hf_tokenizer import ChatTokenizer
 
@@ -50,8 +51,9 @@ class MLXEngine(GreedyEngine):
             mx.eval(logits, [c.state for c in state])
         return np.array(logits)
 
-    def _libraries(self) -> dict[str, str]:
-        return {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}
+    @classmethod
+    def _libraries(cls, profile) -> dict[str, str]:
+        return versions("mlx", "mlx_lm")
 
     def close(self) -> None:
         super().close()

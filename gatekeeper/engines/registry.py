@@ -11,6 +11,7 @@ import inspect
 import platform
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..errors import GatekeeperError
 from ..workspace import EngineProfile
@@ -76,3 +77,22 @@ def build_engine(profile: EngineProfile, *, workspace_root: Path | None = None) 
     if "workspace_root" in inspect.signature(cls).parameters:
         return cls(profile, workspace_root=workspace_root)
     return cls(profile)
+
+
+def identity(profile: EngineProfile, *, workspace_root: Path | None = None) -> dict[str, Any]:
+    """The identity a model loaded from ``profile`` reports, without loading its weights where the
+    adapter can tell it from its files (``Engine.identity_of``); otherwise the model is loaded and asked.
+    A subclass that redefines ``identity`` below the class that computes ``identity_of`` is loaded:
+    the inherited computation would not know what it changed."""
+    profile = resolve_profile(profile)
+    cls = check_profile(profile)
+    if issubclass(_owner(cls, "identity_of"), _owner(cls, "identity")):
+        known = cls.identity_of(profile, workspace_root=workspace_root)
+        if known is not None:
+            return known
+    with build_engine(profile, workspace_root=workspace_root) as model:
+        return model.identity()
+
+
+def _owner(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in vars(c))

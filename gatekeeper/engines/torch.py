@@ -1,24 +1,21 @@
-"""The ``torch`` adapter: a transformers causal LM from a local directory, greedy by hand."""
+"""The ``torch`` adapter: a transformers causal LM from a local directory, greedy by hand.
+
+torch and transformers are imported once a model is loaded, not with this module: checking a profile
+or computing its identity (``identity_of``) never pays for them. The model state lives in ``torch_kv``."""
 
 from __future__ import annotations
 
-import copy
 import inspect
 from time import perf_counter
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
-import transformers
-from safetensors.torch import load as load_bytes
-from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..setup.models import quiet_loading, resolve_model
+from .base import versions
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
@@ -47,6 +44,8 @@ class TorchEngine(GreedyEngine):
                 raise GatekeeperError(f"{profile.where}: field 'options.{key}': must be a non-empty string")
 
     def _load(self) -> None:
+        from .torch_kv import TorchKV
+
         self.device = _device(self.profile.device)
         self.dtype = _dtype(self.profile.dtype, self.device)
         self.device_name = self.device.type
@@ -72,6 +71,8 @@ class TorchEngine(GreedyEngine):
         self.draft_tokens = int(opts.get("draft_tokens", 4))
 
     def _from_pretrained(self, path: Path) -> Any:
+        from transformers import AutoModelForCausalLM
+
         kwargs = {"attn_implementation": self.profile.options["attn_implementation"]} \
             if "attn_implementation" in self.profile.options else {}
         try:
@@ -84,16 +85,20 @@ class TorchEngine(GreedyEngine):
                                   f"{kwargs['attn_implementation']!r} ({str(e).splitlines()[0]}); use eager or sdpa") from None
         return model.to(self.device).eval()
 
-    def _new_state(self, model: Any = None) -> DynamicCache:
+    def _new_state(self, model: Any = None) -> Any:
+        from transformers import DynamicCache
+
         return DynamicCache(config=(model or self.model).config)
 
-    def _logits(self, model: Any, state: DynamicCache, tokens: Sequence[int], keep: int) -> torch.Tensor:
+    def _logits(self, model: Any, state: Any, tokens: Sequence[int], keep: int) -> Any:
+        import torch
+
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: state})
             return out.logits[0].float().cpu()
 
-    def _forward(self, state: DynamicCache, tokens: Sequence[int]) -> np.ndarray:
+    def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
         return self._logits(self.model, state, tokens, 1)[-1].numpy()
 
     def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
@@ -128,164 +133,33 @@ class TorchEngine(GreedyEngine):
                 drafted.crop(keep - drafted.get_seq_length())
         return tokens, first
 
-    def _identity_extra(self) -> dict[str, Any]:
-        opts = self.profile.options
+    @classmethod
+    def _identity_extra(cls, profile, workspace_root: Path | None) -> dict[str, Any]:
+        opts = profile.options
         extra: dict[str, Any] = {}
         if "attn_implementation" in opts:
             extra["attn_implementation"] = opts["attn_implementation"]
-        if self.draft_dir is not None:
-            extra["draft"] = {"model_digest": directory_digest(self.draft_dir), "tokens": self.draft_tokens}
+        if opts.get("draft_model"):
+            draft = resolve_model(opts["draft_model"], workspace_root)
+            extra["draft"] = {"model_digest": directory_digest(draft), "tokens": int(opts.get("draft_tokens", 4))}
         return extra
 
-    def _libraries(self) -> dict[str, str]:
-        libs = {"torch": torch.__version__, "transformers": transformers.__version__}
-        if self.adapter_dir is not None:
-            import peft
-
-            libs["peft"] = peft.__version__
-        return libs
+    @classmethod
+    def _libraries(cls, profile) -> dict[str, str]:
+        return versions("torch", "transformers", *(["peft"] if profile.adapter_path else []))
 
     def close(self) -> None:
         super().close()
         self.model = self.draft = None
         if self.device.type == "cuda":
+            import torch
+
             torch.cuda.empty_cache()
 
 
-class TorchKV:
-    """``StateOps`` for a transformers ``DynamicCache``.
+def _device(name: str) -> Any:
+    import torch
 
-    A fork's layers point at slices of the stored tensors; ``DynamicLayer.update`` concatenates
-    into new tensors rather than writing in place, so the stored entry stays as it was without
-    copying it.
-
-    ``save`` writes every layer's state: attention keys and values (with a sliding window's
-    position count and an indexer's keys), and a linear-attention layer's conv and recurrent
-    states with whether it has seen tokens. ``load`` fills a cache built from the config with them,
-    so a loaded hybrid snapshot serves like the one computed.
-    """
-
-    def __init__(self, config: Any, device: torch.device):
-        self.config, self.device = config, device
-
-    def length(self, state: DynamicCache) -> int:
-        return state.get_seq_length()
-
-    def nbytes(self, state: DynamicCache) -> int:
-        return sum(t.untyped_storage().nbytes() for layer in state.layers for t in _tensors(layer))
-
-    def trimmable(self, state: DynamicCache) -> bool:
-        # Plain attention layers only: sliding windows and recurrent layers cannot be cut back.
-        return all(type(layer) is DynamicLayer for layer in state.layers)
-
-    def fork(self, state: DynamicCache, n: int) -> DynamicCache:
-        if not self.trimmable(state):
-            # A snapshot: linear-attention layers overwrite their conv and recurrent states in
-            # place (``copy_``), so only a full copy stays as it was.
-            if n != self.length(state):
-                raise ValueError("a state with non-attention layers can only be reused whole")
-            return copy.deepcopy(state)
-        fork = DynamicCache(config=self.config)
-        with torch.inference_mode():
-            for src, dst in zip(state.layers, fork.layers):
-                if not src.is_initialized:
-                    continue
-                keys, values = src.keys[..., :n, :], src.values[..., :n, :]
-                dst.lazy_initialization(keys, values)
-                dst.keys, dst.values = keys, values
-        return fork
-
-    def perturb(self, state: DynamicCache, size: float, seed: int) -> DynamicCache:
-        g = torch.Generator().manual_seed(seed)
-        out = self.fork(state, self.length(state))  # its tensors are views of the stored entry's: replace, never write
-        for layer in out.layers:
-            if layer.is_initialized:
-                layer.keys, layer.values = (_noisy(t, size, g) for t in (layer.keys, layer.values))
-        return out
-
-    def drop(self, state: DynamicCache, start: int, stop: int) -> DynamicCache:
-        out = self.fork(state, self.length(state))
-        for layer in out.layers:
-            if layer.is_initialized:
-                layer.keys, layer.values = (torch.cat([t[..., :start, :], t[..., stop:, :]], dim=-2)
-                                            for t in (layer.keys, layer.values))
-        return out
-
-    def save(self, state: DynamicCache, path: Path) -> None:
-        tensors: dict[str, torch.Tensor] = {}
-        for i, layer in enumerate(state.layers):
-            for name, value in vars(layer).items():  # a layer kind this does not know is refused, not half saved
-                if name not in _SAVED and (isinstance(value, torch.Tensor) or isinstance(value, dict)
-                                           and any(isinstance(v, torch.Tensor) for v in value.values())):
-                    raise ValueError(f"cannot save a {type(layer).__name__} cache layer: its {name!r} is not handled")
-            if getattr(layer, "record_past", False):
-                raise ValueError(f"cannot save a {type(layer).__name__} cache layer that records its past")
-            if getattr(layer, "is_initialized", False) and layer.keys is not None:
-                tensors[f"{i}.keys"], tensors[f"{i}.values"] = layer.keys.contiguous(), layer.values.contiguous()
-                if isinstance(layer, DynamicSlidingWindowLayer):
-                    tensors[f"{i}.cumulative_length"] = torch.tensor(layer.cumulative_length)
-            for name in ("indexer_keys", "indexer_position_ids"):
-                if getattr(layer, name, None) is not None:
-                    tensors[f"{i}.{name}"] = getattr(layer, name).contiguous()
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
-                for j in range(layer.number_of_states):
-                    for kind in ("conv_states", "recurrent_states"):
-                        if getattr(layer, f"is_{kind}_initialized")[j]:
-                            tensors[f"{i}.{kind}.{j}"] = getattr(layer, kind)[j].contiguous()
-                tensors[f"{i}.has_previous_state"] = torch.tensor(
-                    [layer.has_previous_state[j] for j in range(layer.number_of_states)])
-        save_file(tensors, str(path))
-
-    def load(self, path: Path) -> DynamicCache:
-        # From bytes, not ``load_file``: its CPU tensors map the file, so an edit made after the
-        # result layer checked it would reach the state.
-        tensors = {k: t.to(self.device) for k, t in load_bytes(path.read_bytes()).items()}
-        state = DynamicCache(config=self.config)
-        for i, layer in enumerate(state.layers):
-            if f"{i}.keys" in tensors:
-                keys, values = tensors[f"{i}.keys"], tensors[f"{i}.values"]
-                layer.lazy_initialization(keys, values)
-                layer.keys, layer.values = keys, values
-                if isinstance(layer, DynamicSlidingWindowLayer):
-                    layer.cumulative_length = int(tensors[f"{i}.cumulative_length"])
-            if f"{i}.indexer_keys" in tensors:
-                layer.lazy_initialization_indexer(tensors[f"{i}.indexer_keys"])
-                layer.indexer_keys = tensors[f"{i}.indexer_keys"]
-            if f"{i}.indexer_position_ids" in tensors:
-                layer.indexer_position_ids = tensors[f"{i}.indexer_position_ids"]
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
-                previous = tensors[f"{i}.has_previous_state"].tolist()
-                for j in range(layer.number_of_states):
-                    for kind in ("conv_states", "recurrent_states"):
-                        if (t := tensors.get(f"{i}.{kind}.{j}")) is not None:
-                            getattr(layer, kind)[j] = t
-                            getattr(layer, f"is_{kind}_initialized")[j] = True
-                            layer.device, layer.dtype = t.device, t.dtype
-                    if layer.is_conv_states_initialized[j]:
-                        layer.conv_kernel_size[j] = layer.conv_states[j].shape[-1]
-                    layer.has_previous_state[j] = bool(previous[j])
-        return state
-
-
-# Layer fields ``TorchKV.save`` writes (or that the config rebuilds: a sliding window's size).
-_SAVED = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
-                    "_sliding_window_tensor"})
-
-
-def _noisy(t: torch.Tensor, size: float, g: torch.Generator) -> torch.Tensor:
-    noise = torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device)
-    return (t.float() * (1 + size * noise)).to(t.dtype)
-
-
-def _tensors(layer: Any) -> list[torch.Tensor]:
-    """Every tensor a cache layer holds: attention keys/values, linear-attention conv/recurrent states."""
-    out = [getattr(layer, "keys", None), getattr(layer, "values", None)]
-    for states in ("conv_states", "recurrent_states"):
-        out.extend((getattr(layer, states, None) or {}).values())
-    return [t for t in out if isinstance(t, torch.Tensor)]
-
-
-def _device(name: str) -> torch.device:
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -299,7 +173,9 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
+def _dtype(name: str, device: Any) -> Any:
+    import torch
+
     # auto: bfloat16 where it is the fast path (CUDA); float32 elsewhere, where bf16 is slow or patchy.
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -43,9 +43,10 @@ class Calibration:
 
 
 def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit: int | None, *, force,
-         evaluation: dict[str, Any] | None, ledger, twin: str | None = None) -> evaluator.Plan:
+         evaluation: dict[str, Any] | None, ledger, twin: str | None = None, skip_unsupported: bool = False) -> evaluator.Plan:
     """The evaluation's plan (its engine, suites and limit when one is named), checked to be current; with
-    ``twin``, the served evaluation's suites and limit on the twin engine."""
+    ``twin``, the served evaluation's suites and limit on the twin engine. ``skip_unsupported``: leave out
+    promptfoo assertions gatekeeper cannot evaluate (a named evaluation that left them out does too)."""
     if twin is not None and evaluation is None:
         raise GatekeeperError("--twin calibrates a served evaluation through an in-process engine on the same weights: "
                               "add --evaluation ID (the served engine's evaluation)")
@@ -54,6 +55,7 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
             raise GatekeeperError(f"evaluation {evaluation['id']} is for {evaluation['flag']!r}, not {flag!r}")
         config = evaluation["config"]
         engine, suites, limit = twin or config["engine"], config.get("suites"), config.get("limit")
+        skip_unsupported = skip_unsupported or config.get("skip_unsupported", False)
         if twin is not None and not evaluation["identity"]["on"]["engine"].get("servers"):
             raise GatekeeperError(f"evaluation {evaluation['id']} ran on an in-process engine ({config['engine']}): "
                                   "calibrate it directly (drop --twin)")
@@ -61,7 +63,7 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
                                                     lambda ev: evaluator.identity_now(ws, ev, ledger)) if p.startswith("stale:")]
         if stale:
             raise GatekeeperError(f"{stale[0]}; calibrate a current evaluation (gatekeeper evaluate --flag {flag})")
-    p = evaluator.plan(ws, flag, engine, suites, limit, force=force)
+    p = evaluator.plan(ws, flag, engine, suites, limit, force=force, skip_unsupported=skip_unsupported)
     if not p.exercises_cache:
         raise GatekeeperError(f"calibrate plants faults in the prefix cache's restored states; {flag} does not turn "
                               "the cache on (calibrate --flag prefix_cache)")

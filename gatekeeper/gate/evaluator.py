@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..battery import load as battery, checks, partition
-from . import kinds, pipeline
+from ..battery import load as battery, checks, graded, partition
+from . import graders as graders_, kinds, pipeline
 from . import load as load_
-from ..engines.base import Engine, Session, plus
+from ..engines.base import Engine, Session, labelled, plus
 from ..errors import GatekeeperError
 from ..identity import digest, directory_digest, sha256_hex
 from ..workspace import EngineProfile, Load, Policy, Workspace
@@ -86,6 +86,7 @@ class Plan:
     config: dict[str, Any] = field(default_factory=dict)
     load: Load | None = None  # served engines: the production load both sides run under
     captured: list[list[int] | str] | None = None  # a capture load's prompts
+    grading: graders_.Spec | None = None  # model-graded and similar assertions: what grades them (None: nothing to)
 
     @property
     def schedule(self) -> list[tuple[str, int]]:
@@ -136,6 +137,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         if load is not None:
             _check_load(cls, c.profile, load)
     items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+    grading = graders_.spec(ws, policy, items)  # graded assertions and no grader named: exit 2 before loading
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     digest_ = battery.battery_digest(ws, items)
     return Plan(ws, flag, policy, items, engine, digest_, configs,
@@ -143,7 +145,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
                 {"engine": engine, "suites": suites, "limit": limit,
                  "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
                  **({"skip_unsupported": True} if skip_unsupported else {}),
-                 **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured)
+                 **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grading)
 
 
 def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
@@ -183,12 +185,18 @@ def _actors(p: Plan, models: dict[str, Engine]):
         return None
     from . import ray_executor
 
-    return ray_executor.Actors(p, models, profile, ray_executor.Steps(open_engines, _pin_stage_prefixes, run_case))
+    return ray_executor.Actors(p, models, profile, ray_executor.Steps(open_engines, _pin_stage_prefixes, run_case, _open_graders))
 
 
-def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch=None) -> dict[str, Any]:
+def _open_graders(p: Plan, loaded=()) -> graders_.Graders | None:
+    return graders_.open(p.grading, p.ws.root, loaded)
+
+
+def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch=None,
+             graders: graders_.Graders | None = None) -> dict[str, Any]:
     """One case, every turn of it, greedy; each later turn extends the transcript so far. A ``watch``
-    (calibration's) may stop the case early: its ``turn(n)`` is the turn's ``until``, its ``fired`` the stop."""
+    (calibration's) may stop the case early: its ``turn(n)`` is the turn's ``until``, its ``fired`` the stop.
+    ``graders``: the evaluation's (model-graded and similar assertions)."""
     suite, case, model = item.suite, item.case, session.model
     values = dict(case.vars)
     history: list[dict[str, str]] = []
@@ -197,15 +205,24 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
         values.update(turn_vars)
         rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
         early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
-        g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop, top2=True,
-                             **early)
+        with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
+            g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
+                                 top2=True, **early)
         turns.append({**g.to_dict(), "static_tokens": rendered.static_tokens, "prompt_digest": sha256_hex(rendered.text.encode())})
         history = [*rendered.messages, {"role": "assistant", "content": g.text}]
         if watch and watch.fired:
             break
     text = turns[-1]["text"]
-    context = checks.Context(vars=values, prompt=rendered.text)
+    context = checks.Context(vars=values, prompt=promptfoo_prompt(rendered.messages), graders=graders)
     return {"turns": turns, "text": text, "outcomes": checks.outcomes(list(case.assert_), text, context)}
+
+
+def promptfoo_prompt(messages: list[dict[str, str]]) -> str:
+    """The prompt as promptfoo hands it to assertions and graders: a lone user message's text, else the chat
+    messages as JSON text (what a promptfoo chat prompt renders to)."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return graded.stringify([{"role": m["role"], "content": m["content"]} for m in messages])
 
 
 def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
@@ -229,13 +246,14 @@ def _pin_stage_prefixes(session: Session, p: Plan, mode: partition.Mode) -> int:
         values = {**case.vars, **(case.turns[0] if case.turns else {})}
         r = partition.render(session.model, partition.pieces(p.ws, suite, values), mode)
         if r.static_tokens:
-            session.pin(r.tokens[: r.static_tokens])
+            with labelled(stage=suite.stage):
+                session.pin(r.tokens[: r.static_tokens])
             pinned += 1
     return pinned
 
 
-def _identity(p: Plan, config: str, engine_identity: dict[str, Any]) -> dict[str, Any]:
-    """What makes one configuration's outputs what they are."""
+def _identity(p: Plan, config: str, engine_identity: dict[str, Any], grader: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What makes one configuration's outputs what they are (and, with graded assertions, their outcomes: the grader)."""
     c = p.configs[config]
     out = {
         "engine": engine_identity,
@@ -252,11 +270,14 @@ def _identity(p: Plan, config: str, engine_identity: dict[str, Any]) -> dict[str
         out["load"] = p.config["load"]
     if p.config["change"] is not None:
         out["change"] = p.config["change"]
+    if grader is not None:
+        out["grader"] = grader
     return out
 
 
-def identities(models: dict[str, Engine], p: Plan) -> dict[str, Any]:
-    return {config: _identity(p, config, models[config].identity()) for config in ("off", "on")}
+def identities(models: dict[str, Engine], p: Plan, graders: graders_.Graders | None = None) -> dict[str, Any]:
+    grader = graders.identity() if graders else None
+    return {config: _identity(p, config, models[config].identity(), grader) for config in ("off", "on")}
 
 
 def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
@@ -264,17 +285,22 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
     """Run, compare and decide; every step is appended to the ledger as it happens."""
     t_start = time.perf_counter()
     shares = _cacheable_share(models["off"], p)
-    actors = _actors(p, models)  # executor: ray: started, loaded and checked before anything is written
-    evaluation_id = ledger.start_evaluation(p.flag, operator, p.policy.gate, identities(models, p),
-                                            {**p.config, "baseline_repeats": p.policy.baseline_repeats,
-                                             "concurrency": {k: m.concurrency for k, m in models.items()},
-                                             **(actors.config if actors else {})})
-    try:
-        runs = Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors else _run(p, ledger, models, evaluation_id, progress)
-        outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start)
-    except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
-        ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
-        raise
+    with contextlib.ExitStack() as stack:
+        graders = graders_.open(p.grading, p.ws.root, models.values())  # once per evaluation; None: nothing to grade
+        if graders is not None:
+            stack.enter_context(graders)
+        actors = _actors(p, models)  # executor: ray: started, loaded and checked before anything is written
+        evaluation_id = ledger.start_evaluation(p.flag, operator, p.policy.gate, identities(models, p, graders),
+                                                {**p.config, "baseline_repeats": p.policy.baseline_repeats,
+                                                 "concurrency": {k: m.concurrency for k, m in models.items()},
+                                                 **(actors.config if actors else {})})
+        try:
+            runs = (Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors
+                    else _run(p, ledger, models, evaluation_id, progress, graders))
+            outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start)
+        except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
+            ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
+            raise
     ledger.finish_evaluation(evaluation_id, outcome.verdict, outcome.reasons, outcome.to_dict())
     return outcome
 
@@ -286,7 +312,8 @@ class Runs:
     model_s: float
 
 
-def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None]) -> Runs:
+def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
+         graders: graders_.Graders | None = None) -> Runs:
     """Every configuration and repeat, each on a fresh session; each case recorded as it finishes.
     Under a load, each run but the one alone keeps the load's background traffic in flight beside it."""
     runs = Runs({config: [] for config, _ in p.schedule}, {config: 0.0 for config, _ in p.schedule}, 0.0)
@@ -298,7 +325,7 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
             _pin_stage_prefixes(session, p, c.render)
             results: dict[str, dict] = {}
             t0 = time.perf_counter()
-            for item, result in _cases(session, p, c.render, workers=1 if config == ALONE else None):
+            for item, result in _cases(session, p, c.render, workers=1 if config == ALONE else None, graders=graders):
                 progress(f"{config}#{repeat} {item.case_id}")
                 runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
                 ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
@@ -445,15 +472,16 @@ def _blind(p: Plan, models: dict[str, Engine]) -> list[str]:
     return out
 
 
-def _cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
+def _cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None,
+           graders: graders_.Graders | None = None) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
     """Each case with its result, in battery order; up to ``workers`` (the engine's concurrency) run at once."""
     workers = max(1, workers or session.model.concurrency)
     if workers == 1:
-        yield from ((item, run_case(session, p.ws, item, mode)) for item in p.items)
+        yield from ((item, run_case(session, p.ws, item, mode, graders=graders)) for item in p.items)
         return
     pool = ThreadPoolExecutor(workers)
     try:
-        futures = [pool.submit(run_case, session, p.ws, item, mode) for item in p.items]
+        futures = [pool.submit(run_case, session, p.ws, item, mode, graders=graders) for item in p.items]
         for item, future in zip(p.items, futures):
             yield item, future.result()
     finally:
@@ -475,7 +503,7 @@ def _passes(results: dict[str, dict]) -> int:
 def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str, Any]:
     """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit, candidate)
     has today, with the pipeline in force as the ledger says, the evaluated flag taken as off."""
-    from ..engines.registry import build_engine
+    from ..engines import registry
 
     config = evaluation["config"]
     force = pipeline.in_force(ws, ledger, {evaluation["flag"]: "off"})
@@ -484,5 +512,5 @@ def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str,
     p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"),
              force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False),
              load=load_.in_force(ws, evaluation["flag"]))
-    with build_engine(p.configs["off"].profile, workspace_root=ws.root) as model:
-        return _identity(p, "off", model.identity())
+    grader = graders_.identity(p.grading, ws.root) if p.grading else None  # a changed grader reads stale
+    return _identity(p, "off", registry.identity(p.configs["off"].profile, workspace_root=ws.root), grader)

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from deepdiff import DeepDiff
 
 from . import attestation as attestation_
 from .. import signing
@@ -27,6 +26,8 @@ from ..workspace import HASH_PARTS, MinPower, Workspace
 
 # Given an evaluation record, the flag-off identity its configuration has now.
 IdentityNow = Callable[[dict[str, Any]], dict[str, Any]]
+# Given the flip's signing key (or None), records the ledger's head in the workspace: {file, seq, signer}.
+RecordCheckpoint = Callable[[Any], dict[str, Any]]
 
 
 @dataclass
@@ -39,6 +40,8 @@ class FlipResult:
     required: int = 1
     evaluation_id: int | None = None
     signer: str | None = None  # the allowed_signers principal whose key signed this act
+    # under the policy's checkpoint_after_flip: {file, seq, signer} recorded after the flip, or {error}
+    checkpoint: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,19 +85,26 @@ def evidence_problems(ws: Workspace, flag: str, evaluation: dict[str, Any] | Non
     if age > policy.approvals.max_age_hours:
         problems.append(f"expired: evaluation {eid} is {age:.1f} h old; the policy accepts {policy.approvals.max_age_hours:g} h")
     now_json = json.loads(canonical_json(identity_now(evaluation)))  # compare as stored: plain JSON types
-    diff = DeepDiff(evaluation["identity"]["off"], now_json, ignore_order=True)
-    if diff:
-        changed = sorted({path for paths in diff.to_dict().values() for path in (paths if isinstance(paths, (list, dict, set)) else [paths])})
+    if evaluation["identity"]["off"] != now_json and (diff := _diff(evaluation["identity"]["off"], now_json)):
+        # each kind of change holds its paths (a dict, a list or an ordered set: keys added or removed) or one path
+        changed = sorted({path for paths in diff.to_dict().values() for path in ([paths] if isinstance(paths, str) else paths)})
         problems.append(f"stale: the configuration changed since evaluation {eid}: {', '.join(map(str, changed))}")
     if policy.min_power is not None:
         problems += power_problems(policy.min_power, flag, eid, evaluation.get("calibrations") or [])
     return problems
 
 
+def _diff(a: Any, b: Any):
+    from deepdiff import DeepDiff  # only when something changed: the import costs status and flip 0.15 s
+
+    return DeepDiff(a, b, ignore_order=True)
+
+
 # --- signed acts ------------------------------------------------------------------------------
 
 def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | None, operator: str, reason: str,
-         identity_now: IdentityNow, now: datetime | None = None, attestation: attestation_.Attestation | None = None) -> FlipResult:
+         identity_now: IdentityNow, now: datetime | None = None, attestation: attestation_.Attestation | None = None,
+         record_checkpoint: RecordCheckpoint | None = None) -> FlipResult:
     policy = ws.policy(flag)  # unknown flag: exit 2 before anything is written
     if state not in ("on", "off"):
         raise GatekeeperError(f"state must be 'on' or 'off', not {state!r}")
@@ -119,7 +129,8 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
             ledger.add_refusal(flag, operator, signature_reasons, evaluation_id=evaluation["id"] if evaluation else None)
             return FlipResult(flag, current, "refused", signature_reasons, evaluation_id=evaluation_id)
         ledger.add_flip(flag, "off", operator, reason, evaluation_id=evaluation_id, seal=seal)
-        return FlipResult(flag, "off", "flipped", evaluation_id=evaluation_id, signer=signer)
+        return _checkpointed(ws, FlipResult(flag, "off", "flipped", evaluation_id=evaluation_id, signer=signer),
+                             attestation, record_checkpoint)
 
     required = policy.approvals.required
     evidence = evidence_problems(ws, flag, evaluation, identity_now, now)
@@ -145,8 +156,28 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
                           len(approvers), required, evaluation_id, signer)
     ledger.add_flip(flag, "on", operator, reason, evaluation_id=evaluation_id, approval_ids=sorted(approvers.values()),
                     seal=seal)
-    return FlipResult(flag, "on", "flipped", approvals=len(approvers), required=required, evaluation_id=evaluation_id,
-                      signer=signer)
+    return _checkpointed(ws, FlipResult(flag, "on", "flipped", approvals=len(approvers), required=required,
+                                        evaluation_id=evaluation_id, signer=signer), attestation, record_checkpoint)
+
+
+def _checkpointed(ws: Workspace, result: FlipResult, attestation: attestation_.Attestation | None,
+                  record: RecordCheckpoint | None) -> FlipResult:
+    """A committed flip under ``approvals.checkpoint_after_flip``: ``record(key)`` writes the ledger's head into
+    the workspace, signed with the flip's key. The flip stands whatever happens here, so a checkpoint that
+    cannot be made or written is the result's ``checkpoint.error``, never an exception that hides the flip."""
+    if not ws.policy(result.flag).approvals.checkpoint_after_flip:
+        return result
+    key = attestation.key if attestation else None
+    try:
+        if record is None:
+            raise GatekeeperError("nothing was given to record it")
+        result.checkpoint = record(key)
+    except Exception as e:  # noqa: BLE001 - the flip is committed: say what failed, do not lose it
+        result.checkpoint = {"error": (
+            f"checkpoint_failed: {result.flag} is {result.state} (the ledger holds the flip), but its checkpoint could "
+            f"not be recorded ({type(e).__name__}: {e}); record it with "
+            f"'gatekeeper ledger checkpoint --record{' --sign KEY' if key else ''}'")}
+    return result
 
 
 def _approvers_since_last_flip(ledger, flag: str, evaluation_id: int | None, signed_only: bool = False) -> dict[str, int]:

@@ -12,7 +12,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Iterable, Iterator
 
-from deepdiff import DeepDiff
 
 from ..workspace import Policy
 
@@ -183,6 +182,12 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _diff(a: Any, b: Any) -> dict[str, Any]:
+    from deepdiff import DeepDiff  # only when outcomes differ: the import costs every CLI start 0.15 s
+
+    return DeepDiff(a, b).to_dict()
+
+
 def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]], str]) -> dict[str, Any] | None:
     """None when token ids, text bytes and outcomes are identical; else where and how they part."""
     for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
@@ -202,10 +207,10 @@ def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]]
             "a": side["a"], "b": side["b"],
             "near_tie": bool(margins) and min(margins) <= NEAR_TIE,
             "text_a": ta["text"], "text_b": tb["text"],
-            "outcomes_diff": DeepDiff(a["outcomes"], b["outcomes"]).to_dict() if a["outcomes"] != b["outcomes"] else {},
+            "outcomes_diff": _diff(a["outcomes"], b["outcomes"]) if a["outcomes"] != b["outcomes"] else {},
         }
     if a["outcomes"] != b["outcomes"]:
-        return {"turn": None, "outcomes_diff": DeepDiff(a["outcomes"], b["outcomes"]).to_dict()}
+        return {"turn": None, "outcomes_diff": _diff(a["outcomes"], b["outcomes"])}
     return None
 
 
@@ -216,7 +221,7 @@ def outcome_diff(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any] | No
     if not changed:
         return None
     return {"changed": changed, "text_a": off["text"], "text_b": on["text"],
-            "outcomes_diff": DeepDiff(off["outcomes"], on["outcomes"]).to_dict()}
+            "outcomes_diff": _diff(off["outcomes"], on["outcomes"])}
 
 
 class GateKind:

@@ -44,6 +44,7 @@ class Steps:
     open_engines: Callable[[Any], dict[str, Engine]]  # plan -> a loaded model per configuration
     pin: Callable[..., int]  # (session, plan, mode): each stage's static prefix pinned
     run_case: Callable[..., dict[str, Any]]  # (session, workspace, item, mode) -> the case's result
+    open_graders: Callable[..., Any] = lambda plan, loaded=(): None  # (plan, models) -> its model-graded assertions' graders
 
 
 @ray.remote
@@ -53,6 +54,7 @@ class Worker:
     def __init__(self, plan: Any, steps: Steps):
         self.plan, self.steps = plan, steps
         self.models = steps.open_engines(plan)
+        self.graders = steps.open_graders(plan, self.models.values())  # here too, once: each actor grades its shard
         self.session, self.mode = None, None
 
     def report(self) -> dict[str, Any]:
@@ -69,7 +71,7 @@ class Worker:
         self.steps.pin(self.session, self.plan, c.render)
 
     def case(self, index: int) -> dict[str, Any]:
-        return self.steps.run_case(self.session, self.plan.ws, self.plan.items[index], self.mode)
+        return self.steps.run_case(self.session, self.plan.ws, self.plan.items[index], self.mode, graders=self.graders)
 
     def end(self) -> None:
         if self.session is not None:

@@ -3,6 +3,7 @@
 promptfoo turns a numeric `value` into text with `String(v)`, parses output with `JSON.parse` and compares
 JSON with `util.isDeepStrictEqual`; Python's `str`, `json.loads` and `==` differ on each (`4.0`, `NaN`,
 `True == 1`) and recurse on deep JSON. These are iterative re-statements of the JavaScript rules.
+JavaScript strings are UTF-16 code units: `code_units` and `js_lower` give Python strings the same meaning.
 """
 
 from __future__ import annotations
@@ -23,6 +24,39 @@ def is_js_space(ch: str) -> bool:
 
 def js_trim(s: str) -> str:
     return s.strip(JS_SPACE)
+
+
+# --- strings as UTF-16 code units ------------------------------------------------------------
+
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+# case pairs Unicode added after 14.0 (Python 3.11's tables) up to 17.0 (node 22's ICU, which promptfoo runs on)
+_NEWER_LOWER = {0x1C89: 0x1C8A, 0xA7CB: 0x0264, 0xA7CC: 0xA7CD, 0xA7CE: 0xA7CF, 0xA7D2: 0xA7D3, 0xA7D4: 0xA7D5,
+                0xA7DA: 0xA7DB, 0xA7DC: 0x019B, **{c: c + 0x20 for c in range(0x10D50, 0x10D66)},
+                **{c: c + 0x1B for c in range(0x16EA0, 0x16EB9)}}
+
+
+def _split(m: re.Match) -> str:
+    c = ord(m.group()) - 0x10000
+    return chr(0xD800 + (c >> 10)) + chr(0xDC00 + (c & 0x3FF))
+
+
+def _join(m: re.Match) -> str:
+    high, low = map(ord, m.group())
+    return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+
+
+def code_units(s: str) -> str:
+    """``s`` with one character per UTF-16 code unit (an astral character becomes its surrogate pair), so
+    Python's ``in``, ``startswith`` and ``==`` compare as JavaScript's includes, startsWith and ===: a lone
+    surrogate matches half of an emoji, and a pair read from ``\\ud83d\\ude00`` equals the emoji."""
+    return s if s.isascii() else _ASTRAL.sub(_split, s)
+
+
+def js_lower(s: str) -> str:
+    """``String.prototype.toLowerCase``: a surrogate pair is one character (Python keeps a pair read from
+    escapes as two), and the case pairs of Unicode 17.0."""
+    return s.lower() if s.isascii() else _PAIR.sub(_join, s).lower().translate(_NEWER_LOWER)
 
 
 def number_string(x: float) -> str:
@@ -217,6 +251,8 @@ def _same_primitive(a: Any, b: Any) -> bool:
         if math.isnan(fa) or math.isnan(fb):
             return math.isnan(fa) and math.isnan(fb)
         return fa == fb and math.copysign(1, fa) == math.copysign(1, fb)  # Object.is: -0 is not 0
+    if isinstance(a, str) and isinstance(b, str):
+        return code_units(a) == code_units(b)
     return type(a) is type(b) and a == b
 
 

@@ -4,6 +4,11 @@ The hash chain proves the ledger is consistent with itself; it cannot show that 
 off, or that everything after an edit was re-hashed. A checkpoint (seq, hash, time, entry count,
 a digest of where the ledger lives), committed with the workspace or handed to an auditor, can:
 the ledger must still hold that very entry at that seq. Signed, it cannot be forged either.
+
+The workspace records its own: ``ledger/checkpoints.jsonl`` holds every checkpoint written after a flip
+(or by ``ledger checkpoint --record``), one a line, appended and never rewritten, so the file is committed
+with the pipeline (the database beside it is git-ignored) and an edit of an old line shows in its history;
+``ledger/checkpoint.json`` is the newest, for readers of one file. ``ledger verify`` checks them all.
 """
 
 from __future__ import annotations
@@ -78,34 +83,106 @@ def write(checkpoint: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path, where: str | None = None) -> dict[str, Any]:
     """A checkpoint file, checked for shape; GatekeeperError (exit 2) when it is not one."""
+    where = where or f"--checkpoint {path}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return parse(path.read_text(encoding="utf-8"), where, "write one with 'gatekeeper ledger checkpoint'")
     except FileNotFoundError:
-        raise GatekeeperError(f"--checkpoint {path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise GatekeeperError(f"--checkpoint {path}: not a JSON checkpoint ({e}); write one with 'gatekeeper ledger checkpoint'") from None
+        raise GatekeeperError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise GatekeeperError(f"{where}: not a JSON checkpoint ({e}); write one with 'gatekeeper ledger checkpoint'") from None
+
+
+def parse(text: str, where: str, fix: str) -> dict[str, Any]:
+    """One checkpoint's JSON text, checked for shape; errors name ``where`` and say ``fix``."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise GatekeeperError(f"{where}: not a JSON checkpoint ({e}); {fix}") from None
     except RecursionError:
-        raise GatekeeperError(f"--checkpoint {path}: not a JSON checkpoint (nested too deeply); "
-                              "write one with 'gatekeeper ledger checkpoint'") from None
+        raise GatekeeperError(f"{where}: not a JSON checkpoint (nested too deeply); {fix}") from None
     if not isinstance(data, dict) or data.get("type") != FORMAT:
-        raise GatekeeperError(f"--checkpoint {path}: not a gatekeeper checkpoint (no \"type\": \"{FORMAT}\")")
+        raise GatekeeperError(f"{where}: not a gatekeeper checkpoint (no \"type\": \"{FORMAT}\")")
     for name, kind in (("ledger", str), ("seq", int), ("hash", str), ("entries", int), ("at", str)):
         if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
-            raise GatekeeperError(f"--checkpoint {path}: field {name!r} is missing or not a{'n integer' if kind is int else ' string'}")
+            raise GatekeeperError(f"{where}: field {name!r} is missing or not a{'n integer' if kind is int else ' string'}")
     if data["seq"] < 1:
-        raise GatekeeperError(f"--checkpoint {path}: field 'seq' must be 1 or more")
+        raise GatekeeperError(f"{where}: field 'seq' must be 1 or more")
     if ("signature" in data) != ("signer" in data):
-        raise GatekeeperError(f"--checkpoint {path}: a signed checkpoint has both 'signature' and 'signer'")
+        raise GatekeeperError(f"{where}: a signed checkpoint has both 'signature' and 'signer'")
     for name in ("signature", "signer"):
         if name in data and not isinstance(data[name], str):
-            raise GatekeeperError(f"--checkpoint {path}: field {name!r} is not a string")
+            raise GatekeeperError(f"{where}: field {name!r} is not a string")
     try:
         signing.parse_time(data["at"])
     except ValueError:
-        raise GatekeeperError(f"--checkpoint {path}: field 'at' is not an ISO-8601 time") from None
+        raise GatekeeperError(f"{where}: field 'at' is not an ISO-8601 time") from None
     return data
+
+
+# --- the workspace's own record ---------------------------------------------------------------
+
+LOG = "checkpoints.jsonl"
+
+
+def log_path(ws) -> Path:
+    """``ledger/checkpoints.jsonl``, beside the newest (``ws.checkpoint_path``)."""
+    return ws.checkpoint_path.with_name(LOG)
+
+
+def record(checkpoint: dict[str, Any], ws) -> Path:
+    """Append ``checkpoint`` to the workspace's log (one line, synced) and make it the newest; the log's path."""
+    path = log_path(ws)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(checkpoint, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    with open(path, "a+b") as f:
+        if _cut_short(f):
+            line = b"\n" + line  # a line cut short stays its own (bad) line, never joined to this one
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    write(checkpoint, ws.checkpoint_path)
+    return path
+
+
+def after_flip(ws, ledger, key: signing.SigningKey | None) -> dict[str, Any]:
+    """The ledger's head, signed with ``key`` when given, recorded in the workspace: {file, seq, signer}."""
+    cp = make(ledger, location(ledger.url, ws.root), key, ws.allowed_signers if key is not None else None)
+    return {"file": str(record(cp, ws)), "seq": cp["seq"], "signer": cp.get("signer")}
+
+
+def _cut_short(f) -> bool:
+    """Whether the file's last line lacks its newline (a write that was interrupted)."""
+    end = f.seek(0, os.SEEK_END)
+    if not end:
+        return False
+    f.seek(end - 1)
+    return f.read(1) != b"\n"
+
+
+def recorded(ws) -> list[tuple[str, dict[str, Any]]]:
+    """Every checkpoint the workspace records, named: each line of the log (``FILE:LINE``), then the newest
+    (``ledger/checkpoint.json``) where it is not in the log (a workspace from before the log, or one written
+    by hand). A line or file that is no checkpoint is GatekeeperError (exit 2), naming it."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    path = log_path(ws)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        lines = []
+    except (OSError, UnicodeDecodeError) as e:
+        raise GatekeeperError(f"{path}: cannot be read as text ({e}); restore it from the workspace's history") from None
+    for n, line in enumerate(lines, 1):
+        if line.strip():
+            out.append((f"{path}:{n}", parse(line, f"{path} line {n}",
+                                             "restore the line from the workspace's history, or remove it")))
+    newest = ws.checkpoint_path
+    if newest.is_file():
+        data = load(newest, str(newest))
+        if data not in [c for _, c in out]:
+            out.append((str(newest), data))
+    return out
 
 
 @dataclass

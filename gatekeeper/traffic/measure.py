@@ -96,16 +96,19 @@ class Plan:
 
 
 def plan(ws: Workspace, flag: str = "prefix_cache", flag_state: str = "current", compare: bool = False,
-         engine: str = "auto", suites: list[str] | None = None, limit: int | None = None) -> Plan:
-    """Every input checked before a model is loaded or anything is written."""
+         engine: str = "auto", suites: list[str] | None = None, limit: int | None = None, *,
+         skip_unsupported: bool = False) -> Plan:
+    """Every input checked before a model is loaded or anything is written. ``skip_unsupported``: a suite
+    with promptfoo assertions gatekeeper cannot evaluate is measured anyway (measuring runs no assertions)."""
     ws.policy(flag)
     if flag_state not in STATES:
         raise GatekeeperError(f"--flag-state must be one of {', '.join(STATES)}, not {flag_state!r}")
     if compare and flag_state != "current":
         raise GatekeeperError("--compare runs the flag off and then on; drop --flag-state")
     ws.engine(engine)
-    items = battery.load(ws, suites, limit)
-    config = {"flag": flag, "flag_state": flag_state, "compare": compare, "engine": engine, "suites": suites, "limit": limit}
+    items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+    config = {"flag": flag, "flag_state": flag_state, "compare": compare, "engine": engine, "suites": suites, "limit": limit,
+              **({"skip_unsupported": True} if skip_unsupported else {})}
     return Plan(ws, flag, ["off", "on"] if compare else [flag_state], engine, items, config)
 
 
