@@ -106,6 +106,28 @@ def test_a_plugin_that_redefines_identity_is_loaded(tiny_llama, home):
     assert registry.identity(prof)["relabelled"] is True
 
 
+class Elsewhere(TorchEngine):
+    """Loads the model from ``options.actor_model`` instead of the profile's (as tests/fault_engines.py's Ray actors do)."""
+
+    options = {**TorchEngine.options, "actor_model": "a model directory"}
+
+    def _locate(self, workspace_root):
+        super()._locate(workspace_root)
+        self.model_dir = self.weights = Path(self.profile.options["actor_model"])
+
+
+def test_an_adapter_that_finds_its_files_elsewhere_reports_what_it_loaded(tiny_llama, tmp_path, home):
+    from tiny_models import build_tiny_llama
+
+    other = build_tiny_llama(tmp_path / "other", seed=1)
+    prof = torch_profile(tiny_llama).model_copy(update={"adapter": "test_identity_fast:Elsewhere",
+                                                        "options": {"actor_model": str(other)}})
+    with registry.build_engine(prof) as engine:
+        loaded = engine.identity()
+    assert loaded["model_digest"] == identity.directory_digest(other) != identity.directory_digest(tiny_llama)
+    assert registry.identity(prof) == loaded  # loaded, not computed from the profile's model
+
+
 PROBE = """
 import json, sys
 from typer.testing import CliRunner

@@ -334,7 +334,7 @@ class GreedyEngine(Engine):
             key = self._learned_key(self.profile, self.model_dir)
             if _LEARNED.get(key) != learned:
                 _LEARNED.put(key, learned)
-            self._identity = self._identity_from(self.profile, self.workspace_root, learned)
+            self._identity = self._identity_from(self.profile, self.workspace_root, learned, (self.model_dir, self.adapter_dir))
         return dict(self._identity)
 
     @classmethod
@@ -342,9 +342,9 @@ class GreedyEngine(Engine):
         """From the files' digests, the profile and the libraries' versions, plus what only a load can
         tell (dtype and device as the framework resolves them here, whether the state can be cut back),
         remembered from the last load of this model configuration on this machine; None before one."""
-        model_dir, _ = cls._folders(profile, workspace_root)
-        learned = _LEARNED.get(cls._learned_key(profile, model_dir))
-        return None if learned is None else cls._identity_from(profile, workspace_root, learned)
+        folders = cls._folders(profile, workspace_root)
+        learned = _LEARNED.get(cls._learned_key(profile, folders[0]))
+        return None if learned is None else cls._identity_from(profile, workspace_root, learned, folders)
 
     @classmethod
     def _learned_key(cls, profile: EngineProfile, model_dir: Path) -> str:
@@ -355,9 +355,11 @@ class GreedyEngine(Engine):
                        "machine": accelerators()})
 
     @classmethod
-    def _identity_from(cls, profile: EngineProfile, workspace_root: Path | None, learned: dict[str, Any]) -> dict[str, Any]:
-        """The identity, loaded or not: the one function both ``identity`` and ``identity_of`` use."""
-        model_dir, adapter_dir = cls._folders(profile, workspace_root)
+    def _identity_from(cls, profile: EngineProfile, workspace_root: Path | None, learned: dict[str, Any],
+                       folders: tuple[Path, Path | None]) -> dict[str, Any]:
+        """The identity, loaded or not: the one function both ``identity`` and ``identity_of`` use. ``folders``:
+        the model and LoRA directories (a loaded engine's own: an adapter may locate them otherwise)."""
+        model_dir, adapter_dir = folders
         out = {
             "engine": cls.name,
             "engine_version": __version__,

@@ -82,11 +82,11 @@ def build_engine(profile: EngineProfile, *, workspace_root: Path | None = None) 
 def identity(profile: EngineProfile, *, workspace_root: Path | None = None) -> dict[str, Any]:
     """The identity a model loaded from ``profile`` reports, without loading its weights where the
     adapter can tell it from its files (``Engine.identity_of``); otherwise the model is loaded and asked.
-    A subclass that redefines ``identity`` below the class that computes ``identity_of`` is loaded:
-    the inherited computation would not know what it changed."""
+    A subclass that redefines ``identity`` or where it finds its files (``_locate``) below the class that
+    computes ``identity_of`` is loaded: the inherited computation would not know what it changed."""
     profile = resolve_profile(profile)
     cls = check_profile(profile)
-    if issubclass(_owner(cls, "identity_of"), _owner(cls, "identity")):
+    if all(issubclass(_owner(cls, "identity_of"), _owner(cls, name)) for name in ("identity", "_locate") if hasattr(cls, name)):
         known = cls.identity_of(profile, workspace_root=workspace_root)
         if known is not None:
             return known
