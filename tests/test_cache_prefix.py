@@ -179,3 +179,17 @@ def test_untrimmable_states_are_reused_only_whole():
 def test_store_rejects_a_state_of_the_wrong_length():
     with pytest.raises(ValueError):
         make().store([1, 2, 3], ListState([1, 2]))
+
+
+def test_pinned_bytes_follow_pins_stores_and_drops():
+    rng = random.Random(3)
+    c = make(max_entries=6, max_bytes=8 * 40)
+    for _ in range(300):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 9))]
+        if rng.random() < 0.2 and (entry := c.get(tokens)) is not None:
+            c.pin(entry)
+        else:
+            c.store(tokens, ListState(tokens, trimmable=rng.random() < 0.7), pinned=rng.random() < 0.1)
+        if rng.random() < 0.05:
+            c.drop_covering(tokens[:2]) if rng.random() < 0.5 else c.reset()
+        assert c.pinned_bytes == sum(e.nbytes for e in c.entries if e.pinned)

@@ -52,6 +52,7 @@ class PrefixCache:
         self._trie: TokenTrie[Entry] = TokenTrie()
         self._lru: OrderedDict[tuple[int, ...], Entry] = OrderedDict()  # oldest first
         self.nbytes = 0
+        self.pinned_bytes = 0  # kept as entries are pinned and dropped: summing them per store is quadratic
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -119,7 +120,8 @@ class PrefixCache:
             raise ValueError(f"edges {edges} must end at the state's length {len(key)}")
         old = self._lru.get(key)
         if old is not None:
-            old.pinned = old.pinned or pinned
+            if pinned:
+                self.pin(old)
             self._lru.move_to_end(key)
             return old
         trimmable = self.ops.trimmable(state)
@@ -129,8 +131,7 @@ class PrefixCache:
                 self._lru.move_to_end(longer.tokens)  # a longer entry already covers these tokens
                 return None
         entry = Entry(key, state, self.ops.nbytes(state), pinned, edges)
-        # could never fit beside the pinned entries (they are part of nbytes: summed only when it is over)
-        if not pinned and entry.nbytes + self.nbytes > self.max_bytes and entry.nbytes + self._pinned_bytes() > self.max_bytes:
+        if not pinned and entry.nbytes + self.pinned_bytes > self.max_bytes:  # could never fit beside the pinned entries
             return None
         if trimmable:
             # Shorter unpinned entries on the same path are now redundant: this one covers them.
@@ -140,6 +141,7 @@ class PrefixCache:
         self._trie.insert(key, entry)
         self._lru[key] = entry
         self.nbytes += entry.nbytes
+        self.pinned_bytes += entry.nbytes if pinned else 0
         self._evict()
         return entry
 
@@ -154,9 +156,13 @@ class PrefixCache:
         self._trie.remove(entry.tokens)
         del self._lru[entry.tokens]
         self.nbytes -= entry.nbytes
+        self.pinned_bytes -= entry.nbytes if entry.pinned else 0
 
-    def _pinned_bytes(self) -> int:
-        return sum(e.nbytes for e in self._lru.values() if e.pinned)
+    def pin(self, entry: Entry) -> None:
+        """Keep ``entry`` whatever the limits say (it still counts toward them)."""
+        if not entry.pinned:
+            entry.pinned = True
+            self.pinned_bytes += entry.nbytes
 
     def drop_covering(self, prefix: Sequence[int]) -> int:
         """Drop every entry (pinned too) that holds all of ``prefix``; how many were dropped.

@@ -153,7 +153,8 @@ class SnapshotStore:
     def take(self, tokens: Sequence[int], state: Any, *, pinned: bool, edges: Sequence[int] | None) -> Entry | None:
         """Keep a copy of ``state`` (which covers exactly ``tokens``); the caller keeps computing on its own."""
         if (old := self.cache.get(tokens)) is not None:
-            old.pinned = old.pinned or pinned
+            if pinned:
+                self.cache.pin(old)
             return old  # already held: copying it again would only cost time
         start = perf_counter()
         copy = self.cache.ops.fork(state, len(tokens))

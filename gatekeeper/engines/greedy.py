@@ -162,7 +162,7 @@ class GreedySession(Session):
                 continue  # the policy keeps no snapshot at boundaries
             entry = self.prefix_cache.get(key)
             if entry is not None:
-                entry.pinned = True
+                self.prefix_cache.pin(entry)
                 continue
             cuts = self._cuts(key)
             edges = None if cuts is None else [*cuts, len(key)]
