@@ -395,19 +395,26 @@ def _factuality(a: Assertion, output: str, context: checks.Context, ask) -> Verd
 _DOTS = "[^\n\r\u2028\u2029]+"  # JavaScript's .+ (a dot matches no line terminator)
 
 
+def _json_in(reply: str, pattern: str, failure: str) -> Any:
+    """The JSON the pattern finds in a G-Eval reply, or the grader failure promptfoo reports (``failure``)."""
+    m = re.search(pattern, reply)
+    if not m:
+        return grader_fail(f"{failure}: {reply}")
+    try:
+        return parse_json(m.group())
+    except JSONError as e:
+        return grader_fail(f"{failure}: {e}\n\n{reply}")
+
+
 def _geval_one(criteria: str, a: Assertion, output: str, context: checks.Context, ask, threshold: float) -> Verdict:
     rubric = a.options.get("rubricPrompt")
     parts = rubric if isinstance(rubric, dict) else {}
     steps_reply = ask(render_prompt(load_prompt(parts.get("steps"), default_prompt("g-eval-steps.txt")), {"criteria": criteria}))
     if not steps_reply:
         return grader_fail("G-Eval step-generation call to the grader returned no output")
-    m = re.search(r'\{"steps"' + _DOTS + r"\}", steps_reply)
-    if not m:
-        return grader_fail(f"LLM-proposed evaluation steps are not in JSON format: {steps_reply}")
-    try:
-        parsed = parse_json(m.group())
-    except JSONError as e:
-        return grader_fail(f"LLM-proposed evaluation steps are not in JSON format: {e}\n\n{steps_reply}")
+    parsed = _json_in(steps_reply, r'\{"steps"' + _DOTS + r"\}", "LLM-proposed evaluation steps are not in JSON format")
+    if isinstance(parsed, Verdict):
+        return parsed
     steps = parsed.get("steps") if isinstance(parsed, dict) else None
     if not isinstance(steps, list):
         shown = stringify(steps) if isinstance(parsed, dict) and "steps" in parsed else "undefined"
@@ -421,13 +428,9 @@ def _geval_one(criteria: str, a: Assertion, output: str, context: checks.Context
     reply = ask(render_prompt(load_prompt(parts.get("evaluate"), default_prompt("g-eval-evaluate.txt")), evaluate_vars))
     if not reply:
         return grader_fail("G-Eval evaluation call to the grader returned no output")
-    m = re.search(r"\{" + _DOTS + r"\}", reply)
-    if not m:
-        return grader_fail(f"LLM-proposed evaluation result is not in JSON format: {reply}")
-    try:
-        result = parse_json(m.group())
-    except JSONError as e:
-        return grader_fail(f"LLM-proposed evaluation result is not in JSON format: {e}\n\n{reply}")
+    result = _json_in(reply, r"\{" + _DOTS + r"\}", "LLM-proposed evaluation result is not in JSON format")
+    if isinstance(result, Verdict):
+        return result
     result = result if isinstance(result, dict) else {}
     raw = result.get("score")
     score = (float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool)

@@ -88,15 +88,7 @@ class TokenTrie(Generic[V]):
     def longest(self, tokens: Sequence[int]) -> tuple[int, V | None]:
         """(n, value): ``n`` is the longest prefix of ``tokens`` shared with any stored sequence,
         and ``value`` belongs to the shortest stored sequence that starts with those ``n`` tokens."""
-        node, i, n = self._root, 0, len(tokens)
-        while i < n:
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            k = _shared(child.edge, tokens, i)
-            node, i = child, i + k
-            if k < len(child.edge):
-                break
+        node, i = self._walk(tokens)
         if i == 0:
             return 0, None
         return i, min(self._values_under(node), key=lambda dv: dv[0])[1]
@@ -104,6 +96,10 @@ class TokenTrie(Generic[V]):
     def shared(self, tokens: Sequence[int]) -> int:
         """The longest prefix of ``tokens`` shared with any stored sequence: ``longest`` without
         looking for a value, so its cost is the query's length, not the matching subtree's size."""
+        return self._walk(tokens)[1]
+
+    def _walk(self, tokens: Sequence[int]) -> tuple["_Node", int]:
+        """The deepest node ``tokens`` reaches (possibly part-way along its edge) and how many tokens matched."""
         node, i, n = self._root, 0, len(tokens)
         while i < n:
             child = node.children.get(tokens[i])
@@ -113,7 +109,7 @@ class TokenTrie(Generic[V]):
             node, i = child, i + k
             if k < len(child.edge):
                 break
-        return i
+        return node, i
 
     def prefixes(self, tokens: Sequence[int]) -> list[tuple[int, V]]:
         """Stored sequences that are prefixes of ``tokens`` (whole-entry matches), shortest first."""
