@@ -121,7 +121,7 @@ def _bad(ws: Path, files: dict[str, str]) -> str:
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}', {id: 'x', lable: y}]\ntests: [{vars: {q: x}}]\n"}, r"field 'prompts.1.lable': not a promptfoo prompt key"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q | upper}}']\ntests: [{vars: {q: x}}]\n"}, r"nunjucks beyond"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\nscenarios: []\ntests: [{vars: {q: x}}]\n"}, r"field 'scenarios': not supported"),
-    ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, options: {transform: output.trim()}}]\n"}, r"options.transform"),
+    ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, options: {suffix: '!'}}]\n"}, r"options.suffix"),
 ])
 def test_bad_configs_name_the_file_and_line(tiny_ws, files, expected):
     import re

@@ -162,8 +162,8 @@ tests:
 
 
 def test_a_refusal_from_default_test_says_so(tiny_ws):
-    message = _refusal(tiny_ws, {"faq.promptfoo.yaml": "prompts: ['{{q}}']\ndefaultTest:\n  options: {postprocess: output.trim()}\n" + TESTS})
-    assert "faq.promptfoo.yaml: defaultTest (applies to every test): field 'options.postprocess': not supported" in message
+    message = _refusal(tiny_ws, {"faq.promptfoo.yaml": "prompts: ['{{q}}']\ndefaultTest:\n  options: {prefix: 'Q: '}\n" + TESTS})
+    assert "faq.promptfoo.yaml: defaultTest (applies to every test): field 'options.prefix': not supported" in message
     message = _refusal(tiny_ws, {"faq.promptfoo.yaml": "prompts: ['{{q}}']\ndefaultTest:\n  assert: [{type: sounds-right}]\n" + TESTS})
     assert "faq.promptfoo.yaml: defaultTest, assertion 1 (in test 1): unknown assertion type 'sounds-right'" in message
 
@@ -276,3 +276,17 @@ def test_a_file_rubric_prompt_is_read_beside_the_config(tiny_ws):
                                 "      - {type: llm-rubric, value: polite, rubricPrompt: file://rubric.txt}\n",
                                 "rubric.txt": "Grade {{ output }} against {{ rubric }}"})["g"].cases
     assert case.assert_[0].options["rubricPrompt"] == "Grade {{ output }} against {{ rubric }}"
+
+
+def test_a_glob_var_gives_one_case_per_file(tiny_ws):
+    """promptfoo's generateVarCombinations: a file:// var is globbed and each file is a test of its own."""
+    config = "prompts: ['Sum up: {{article}}']\ntests:\n  - vars: {article: 'file://articles/*.txt', tone: [dry, warm]}\n"
+    files = {"faq.promptfoo.yaml": config, "articles/b.txt": "  second\n", "articles/a.txt": "first\n"}
+    cases = _suites(tiny_ws, files)["faq"].cases
+    assert [(c.vars["article"], c.vars["tone"]) for c in cases] == [
+        ("first", "dry"), ("first", "warm"), ("second", "dry"), ("second", "warm")]  # each file trimmed, as promptfoo reads it
+    assert len({c.id for c in cases}) == 4
+    no_expansion = config.replace("tone: [dry, warm]}", "tone: dry}\n    options: {disableVarExpansion: true}")
+    assert "a glob only with var expansion on" in _refusal(tiny_ws, {"faq.promptfoo.yaml": no_expansion})
+    assert "matches no file" in _refusal(tiny_ws, {"faq.promptfoo.yaml": config.replace("*.txt", "*.md")})
+    assert "matches c.yaml" in _refusal(tiny_ws, {"faq.promptfoo.yaml": config.replace("*.txt", "*"), "articles/c.yaml": "x: 1\n"})

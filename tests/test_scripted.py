@@ -104,6 +104,15 @@ def test_files_and_their_functions(scripts, language, suffix):
     assert outcome(f"not-{language}", f"{f}:graded", "Lisbon")["pass"]
 
 
+def test_typescript_files_run_as_promptfoo_runs_them(tmp_path):
+    """node 22 strips the types: a .ts assertion with annotations and an ES default export runs."""
+    ts = tmp_path / "check.ts"
+    ts.write_text("export default function (output: string, context: {vars: Record<string, string>}): boolean {\n"
+                  "  const wanted: string = context.vars.city;\n  return output.includes(wanted);\n}\n")
+    assert outcome("javascript", f"file://{ts}", "Porto!")["pass"]
+    assert not outcome("javascript", f"file://{ts}", "Lisbon")["pass"]
+
+
 def test_python_grading_result_below_threshold_fails(scripts):
     got = outcome("python", f"file://{scripts / 'check.py'}:graded", "Porto", threshold=0.8)
     assert got["pass"] is False and got["reason"] == "Python score 0.5 is less than threshold 0.8: starts with P"
@@ -153,7 +162,7 @@ def test_a_worker_that_times_out_or_dies_is_replaced():
     ("javascript", 42, "'value' must be javascript code"),
     ("python", "  ", "'value' must be python code"),
     ("python", "file://{dir}/check.js", "a python assertion's file must end in .py"),
-    ("javascript", "file://{dir}/check.ts", "not TypeScript"),
+    ("javascript", "file://{dir}/check.rb", "a javascript assertion's file must end in .js or"),
     ("javascript", "file://check.js", "a relative script path in a gatekeeper suite"),
     ("python", "file://{dir}/nowhere.py", "no such file"),
 ])

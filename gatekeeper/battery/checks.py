@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..js import regex, yaml as jsyaml
@@ -200,6 +200,7 @@ class Context:
     vars: Mapping[str, Any] = field(default_factory=dict)
     prompt: str = ""
     graders: Any = None
+    response: Any = None  # providerResponse.output when a test's transform changed it (None: the output)
 
 
 def base_type(kind: str) -> str:
@@ -223,12 +224,24 @@ def prepare(a: Assertion) -> Any:
 
 
 def evaluate(assertion: Assertion, output: str, context: Context = Context()) -> dict[str, Any]:
-    """``{"pass": bool, ...}`` for one assertion on one output (``not-`` inverts ``pass``)."""
+    """``{"pass": bool, ...}`` for one assertion on one output (``not-`` inverts ``pass``), after the
+    suite's transforms where it has them (battery/transform.py)."""
+    inverse = assertion.type.startswith("not-")
+    value: Any = output
+    if any(k in assertion.options for k in ("output_transform", "transform")):
+        from . import transform
+
+        try:
+            value, output, response = transform.apply(assertion.options, output, dict(context.vars), context.prompt)
+        except transform.Failed as e:  # the test ended in an error: every assertion fails, not- or not
+            return {"pass": False, "score": 0, "reason": str(e)}
+        context = replace(context, response=response)
     if assertion.type in CHECKS:
         passed = CHECKS[assertion.type][1](output, prepare(assertion))
-        return {"pass": passed != assertion.type.startswith("not-")}
-    result = _module(assertion.type).evaluate(assertion, output, context)
-    return {**result, "pass": result["pass"] != assertion.type.startswith("not-")}
+        return {"pass": passed != inverse}
+    takes_value = EVALUATED_BY[base_type(assertion.type)] == "scripted"  # the user's code gets the value as it is
+    result = _module(assertion.type).evaluate(assertion, value if takes_value else output, context)
+    return {**result, "pass": result["pass"] != inverse}
 
 
 def check(assertion: Assertion, output: str, context: Context = Context()) -> bool:

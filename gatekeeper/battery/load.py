@@ -143,17 +143,27 @@ def battery_digest(ws: Workspace, items: list[Item]) -> str:
 
 
 def _scripts(ws: Workspace, suite: dict) -> tuple[dict, dict[str, str]]:
-    """The suite with its script paths made relative to the workspace (evidence survives a moved checkout),
-    and each script's content digest (an edited script makes the evidence stale)."""
+    """The suite with its script paths (javascript/python values, transforms) made relative to the workspace
+    (evidence survives a moved checkout), and each script's content digest (an edited script makes the
+    evidence stale)."""
     scripts: dict[str, str] = {}
+
+    def relative(ref: str) -> str:
+        path = Path(ref[len("file://"):].partition(":")[0])
+        if path.is_relative_to(ws.root):
+            ref = "file://" + ref[len("file://"):].replace(str(ws.root) + "/", "", 1)
+            path = path.relative_to(ws.root)
+        file = ws.root / path
+        scripts[str(path)] = sha256_hex(file.read_bytes()) if file.is_file() else ""
+        return ref
+
     for case in suite.get("cases", []):
         for a in case.get("assert", []):
             value = a.get("value")
             if a["type"].removeprefix("not-") in ("javascript", "python") and isinstance(value, str) and value.startswith("file://"):
-                path = Path(value[len("file://"):].partition(":")[0])
-                if path.is_relative_to(ws.root):
-                    a["value"] = "file://" + value[len("file://"):].replace(str(ws.root) + "/", "", 1)
-                    path = path.relative_to(ws.root)
-                file = ws.root / path
-                scripts[str(path)] = sha256_hex(file.read_bytes()) if file.is_file() else ""
+                a["value"] = relative(value)
+            for key in ("output_transform", "transform"):
+                ref = a.get("options", {}).get(key)
+                if isinstance(ref, str) and ref.startswith("file://"):
+                    a["options"][key] = relative(ref)
     return suite, scripts

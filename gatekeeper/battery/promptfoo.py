@@ -7,8 +7,9 @@ NAME alone for one prompt, NAME.LABEL for several. A gatekeeper suite with its o
 ``promptfoo: FILE`` takes only FILE's tests.
 
 Tests come inline, from local YAML/JSON/JSONL/CSV files (CSV ``__expected`` columns), ``defaultTest``
-merges in as promptfoo merges it, ``$ref`` pointers (``assertionTemplates``) are resolved, array vars
-expand into one case each, and values are templated from the test's vars. Whatever promptfoo gives a
+merges in as promptfoo merges it, ``$ref`` pointers (``assertionTemplates``) are resolved, array vars and
+globbed ``file://`` vars expand into one case each, values are templated from the test's vars, and a test's
+or an assertion's ``transform`` is kept on each assertion it feeds (battery/transform.py runs it). Whatever promptfoo gives a
 meaning gatekeeper cannot honour is refused (exit 2) naming the file, the field and the fix; an assertion
 gatekeeper cannot evaluate is kept aside in ``Suite.skipped`` (battery.load refuses it unless
 ``--skip-unsupported``), and ``cost``/``latency`` (about the call, not the output) in ``Suite.call_metrics``.
@@ -67,8 +68,9 @@ ASSERTION_KEYS = {"type", "value", "threshold", "weight", "metric", "provider", 
                   "transform", "contextTransform"}
 # test options: changing what is graded (refused), read (grading settings and expansion), and the rest promptfoo
 # uses for running, not grading (ignored)
-CHANGES_OUTPUT = ("transform", "postprocess", "prefix", "suffix", "transformVars", "storeOutputAs")
+CHANGES_OUTPUT = ("prefix", "suffix", "transformVars", "storeOutputAs")
 GRADING_OPTIONS = ("provider", "rubricPrompt", "factuality")
+OUTPUT_TRANSFORMS = ("transform", "postprocess")  # promptfoo runs the first set on the output (battery/transform.py)
 RUN_OPTIONS = {"disableVarExpansion", "disableDefaultAsserts", "disableConversationVar", "runSerially", "repeat"}
 REMOTE = re.compile(r"^(https?|huggingface|hf|az|s3|gs)://", re.I)
 _CSV_EXPECTED = re.compile(r"^(not-)?(" + "|".join(re.escape(t) for t in PROMPTFOO_TYPES) + r")(?:\((\d+(?:\.\d+)?)\))?(?::([\s\S]*))?$")
@@ -340,18 +342,36 @@ def _mapping(value: Any, where: str, field: str) -> dict:
     return value
 
 
-def _var_value(value: Any, base: Path, where: str) -> Any:
-    if isinstance(value, str) and value.startswith("file://"):
-        ref = value[len("file://"):]
-        if any(c in ref for c in "*?[") or Path(ref).suffix.lower() in (
-                ".js", ".mjs", ".cjs", ".ts", ".py", ".rb", ".yaml", ".yml", ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".webp"):
-            raise GatekeeperError(f"{where}: var {value!r}: gatekeeper reads a var from one text file, not a glob, "
-                                  "script, YAML, PDF or image; put the text in a .txt file")
-        path = (base / ref).resolve()
-        if not path.is_file():
-            raise GatekeeperError(f"{where}: var {value!r} not found (relative to {base}); fix the path")
-        return js_trim(read_text(path))  # promptfoo trims a text var file
-    return value
+_VAR_CODE_OR_DATA = (".js", ".mjs", ".cjs", ".ts", ".py", ".rb", ".yaml", ".yml", ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".webp")
+
+
+def _var_value(value: Any, base: Path, where: str, expand: bool = True) -> Any:
+    """A ``file://`` var read as promptfoo reads it: the file's text, trimmed; a glob (with var expansion on)
+    is the list of its files' texts, one case each (promptfoo's generateVarCombinations)."""
+    if not (isinstance(value, str) and value.startswith("file://")):
+        return value
+    ref = value[len("file://"):]
+    if has_magic(ref) and expand:
+        files = glob_files(base, ref)
+        if not files:
+            raise GatekeeperError(f"{where}: var {value!r} matches no file (relative to {base}); fix the pattern")
+        texts = [_var_file(f, value, where) for f in files]
+        return texts if len(texts) > 1 else texts[0]
+    if has_magic(ref) or Path(ref).suffix.lower() in _VAR_CODE_OR_DATA:
+        raise GatekeeperError(f"{where}: var {value!r}: gatekeeper reads a var from text files, not a script, YAML, PDF or "
+                              "image" + (", and a glob only with var expansion on" if has_magic(ref) else "")
+                              + "; put the text in a .txt file")
+    path = (base / ref).resolve()
+    if not path.is_file():
+        raise GatekeeperError(f"{where}: var {value!r} not found (relative to {base}); fix the path")
+    return js_trim(read_text(path))  # promptfoo trims a text var file
+
+
+def _var_file(path: Path, value: str, where: str) -> str:
+    if path.suffix.lower() in _VAR_CODE_OR_DATA:
+        raise GatekeeperError(f"{where}: var {value!r} matches {path.name}: gatekeeper reads a var from text files, not a "
+                              "script, YAML, PDF or image; narrow the pattern to text files")
+    return js_trim(read_text(path))
 
 
 def _combinations(vars: dict, expand: bool) -> list[dict]:
@@ -382,9 +402,8 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
         if kind in checks.GATEKEEPER_ONLY:
             raise GatekeeperError(f"{where}: type {kind!r} is gatekeeper's own, not promptfoo's; use it in a gatekeeper suite")
         raise GatekeeperError(f"{where}: unknown assertion type {kind!r} (promptfoo has no such type); fix it")
-    for key in ("transform", "contextTransform"):
-        if raw.get(key) is not None:
-            return f"{kind}: '{key}' runs code on the output"
+    if raw.get("contextTransform") is not None:
+        return f"{kind}: 'contextTransform' runs code on the context"
     if raw.get("weight") == 0:
         return f"{kind}: weight 0 (promptfoo passes it whatever the output)"
     value = raw.get("value")
@@ -415,6 +434,10 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
         rubric = options.get("rubricPrompt")
         if isinstance(rubric, str) and rubric.startswith("file://") and Path(rubric).suffix.lower() not in (".js", ".cjs", ".mjs", ".ts", ".py"):
             options["rubricPrompt"] = read_text(_file(rubric, config.parent, config))  # its text enters the battery digest
+    test_transform = next((grading[k] for k in OUTPUT_TRANSFORMS if (grading or {}).get(k)), None)
+    for key, ref in (("output_transform", test_transform), ("transform", raw.get("transform"))):
+        if ref is not None:
+            options[key] = _transform(ref, config, where)
     a = Assertion(type=kind, value=value, name=metric if isinstance(metric, str) else None,
                   threshold=threshold if base_type in checks.EVALUATED_BY else None, options=options)
     try:
@@ -424,6 +447,25 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
     return a
 
 
+
+
+def _transform(ref: Any, config: Path, where: str) -> str:
+    """A transform as battery/transform.py runs it: inline JavaScript, or a file:// reference made absolute
+    (relative to the config, as promptfoo resolves it); a bad one is exit 2."""
+    from . import transform
+
+    if not isinstance(ref, str) or not js_trim(ref):
+        raise GatekeeperError(f"{where}: field 'transform': JavaScript code or file://PATH[:function]; fix it")
+    if ref.startswith("file://"):
+        path, colon, function = ref[len("file://"):], "", ""
+        if path.rfind(":") > 1:
+            path, colon, function = path.rpartition(":")
+        ref = f"file://{_file('file://' + path, config.parent, config)}{colon}{function}"
+    try:
+        transform.script(ref)
+    except checks.Refused as e:
+        raise GatekeeperError(f"{where}: {e}") from None
+    return ref
 
 
 @dataclass(frozen=True)
@@ -468,7 +510,7 @@ def _options(default: dict, raw: dict, path: Path, test: _Test) -> dict:
         if key in CHANGES_OUTPUT and merged[key] is not None:
             raise GatekeeperError(f"{where}: field 'options.{key}': not supported by gatekeeper (it changes what is "
                                   "rendered or graded); remove it")
-        if key not in CHANGES_OUTPUT + GRADING_OPTIONS and key not in RUN_OPTIONS:
+        if key not in CHANGES_OUTPUT + GRADING_OPTIONS + OUTPUT_TRANSFORMS and key not in RUN_OPTIONS:
             warn(where, f"field 'options.{key}' is ignored: not a promptfoo test "
                         "option (promptfoo ignores it too); check its spelling")
     return merged
@@ -488,13 +530,14 @@ def _test_cases(config: dict, path: Path) -> list[_Cases]:
         _test_keys(raw, test.where, TEST_KEYS)
         options = _options(default, raw, path, test)
         vars = {**_mapping(default.get("vars"), str(path), "defaultTest.vars"), **_mapping(raw.get("vars"), test.where, "vars")}
-        vars = {k: _var_value(v, test.base or path.parent, test.where) for k, v in vars.items()}
+        expand = not options.get("disableVarExpansion")
+        vars = {k: _var_value(v, test.base or path.parent, test.where, expand) for k, v in vars.items()}
         own = raw.get("assert") or []
         defaults = [] if options.get("disableDefaultAsserts") is True else default.get("assert") or []
         prompts = raw.get("prompts", default.get("prompts"))
         if prompts is not None and not (isinstance(prompts, list) and all(isinstance(p, str) for p in prompts)):
             raise GatekeeperError(f"{test.where}: field 'prompts' must be a list of prompt labels; fix it")
-        combos = _combinations(vars, not options.get("disableVarExpansion"))
+        combos = _combinations(vars, expand)
         cases, skipped, call_metrics = [], [], []
         for k, combo in enumerate(combos, 1):
             base_id = str(raw.get("description") or f"test {n}") + (f" [{k}]" if len(combos) > 1 else "")

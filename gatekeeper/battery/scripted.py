@@ -38,7 +38,8 @@ from .checks import Context, Refused, base_type
 SCRIPTS = Path(__file__).with_name("scripts")
 TIMEOUT_ENV = "GATEKEEPER_SCRIPT_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
-SUFFIXES = {"javascript": (".js", ".cjs", ".mjs"), "python": (".py",)}
+# node 22 strips TypeScript's types itself, so .ts files load as promptfoo loads them
+SUFFIXES = {"javascript": (".js", ".cjs", ".mjs", ".ts", ".cts", ".mts"), "python": (".py",)}
 LABEL = {"javascript": "Custom function", "python": "Python code"}  # promptfoo's words in its reasons
 REASON_CHARS = 300  # a reason is recorded in the ledger: keep it short
 
@@ -69,8 +70,6 @@ def prepare(a: Assertion) -> Script:
         return Script(language, code=value)
     path, _, function = value[len("file://"):].partition(":")  # promptfoo splits at the first colon
     suffix = Path(path).suffix.lower()
-    if language == "javascript" and suffix in (".ts", ".cts", ".mts"):
-        raise Refused(f"{value}: gatekeeper runs JavaScript, not TypeScript; compile it to a .js file and point at that")
     if suffix not in SUFFIXES[language]:
         raise Refused(f"{value}: a {language} assertion's file must end in {' or '.join(SUFFIXES[language])}; fix the path")
     if not Path(path).is_absolute():
@@ -81,23 +80,52 @@ def prepare(a: Assertion) -> Script:
     return Script(language, file=path, function=function or None)
 
 
-def evaluate(a: Assertion, output: str, context: Context, worker: Worker | None = None) -> dict[str, Any]:
-    """The outcome; ``worker``: the one to ask instead of the language's kept-alive one."""
+def evaluate(a: Assertion, output: Any, context: Context, worker: Worker | None = None) -> dict[str, Any]:
+    """The outcome; ``output``: the text, or what a transform made of it; ``worker``: the one to ask instead of
+    the language's kept-alive one."""
     script = prepare(a)
     vars = dict(context.vars)
+    response = output if context.response is None else context.response
     request = {"code": script.code, "file": script.file, "fn": script.function, "output": output, "context": {
-        "prompt": context.prompt, "vars": vars, "test": {"vars": vars}, "providerResponse": {"output": output},
+        "prompt": context.prompt, "vars": vars, "test": {"vars": vars}, "providerResponse": {"output": response},
         **({"config": a.options["config"]} if "config" in a.options else {})}}
-    timeout = _timeout()
-    try:
-        reply = (worker or _worker(script.language)).call(request, timeout)
-    except TimeoutError:
-        raise GatekeeperError(f"a {a.type} assertion ({script.label()}) ran past {timeout:g} s, so it decided nothing and "
-                              f"the evaluation stops without a verdict; make it faster, or raise {TIMEOUT_ENV}") from None
+    reply = _ask(script.language, request, f"a {a.type} assertion ({script.label()})", worker)
     inverse = a.type.startswith("not-")
     judged = _judged(script.language, reply, a.threshold, inverse)
     # checks.evaluate inverts ``pass`` for not- types; promptfoo's own rule (errors fail either way) is applied here
     return {**judged, "pass": judged["pass"] != inverse}
+
+
+UNDEFINED = object()  # what a JavaScript function gave when it returned undefined
+
+
+class CallFailed(Exception):
+    """The user's function threw (or returned what JSON cannot carry): its message."""
+
+
+def call(script: Script, args: list, what: str, text: bool = False) -> Any:
+    """What the user's function (a transform, a nunjucks filter) returns for ``args``, as a JSON value, or
+    UNDEFINED; CallFailed when it throws. Inline code is JavaScript called as ``(output, context)``.
+    ``text``: return (value, the value as promptfoo's coerceString makes it text) instead."""
+    request = {"call": True, "code": script.code, "file": script.file, "fn": script.function, "args": args}
+    reply = _ask(script.language, request, what)
+    if "error" in reply:
+        raise CallFailed(reply["error"])
+    value = UNDEFINED if reply.get("undefined") else reply["value"]
+    if not text:
+        return value
+    if "text" in reply or value is UNDEFINED:  # JavaScript says how JSON.stringify writes it
+        return value, reply.get("text")
+    return value, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ask(language: str, request: dict, what: str, worker: Worker | None = None) -> dict:
+    timeout = _timeout()
+    try:
+        return (worker or _worker(language)).call(request, timeout)
+    except TimeoutError:
+        raise GatekeeperError(f"{what} ran past {timeout:g} s, so it decided nothing and the evaluation stops "
+                              f"without a verdict; make it faster, or raise {TIMEOUT_ENV}") from None
 
 
 # --- what a result means (promptfoo's javascript.ts and scriptResultNormalization.ts) --------------

@@ -1,7 +1,9 @@
-// gatekeeper's JavaScript assertion worker: one request per stdin line, one reply per line on the file
-// descriptor named by argv[2] (stdout and stderr are the user's, and go nowhere). A request is
-// {code | file + fn, output, context}; a reply is {kind: "boolean"|"number"|"grading", ...} or {error}.
-// It reads the result as promptfoo 0.123.1's javascript assertion does (src/assertions/javascript.ts).
+// gatekeeper's JavaScript worker: one request per stdin line, one reply per line on the file descriptor
+// named by argv[2] (stdout and stderr are the user's, and go nowhere).
+// An assertion request is {code | file + fn, output, context}; its reply is {kind: "boolean"|"number"|"grading",
+// ...} or {error}, read as promptfoo 0.123.1's javascript assertion reads a result (src/assertions/javascript.ts).
+// A call request is {call: true, code | file + fn, args}: a transform or a nunjucks filter; its reply is
+// {value, text} (JSON, and the value as text), {undefined: true} or {error}. TypeScript files load through node's own type stripping.
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import readline from "node:readline";
@@ -49,13 +51,35 @@ function isGradingResult(r) {
     optional(r.assertion, "object") && optional(r.comment, "string");
 }
 
-async function fromFile(file, fn, output, context) {
+async function exported(file, fn) {
   const ns = await import(pathToFileURL(file).href);
   let mod = ns?.default?.default || ns?.default || ns;
   if (fn) mod = mod[fn];
-  if (typeof mod === "function") return mod(output, context);
-  if (mod.default && typeof mod.default === "function") return mod.default(output, context);
+  if (typeof mod === "function") return mod;
+  if (mod?.default && typeof mod.default === "function") return mod.default;
+  return null;
+}
+
+async function fromFile(file, fn, output, context) {
+  const f = await exported(file, fn);
+  if (f) return f(output, context);
   throw new Error(`Assertion malformed: ${file} must export a function or have a default export as a function`);
+}
+
+// A transform (promptfoo's src/util/transform.ts: one line is returned, several are a body) or a filter.
+async function call({ code, file, fn, args }) {
+  let f;
+  if (file) {
+    f = await exported(file, fn);
+    if (!f) throw new Error(`${file} must export a function, have a default export as a function, or export the function "${fn}"`);
+  } else {
+    const body = code.includes("\n") ? code : `return ${code}`;
+    f = new Function("output", "context", "process", body);
+    args = [...args, processShim];
+  }
+  const value = await f(...args);
+  // text: the value as promptfoo's coerceString hands it to the assertions that read text
+  return value === undefined ? { undefined: true } : { value, text: typeof value === "string" ? value : JSON.stringify(value) };
 }
 
 async function evaluate({ code, file, fn, output, context }) {
@@ -80,11 +104,14 @@ async function evaluate({ code, file, fn, output, context }) {
 }
 
 for await (const line of readline.createInterface({ input: process.stdin, crlfDelay: Infinity })) {
+  const request = JSON.parse(line);
   let reply;
   try {
-    reply = await evaluate(JSON.parse(line));
+    reply = request.call ? await call(request) : await evaluate(request);
+    reply = JSON.stringify(reply);  // a value JSON cannot carry (a cycle, a BigInt) is the function's error
   } catch (err) {
-    reply = { error: `Custom function threw error: ${err && err.message !== undefined ? err.message : String(err)}` };
+    const message = err && err.message !== undefined ? err.message : String(err);
+    reply = JSON.stringify({ error: request.call ? message : `Custom function threw error: ${message}` });
   }
-  fs.writeSync(replies, JSON.stringify(reply) + "\n");
+  fs.writeSync(replies, reply + "\n");
 }

@@ -1,8 +1,9 @@
 """gatekeeper's Python assertion worker: one request per stdin line, one reply per line on the file
 descriptor named by argv[1] (stdout and stderr are the user's, and go nowhere).
 
-A request is {code | file + fn, output, context}; the reply is {"value": what the function returned, as JSON}
-or {"error": why it failed}. Code and files run as promptfoo 0.123.1 runs them (src/python/wrapper.py):
+An assertion request is {code | file + fn, output, context}; a call request (a transform) is
+{call: true, file + fn, args}. The reply is {"value": what the function returned, as JSON} or {"error": why it
+failed}. Code and files run as promptfoo 0.123.1 runs them (src/python/wrapper.py):
 inline code becomes the body of ``main(output, context)`` in a module that imports json; a file is loaded
 afresh for every call, its folder first on sys.path, and its function (``get_assert`` by default,
 ``Class.method`` allowed, a coroutine run to its end) called with the output and the context.
@@ -50,7 +51,7 @@ def function(request: dict):
 def answer(request: dict) -> dict:
     try:
         fn = function(request)
-        args = (request["output"], request["context"])
+        args = request["args"] if request.get("call") else (request["output"], request["context"])
         value = asyncio.run(fn(*args)) if inspect.iscoroutinefunction(fn) else fn(*args)
         return {"value": json.loads(json.dumps(value, allow_nan=False))}  # what JSON carries back to promptfoo
     except BaseException as e:  # noqa: BLE001 - the user's exception (or exit) is the assertion's failure
