@@ -243,3 +243,21 @@ def test_ray_actors_grade_as_one_process_does(run_cli, tiny_ws, tiny_llama):
     assert actors["identity"] == local["identity"] and "grader" in local["identity"]["off"]
     assert outcomes(actors) == outcomes(local)
     assert any(o["type"] == "llm-rubric" and "reply" in o for os_ in outcomes(local).values() for o in os_)
+
+
+@pytest.mark.slow
+def test_calibrate_grades_as_evaluate_did_and_mining_needs_no_grader(run_cli, tiny_ws, tiny_llama, tmp_path):
+    """calibrate compares each fault run's outcomes with the evaluation's, so it opens the same grader; battery
+    mine scores tokens and runs no assertion at all (a graded suite without any grader named mines)."""
+    ws = graded_ws(tiny_ws, tiny_llama)
+    code, out, _ = run_cli("--workspace", ws, "battery", "mine", "--suite", "tiny", "--engine", "tiny", "--cases", "1",
+                           "--out", tmp_path / "mined", "--json")
+    assert code == 0, out
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "grader: {engine: grader, max_tokens: 8}\n")
+    code, out = evaluate(run_cli, ws, "tiny", "--limit", "1")
+    assert out["verdict"] == "PASS", out
+    code, cal, _ = run_cli("--workspace", ws, "calibrate", "--evaluation", out["evaluation_id"], "--operator", "cal", "--json")
+    cal = json.loads(cal)
+    assert code == 0, cal
+    assert {r["spec"]: r for r in cal["faults"]}["noise:0"]["flagged"] == 0  # outcomes graded alike: no false alarm

@@ -12,13 +12,14 @@ linked to the evaluation, where a policy's ``min_power`` looks for it before a f
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import evaluator, flags, kinds, twin
+from . import evaluator, flags, graders as graders_, kinds, twin
 from ..engines.registry import check_profile
 from ..engines.faults import graded
 from ..errors import GatekeeperError
@@ -151,19 +152,25 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
     The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
     seconds: dict[str, float] = {}
     off = p.configs["off"]
-    if ref is None:
-        t0 = time.perf_counter()
-        ref = _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress)
-        seconds["reference"] = round(time.perf_counter() - t0, 3)
-    with tempfile.TemporaryDirectory(prefix="gatekeeper-calibration-") as layer:
+    with contextlib.ExitStack() as stack:
+        # model-graded assertions are graded as evaluate grades them, so outcomes compare with a recorded reference
+        graders = graders_.open(p.grading, p.ws.root, models.values())
+        if graders is not None:
+            stack.enter_context(graders)
+        if ref is None:
+            t0 = time.perf_counter()
+            ref = _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress, graders=graders)
+            seconds["reference"] = round(time.perf_counter() - t0, 3)
+        layer = stack.enter_context(tempfile.TemporaryDirectory(prefix="gatekeeper-calibration-"))
         # The stage prefixes are pinned once (by the unfaulted run) and loaded by every fault run from
         # this result layer: faults act on what a hit restores, never on the pins themselves.
         early = models["on"].early_stop and not full
-        rows = _faults(p, models["on"], ref, progress, early, Path(layer))
+        rows = _faults(p, models["on"], ref, progress, early, Path(layer), graders)
     return _summary(p, rows, seconds, early)
 
 
-def _faults(p: evaluator.Plan, model, ref: dict[str, dict], progress, early: bool, layer: Path) -> list[dict[str, Any]]:
+def _faults(p: evaluator.Plan, model, ref: dict[str, dict], progress, early: bool, layer: Path,
+            graders=None) -> list[dict[str, Any]]:
     on, rows = p.configs["on"], []
     rule = DriftRule.of(p.policy)
     unfaulted: dict[str, dict[tuple[int, int], float]] = {}
@@ -175,7 +182,8 @@ def _faults(p: evaluator.Plan, model, ref: dict[str, dict], progress, early: boo
         watches = {i.case_id: Watch(ref[i.case_id], unfaulted.get(i.case_id, {}), rule)
                    for i in p.items} if early and not zero else {}
         t0 = time.perf_counter()
-        results = _run(model.session(cache=True, fault=fault, results=layer), p, on.render, fault.spec, progress, watches)
+        results = _run(model.session(cache=True, fault=fault, results=layer), p, on.render, fault.spec, progress, watches,
+                       graders)
         elapsed = time.perf_counter() - t0
         if zero:
             unfaulted = {cid: kinds.drifts(ref[cid], r) for cid, r in results.items()}
@@ -215,11 +223,11 @@ def _summary(p: evaluator.Plan, rows: list[dict[str, Any]], seconds: dict[str, f
 
 
 def _run(session, p: evaluator.Plan, render, label: str, progress: Callable[[str], None],
-         watches: dict[str, Watch] | None = None) -> dict[str, dict]:
+         watches: dict[str, Watch] | None = None, graders=None) -> dict[str, dict]:
     with session:
         evaluator._pin_stage_prefixes(session, p, render)
         out = {}
         for item in p.items:
             progress(f"{label} {item.case_id}")
-            out[item.case_id] = evaluator.run_case(session, p.ws, item, render, (watches or {}).get(item.case_id))
+            out[item.case_id] = evaluator.run_case(session, p.ws, item, render, (watches or {}).get(item.case_id), graders)
         return out

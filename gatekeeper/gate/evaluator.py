@@ -97,7 +97,8 @@ class Plan:
 
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
          limit: int | None = None, *, force: pipeline.InForce, candidate: str | Path | None = None,
-         skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None) -> Plan:
+         skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None,
+         grading: bool = True) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
     the evaluated flag off, the flag-on side is that with the flag's change. ``load``: the production
     load (``load.in_force``), ``captured`` its capture's prompts."""
@@ -137,7 +138,8 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         if load is not None:
             _check_load(cls, c.profile, load)
     items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
-    grading = graders_.spec(ws, policy, items)  # graded assertions and no grader named: exit 2 before loading
+    # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
+    grading = graders_.spec(ws, policy, items) if grading else None
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     digest_ = battery.battery_digest(ws, items)
     return Plan(ws, flag, policy, items, engine, digest_, configs,

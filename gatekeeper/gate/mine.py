@@ -113,7 +113,7 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
     with that fault (``probe``). Returns the scores and the identity."""
     if not candidates:
         raise GatekeeperError("battery mine: no candidate cases; name suites (--suite), a capture (--capture) or both")
-    p = evaluator.plan(ws, "prefix_cache", engine, force=force)  # the flag-off side as the gate runs it
+    p = evaluator.plan(ws, "prefix_cache", engine, force=force, grading=False)  # the flag-off side as the gate runs it
     off = p.configs["off"]
     from ..engines.registry import build_engine
 
@@ -259,10 +259,13 @@ def _margins(turn: dict[str, Any]) -> list[float]:
 
 
 def _longer(item: Item, max_tokens: int | None) -> Item:
+    """The case as mining runs it: decoding up to ``max_tokens``, and no assertions (mining scores tokens, so
+    it runs no script and needs no grader)."""
+    case = item.case.model_copy(update={"assert_": []})
     if max_tokens is None or max_tokens <= item.suite.decoding.max_tokens:
-        return item
+        return Item(item.suite, case)
     decoding = Decoding(max_tokens=max_tokens, stop=item.suite.decoding.stop)
-    return Item(item.suite.model_copy(update={"decoding": decoding}), item.case)
+    return Item(item.suite.model_copy(update={"decoding": decoding}), case)
 
 
 def _pin(session, ws: Workspace, item: Item, mode) -> None:
