@@ -96,6 +96,19 @@ def test_refused_at_load():
             checks.prepare(a)
 
 
+def test_a_context_type_without_its_vars_is_refused_when_the_battery_loads():
+    from gatekeeper.workspace import Case, Segment, Suite
+
+    def problems(vars):
+        case = Case(id="c", vars=vars, assert_=[Assertion(type="context-faithfulness")])
+        suite = Suite(suite="s", stage="s", prompt=[Segment(role="user", static=False, text="{query}")], cases=[case])
+        return checks.validate_suite(suite)
+
+    assert problems({"query": "q", "context": "c"}) == []
+    (problem,) = problems({"query": "q"})
+    assert "case 'c', assertion 1 (context-faithfulness): context-faithfulness needs a non-empty 'context' var" in problem
+
+
 def test_output_and_vars_render_as_promptfoo_renders_them():
     _, grader = judge("llm-rubric", "r {{ x }}", '{"pass": true}', output='{"a": 1.0, "b": [true, null]}', vars={"x": "1"},
                       options={"rubricPrompt": "Out: {{ output }} | {{ rubric }} | {{ x }}"})

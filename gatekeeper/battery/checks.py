@@ -260,8 +260,12 @@ def validate_suite(suite: Suite) -> list[str]:
     """Every assertion whose value cannot be checked, named by suite, case and assertion."""
     problems = []
     for case in suite.cases:
+        vars = {**case.vars, **{k: v for turn in case.turns for k, v in turn.items()}}
         for n, a in enumerate(case.assert_, 1):
-            problem = _value_problem(a)
+            needs = getattr(_module(a.type), "needs", lambda a: ()) if a.type not in CHECKS else lambda a: ()
+            lacking = [name for name in needs(a) if not vars.get(name)]
+            problem = _value_problem(a) or (f"{base_type(a.type)} needs a non-empty {lacking[0]!r} var in each test; add it "
+                                            "to the test's vars" if lacking else None)
             if problem:
                 label = a.name or a.type
                 problems.append(f"suite {suite.suite!r}, case {case.id!r}, assertion {n} ({label}): {problem}")

@@ -344,6 +344,14 @@ def _call(context: checks.Context, prompt: str) -> str:
     return grader.complete(prompt)
 
 
+NEEDS_VARS = {"context-relevance": ("query", "context"), "context-faithfulness": ("query", "context")}
+
+
+def needs(a: Assertion) -> tuple[str, ...]:
+    """The vars each case must hold for this assertion (checked when the battery loads)."""
+    return NEEDS_VARS.get(checks.base_type(a.type), ())
+
+
 def _var(context: checks.Context, name: str, kind: str) -> str:
     v = context.vars.get(name)
     if not isinstance(v, str) or not v:
