@@ -120,6 +120,19 @@ for out in ['x {"a":1} y', "{a: 1}", "[1,2]", '{"a": "}"}', "{}", "{ }", "{{}}",
     rows("contains-json", "contains-json", ABSENT, [out])
     rows("contains-json", "not-contains-json", ABSENT, [out])
 
+# is-json and contains-json with a JSON schema: promptfoo's own ajv (strict schemas, ajv-formats)
+SCHEMA = {"type": "object", "required": ["color"],
+          "properties": {"color": {"type": "string"}, "n": {"type": "integer", "minimum": 1}}}
+for kind, outs in [("is-json", ['{"color": "red"}', '{"color": 1}', '{"n": 2}', '{"color": "red", "n": 0}', "not json", "[1]"]),
+                   ("contains-json", ['x {"color": "red"} y', '{"n": 1} {"color": "blue"}', '{"color": 3}', "none",
+                                      "{color: red}", '{"color": "red", "n": 1.5}'])]:
+    rows("json-schema", kind, SCHEMA, outs)
+    rows("json-schema", f"not-{kind}", SCHEMA, outs)
+rows("json-schema", "is-json", "type: object\nrequired: [a]", ['{"a": 1}', '{"b": 1}'])  # a schema written as YAML text
+rows("json-schema", "is-json", {"type": "string", "format": "email"}, ['"a@b.co"', '"nope"'])  # ajv-formats
+rows("json-schema", "is-json", {"$id": "num", "type": "number"}, ["1", '"1"'])
+rows("json-schema", "is-json", {"type": "object", "colour": 1}, ["{}"])  # strict: an unknown keyword is an error
+
 # values templated from the test's vars
 V = {"word": "cat", "n": 4, "x": 1.0, "flag": True, "nums": [1, 2], "obj": {"a": "b"}, "html": "<b>&", "pat": "^c.t$"}
 for kind, v, outs in [("contains", "{{ word }}", ["a cat", "a dog"]), ("contains", "{{word}}s", ["cats"]), ("contains", "{{ missing }}", ["x"]),

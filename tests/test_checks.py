@@ -70,7 +70,8 @@ def test_promptfoo_meaning(kind, value, output, expected):
 
 @pytest.mark.parametrize("kind, value", [
     ("contains", ""), ("contains", True), ("contains-any", ""), ("contains-any", 0), ("starts-with", 4),
-    ("regex", "(?i)a"), ("regex", "(?P<n>a)"), ("equals", None), ("contains-any", '"a, b'), ("is-json", {"type": "object"}),
+    ("regex", "(?i)a"), ("regex", "(?P<n>a)"), ("equals", None), ("contains-any", '"a, b'),
+    ("is-json", {"type": "object", "colour": 1}), ("is-json", 3), ("contains-json", "type: [nothing"),
 ])
 def test_values_promptfoo_refuses_are_refused(kind, value):
     with pytest.raises(Refused):

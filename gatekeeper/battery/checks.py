@@ -123,9 +123,50 @@ def _equals_check(out: str, prepared: tuple[str, Any]) -> bool:
         return False
 
 
-def _no_schema(v: Any) -> None:
-    if truthy(v):
-        raise Refused("a JSON schema 'value' is not supported (promptfoo validates it with ajv); remove it")
+def _schema(v: Any) -> Any:
+    """None, or the JSON schema an is-json/contains-json value gives (YAML text is read as promptfoo reads it),
+    compiled once by promptfoo's ajv so that a schema it refuses is refused at load."""
+    if not truthy(v):
+        return None
+    if isinstance(v, str):
+        try:
+            v = jsyaml.load(v)
+        except Exception as e:  # noqa: BLE001 - whatever js-yaml cannot read
+            raise Refused(f"'value' is not a readable JSON schema ({e}); fix it") from None
+    elif not isinstance(v, dict):
+        raise Refused(f"'value' must be a JSON schema (an object, or YAML text), not {js_string(v)!r}")
+    from . import scripted
+
+    if not scripted.promptfoo_setup.node().is_file():
+        raise Refused("a JSON schema is checked by promptfoo's ajv, under the node that 'make promptfoo' installs, and "
+                      "it is not installed; run 'make promptfoo'")
+    try:
+        scripted.schema_valid(v, [])
+    except scripted.CallFailed as e:
+        raise Refused(f"'value' is a JSON schema that ajv refuses ({e}); fix it") from None
+    return v
+
+
+def _conforms(values: list, schema: Any) -> list[bool]:
+    from . import scripted
+
+    return scripted.schema_valid(schema, values)
+
+
+def _is_json(out: str, schema: Any) -> bool:
+    if schema is None:
+        return is_json(out)
+    try:
+        value = parse_json(out)
+    except JSONError:
+        return False
+    return _conforms([value], schema)[0]
+
+
+def _contains_json(out: str, schema: Any) -> bool:
+    if schema is None:
+        return jsyaml.has_json_object(out)
+    return any(_conforms(jsyaml.json_objects(out), schema))
 
 
 def _strings(v: Any) -> list[str]:
@@ -167,8 +208,8 @@ SHARED: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool]]] = {
     "contains-all": (_units(_many), _found()),
     "icontains-any": (_units(_many, js_lower), _found(js_lower, any)),
     "icontains-all": (_units(_many, js_lower), _found(js_lower)),
-    "is-json": (_no_schema, lambda out, v: is_json(out)),
-    "contains-json": (_no_schema, lambda out, v: jsyaml.has_json_object(out)),
+    "is-json": (_schema, _is_json),
+    "contains-json": (_schema, _contains_json),
 }
 GATEKEEPER_ONLY: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool]]] = {
     "one-of": (_strings, lambda out, v: out.strip() in v),

@@ -173,47 +173,6 @@ def _map_strings(v: Any, f: Callable[[str], str]) -> Any:
 # --- reading replies ---------------------------------------------------------------------------------------
 
 
-def json_objects(text: str) -> list[Any]:
-    """promptfoo's extractJsonObjects: from each ``{``, the brace-balanced span (quotes not considered, braces
-    left open closed at the end) read as YAML/JSON; a span that reads as an object is taken and the scan goes on after it."""
-    out, i = [], 0
-    while i < len(text):
-        if text[i] != "{":
-            i += 1
-            continue
-        opened, closed, j, end = 1, 0, i + 1, min(i + 100_000, len(text))
-        found = None
-        while j < end and opened > closed:
-            opened += text[j] == "{"
-            closed += text[j] == "}"
-            j += 1
-            if opened == closed or j == len(text) or j == i + 100_000:
-                candidate = text[i:j] + "}" * max(0, opened - closed)
-                parsed = _yaml_object(candidate)
-                if parsed is not None:
-                    found = parsed
-                    break
-                if opened == closed:
-                    break
-        if found is not None:
-            out.append(found)
-            i = j
-        else:
-            i += 1
-    return out
-
-
-def _yaml_object(candidate: str) -> Any:
-    try:
-        v = parse_json(candidate)
-    except JSONError:
-        try:
-            v = jsyaml.load(jsyaml._slash_comments(candidate).replace("\t", " "))
-        except Exception:  # noqa: BLE001 - js-yaml throws on anything it cannot read: not an object
-            return None
-    return v if isinstance(v, (dict, list)) else None
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What promptfoo makes of a grader's reply; ``failure``: a grader failure (isGraderFailure), which no
@@ -236,7 +195,7 @@ def read_json_grade(reply: str, label: str, threshold: float | None) -> Verdict:
     """runJsonGradingPrompt's reading of a reply: the first JSON object's pass, score and reason."""
     if not reply:
         return grader_fail("No output")
-    objects = json_objects(reply)
+    objects = jsyaml.json_objects(reply)
     if not objects:
         return grader_fail(f"Could not extract JSON from {label} response")
     parsed = objects[0]
@@ -284,7 +243,7 @@ def read_factuality(reply: str, scores: dict[str, Any]) -> Verdict:
     options' factuality weights (a letter weighing 0 fails)."""
     if not reply:
         return _verdict(False, 0.0, "No output")
-    objects = json_objects(reply)
+    objects = jsyaml.json_objects(reply)
     category = objects[0].get("category") if objects and isinstance(objects[0], dict) else None
     why = objects[0].get("reason") if truthy(category) and isinstance(category, str) else None
     if truthy(category) and isinstance(category, str):

@@ -119,6 +119,16 @@ def call(script: Script, args: list, what: str, text: bool = False) -> Any:
     return value, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def schema_valid(schema: Any, values: list) -> list[bool]:
+    """Whether each value conforms to a JSON schema, by promptfoo's own ajv (strict schemas, ajv-formats);
+    CallFailed when ajv cannot compile the schema."""
+    package = promptfoo_setup.entrypoint().parents[2] / "package.json"  # ajv resolved as promptfoo resolves it
+    reply = _ask("javascript", {"schema": schema, "values": values, "modules": str(package)}, "a JSON schema check")
+    if "error" in reply:
+        raise CallFailed(reply["error"])
+    return reply["valid"]
+
+
 def _ask(language: str, request: dict, what: str, worker: Worker | None = None) -> dict:
     timeout = _timeout()
     try:

@@ -154,19 +154,22 @@ def _escaped(line: str, i: int) -> bool:
     return n % 2 == 1
 
 
-def _object(candidate: str) -> bool:
-    """Whether promptfoo's ``loadYaml(convertSlashCommentsToHash(c), {json: true})`` gives an object."""
+def _object(candidate: str) -> Any:
+    """What promptfoo's ``loadYaml(convertSlashCommentsToHash(c), {json: true})`` gives when it is an object
+    (a mapping or a list), else None."""
     try:
-        return isinstance(parse_json(candidate), (dict, list))  # plain JSON, however deep, without recursion
+        v = parse_json(candidate)  # plain JSON, however deep, without recursion
+        return v if isinstance(v, (dict, list)) else None
     except JSONError:
         pass
     if max(_depths(candidate)) > _MAX_YAML_DEPTH:
-        return False  # deeper than PyYAML recurses; a deeper-inside span gets its own try
+        return None  # deeper than PyYAML recurses; a deeper-inside span gets its own try
     try:
         # js-yaml takes tabs as flow-context spaces, PyYAML does not; the answer is the same with spaces
-        return isinstance(load(_slash_comments(candidate).replace("\t", " ")), (dict, list))
+        v = load(_slash_comments(candidate).replace("\t", " "))
     except (yaml.YAMLError, RecursionError, ValueError, TypeError):
-        return False
+        return None
+    return v if isinstance(v, (dict, list)) else None
 
 
 def _depths(s: str):
@@ -194,6 +197,32 @@ def has_json_object(s: str) -> bool:
             continue
         j = min(close.get(i, len(s)), i + _MAX_JSON)
         candidate = s[i:j] + "}" * (depth[j] - depth[i])
-        if _object(candidate):
+        if _object(candidate) is not None:
             return True
     return False
+
+
+def json_objects(text: str) -> list[Any]:
+    """promptfoo's extractJsonObjects: from each ``{``, the brace-balanced span (quotes not considered, braces
+    left open closed at the end) read as YAML/JSON; a span that reads as an object is taken and the scan goes on after it."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "{":
+            i += 1
+            continue
+        opened, closed, j, end = 1, 0, i + 1, min(i + _MAX_JSON, len(text))
+        found = None
+        while j < end and opened > closed:
+            opened += text[j] == "{"
+            closed += text[j] == "}"
+            j += 1
+            if opened == closed or j == len(text) or j == i + _MAX_JSON:
+                found = _object(text[i:j] + "}" * max(0, opened - closed))
+                if found is not None or opened == closed:
+                    break
+        if found is not None:
+            out.append(found)
+            i = j
+        else:
+            i += 1
+    return out

@@ -4,6 +4,8 @@
 // ...} or {error}, read as promptfoo 0.123.1's javascript assertion reads a result (src/assertions/javascript.ts).
 // A call request is {call: true, code | file + fn, args}: a transform or a nunjucks filter; its reply is
 // {value, text} (JSON, and the value as text), {undefined: true} or {error}. TypeScript files load through node's own type stripping.
+// A schema request is {schema, values, modules}: each value checked against a JSON schema by promptfoo's own ajv
+// (required from promptfoo's package.json, set up as promptfoo's getAjv sets it up); its reply is {valid: [bool]} or {error}.
 import fs from "node:fs";
 import { createRequire } from "node:module";
 import readline from "node:readline";
@@ -103,15 +105,34 @@ async function evaluate({ code, file, fn, output, context }) {
     `Got type ${typeof result}: ${JSON.stringify(result)}`);
 }
 
+let ajv;
+const validators = new Map();  // one compile per schema: ajv refuses a second schema with the same $id
+
+function validator(schema, modules) {
+  const key = JSON.stringify(schema);
+  if (!validators.has(key)) {
+    if (!ajv) {
+      const load = createRequire(modules);
+      ajv = new (load("ajv").default)({ strictSchema: true });
+      load("ajv-formats").default(ajv);
+    }
+    validators.set(key, ajv.compile(schema));
+  }
+  return validators.get(key);
+}
+
 for await (const line of readline.createInterface({ input: process.stdin, crlfDelay: Infinity })) {
   const request = JSON.parse(line);
   let reply;
   try {
-    reply = request.call ? await call(request) : await evaluate(request);
+    if (request.schema !== undefined) {
+      const validate = validator(request.schema, request.modules);
+      reply = { valid: request.values.map((v) => validate(v)) };
+    } else reply = request.call ? await call(request) : await evaluate(request);
     reply = JSON.stringify(reply);  // a value JSON cannot carry (a cycle, a BigInt) is the function's error
   } catch (err) {
     const message = err && err.message !== undefined ? err.message : String(err);
-    reply = JSON.stringify({ error: request.call ? message : `Custom function threw error: ${message}` });
+    reply = JSON.stringify({ error: request.call || request.schema !== undefined ? message : `Custom function threw error: ${message}` });
   }
   fs.writeSync(replies, reply + "\n");
 }
