@@ -85,7 +85,7 @@ vllm: setup
 	$(PY) -m gatekeeper.setup.vllm
 
 test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 bench: model
 	$(PY) bench/engine_cache.py

@@ -139,6 +139,8 @@ def row(folder: Path, tmp: Path, model: Path | None, against_promptfoo: bool = F
     out = {"config": folder.name, "assertions": counts(ws)}
     if against_promptfoo and isinstance(out["assertions"], dict):
         out["promptfoo"] = compare(folder, ws, tmp)
+    elif against_promptfoo:  # refused: can the real promptfoo run it here?
+        out["promptfoo_fails"] = promptfoo_fails(folder, tmp)
     if model is None:
         out["status"] = "refused" if isinstance(out["assertions"], str) else "loads"
         out["message"] = out["assertions"] if isinstance(out["assertions"], str) else ""
@@ -186,13 +188,13 @@ def gatekeeper_prompts(ws: Path) -> Counter:
     return seen
 
 
-def promptfoo_prompts(folder: Path, tmp: Path) -> Counter | str:
-    """Every prompt the real promptfoo renders for the config (providers replaced by echo) with its test's
-    assertion types; or why there are none."""
+def promptfoo_results(folder: Path, tmp: Path) -> list[dict] | str:
+    """The real promptfoo's results for the config (providers replaced by echo), or why there are none."""
     from gatekeeper.js import yaml as jsyaml
     from gatekeeper.setup import promptfoo as promptfoo_build
 
     copy = tmp / f"pf-{folder.name}"
+    shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(folder, copy)
     config = jsyaml.load((copy / CONFIG).read_text(encoding="utf-8"))
     config["providers"] = ["echo"]
@@ -200,12 +202,36 @@ def promptfoo_prompts(folder: Path, tmp: Path) -> Counter | str:
     out = copy / "out.json"
     run = promptfoo_build.eval_config(copy / CONFIG, out, timeout=300)
     if not out.is_file():
-        lines = [line for line in (run.stderr + run.stdout).splitlines() if line.strip()]
-        return f"promptfoo wrote no results (exit {run.returncode}): {lines[-1][:160] if lines else ''}"
-    results = json.loads(out.read_text(encoding="utf-8"))["results"]["results"]
+        return f"promptfoo wrote no results (exit {run.returncode}): {_error_line(run.stderr + run.stdout)}"
+    return json.loads(out.read_text(encoding="utf-8"))["results"]["results"]
+
+
+def _error_line(text: str) -> str:
+    """The line of a node error output that says what went wrong (not a stack frame nor node's version)."""
+    lines = [js_trim(line) for line in text.splitlines() if js_trim(line) and not js_trim(line).startswith(("at ", "Node.js v"))]
+    said = [line for line in lines if "rror" in line] or lines
+    return said[-1][:160] if said else ""
+
+
+def promptfoo_prompts(folder: Path, tmp: Path) -> Counter | str:
+    """Every prompt the real promptfoo renders for the config with its test's assertion types; or why there are none."""
+    results = promptfoo_results(folder, tmp)
+    if isinstance(results, str):
+        return results
     return Counter((_messages(r["prompt"]["raw"]), tuple(sorted((_kind(a.get("type", "?"), None if a.get("transform") else a.get("threshold"))
                                                                  for a in r["testCase"].get("assert") or []), key=repr)))
                    for r in results)
+
+
+def promptfoo_fails(folder: Path, tmp: Path) -> str | None:
+    """Why the real promptfoo cannot run the config here either (no results, or every test an error), else None."""
+    results = promptfoo_results(folder, tmp)
+    if isinstance(results, str):
+        return results
+    errors = [r.get("error") for r in results]
+    if results and all(errors):
+        return "every test errs in promptfoo: " + _error_line(errors[0])
+    return None
 
 
 def _kind(kind: str, threshold: Any) -> tuple[str, Any]:
@@ -244,6 +270,7 @@ def summary(rows: list[dict]) -> dict:
             "skip_unsupported": sum(r["status"] == "skip-unsupported" for r in rows),
             "refused": sum(r["status"] == "refused" for r in rows), "crashed": sum(r["status"] == "crash" for r in rows),
             "share_evaluate": len(ran) / len(rows) if rows else 0.0,
+            "promptfoo_fails_too": [r["config"] for r in rows if r.get("promptfoo_fails")],
             "assertions": total, "assertions_evaluated": evaluated, "share_assertions": evaluated / total if total else 0.0,
             "share_of_output_assertions": evaluated / (total - calls) if total > calls else 0.0,
             "skipped_by_type": dict(skipped.most_common()), "refusals_by_reason": dict(refusals.most_common())}
@@ -271,8 +298,13 @@ def render(rows: list[dict], s: dict) -> str:
     ran = (f"evaluate: {s['evaluate']} ({s['share_evaluate']:.0%}; goal >= 90%) = {s['as_is']} as is + "
            f"{s['skip_unsupported']} only with --skip-unsupported" if any(r["status"] not in ("loads", "refused") for r in rows)
            else f"load: {s['evaluate']} ({s['share_evaluate']:.0%}; --load-only ran no model)")
-    lines += ["", f"configs: {s['configs']}; {ran}; refused {s['refused']}; crashed {s['crashed']}",
-              f"assertions in the configs that evaluate: {s['assertions']}, evaluated {s['assertions_evaluated']} "
+    lines += ["", f"configs: {s['configs']}; {ran}; refused {s['refused']}; crashed {s['crashed']}"]
+    if any("promptfoo_fails" in r for r in rows):
+        runnable = s["configs"] - len(s["promptfoo_fails_too"])
+        lines.append(f"refused configs the real promptfoo cannot run here either: {len(s['promptfoo_fails_too'])} "
+                     f"({', '.join(s['promptfoo_fails_too']) or '-'}); of the {runnable} it runs, {s['evaluate']} evaluate "
+                     f"in gatekeeper ({s['evaluate'] / runnable if runnable else 0:.0%})")
+    lines += [f"assertions in the configs that evaluate: {s['assertions']}, evaluated {s['assertions_evaluated']} "
               f"({s['share_assertions']:.0%}; goal >= 80%); leaving out cost and latency, which measure the call: "
               f"{s['share_of_output_assertions']:.0%}",
               "skipped by type: " + (", ".join(f"{k} {v}" for k, v in s["skipped_by_type"].items()) or "none"),
@@ -300,6 +332,8 @@ def main() -> None:
     for r in rows:
         if "promptfoo" in r:
             print(f"promptfoo vs gatekeeper, {r['config']}: {r['promptfoo']}")
+        elif r.get("promptfoo_fails"):
+            print(f"promptfoo fails too, {r['config']}: {r['promptfoo_fails']}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "summary": s}, indent=2, ensure_ascii=False), encoding="utf-8")
 
