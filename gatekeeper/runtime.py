@@ -114,7 +114,7 @@ class Runtime:
     def _static_prefix(self, suite: Suite) -> list[int]:
         """The stage's rendered tokens before the first dynamic byte (the same for every call)."""
         values = {name: "" for name in partition.suite_vars(suite)}
-        rendered = partition.render(self.model, partition.pieces(self.ws, suite, values), self.render)
+        rendered = partition.render(self.model, partition.pieces(self.ws, suite, values, static_only=True), self.render)
         return rendered.tokens[: rendered.static_tokens]
 
     def _flush_if_identity_changed(self) -> list[str]:

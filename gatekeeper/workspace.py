@@ -157,6 +157,7 @@ ASSERTION_TYPES += tuple(t for kind in ("levenshtein", "bleu", "gleu", "rouge-n"
                          for t in (kind, f"not-{kind}"))
 
 RAW = "prompt"  # a segment role: text the model sees as it is (a captured, already rendered prompt)
+JS_SUFFIXES = (".js", ".cjs", ".mjs", ".ts", ".cts", ".mts")  # JavaScript modules node loads (types stripped)
 
 
 class Segment(Strict):
@@ -164,11 +165,16 @@ class Segment(Strict):
     static: bool
     text: str | None = None
     file: str | None = None
+    # the text is a nunjucks template, rendered as promptfoo renders a prompt (battery/partition.py); left out
+    # of dumps when unset, so the digests of batteries that never use it stay as they were
+    nunjucks: bool = Field(False, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _one_source(self) -> "Segment":
         if (self.text is None) == (self.file is None):
             raise ValueError("give exactly one of 'text' or 'file'")
+        if self.nunjucks and self.text is None:
+            raise ValueError("nunjucks: a nunjucks segment's template is its 'text'; put the template there")
         return self
 
 
@@ -236,6 +242,9 @@ class Suite(Strict):
     decoding: Decoding = Decoding()
     cases: list[Case] = []
     promptfoo: str | None = None  # a promptfoo config whose tests are the cases (battery/promptfoo.py)
+    # custom nunjucks filters of the nunjucks segments: name -> file:///ABSOLUTE/PATH.js (a promptfoo config's
+    # nunjucksFilters); left out of dumps when empty
+    filters: dict[str, str] = Field({}, exclude_if=lambda v: not v)
     path: Path | None = Field(None, exclude=True)
     skipped: tuple[str, ...] = Field((), exclude=True)  # promptfoo assertions gatekeeper cannot evaluate
     call_metrics: tuple[str, ...] = Field((), exclude=True)  # promptfoo cost/latency: about the call, always left out
@@ -252,6 +261,13 @@ class Suite(Strict):
             raise ValueError("prompt: role 'prompt' (text sent as it is, no chat template) must be every segment's role or none's")
         if all(raw) and any(c.turns for c in self.cases):
             raise ValueError("cases: a prompt of role 'prompt' segments is one rendered call; it takes no 'turns'")
+        for name, ref in self.filters.items():
+            file = ref.removeprefix("file://")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"filters: {name!r} is no filter name; use letters, digits and '_'")
+            if not ref.startswith("file://") or not Path(file).is_absolute() or not file.lower().endswith(JS_SUFFIXES):
+                raise ValueError(f"filters.{name}: {ref!r}: write file:///ABSOLUTE/PATH to a JavaScript module "
+                                 f"({', '.join(JS_SUFFIXES)}) exporting the filter function")
         seen: set[str] = set()
         for case in self.cases:
             if case.id in seen:

@@ -119,7 +119,7 @@ def _bad(ws: Path, files: dict[str, str]) -> str:
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, assert: [{type: regex, value: '(?i)x'}]}]\n"},
      r"'value' is not a valid regular expression"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}', {id: 'x', lable: y}]\ntests: [{vars: {q: x}}]\n"}, r"field 'prompts.1.lable': not a promptfoo prompt key"),
-    ({"faq.promptfoo.yaml": "prompts: ['{{q | upper}}']\ntests: [{vars: {q: x}}]\n"}, r"nunjucks beyond"),
+    ({"faq.promptfoo.yaml": "prompts: ['{{q | shout}}']\ntests: [{vars: {q: x}}]\n"}, r"faq.promptfoo.yaml: field 'prompts.0'.*shout"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\nscenarios: []\ntests: [{vars: {q: x}}]\n"}, r"field 'scenarios': not supported"),
     ({"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests: [{vars: {q: x}, options: {suffix: '!'}}]\n"}, r"options.suffix"),
 ])

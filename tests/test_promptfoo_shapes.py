@@ -290,3 +290,12 @@ def test_a_glob_var_gives_one_case_per_file(tiny_ws):
     assert "a glob only with var expansion on" in _refusal(tiny_ws, {"faq.promptfoo.yaml": no_expansion})
     assert "matches no file" in _refusal(tiny_ws, {"faq.promptfoo.yaml": config.replace("*.txt", "*.md")})
     assert "matches c.yaml" in _refusal(tiny_ws, {"faq.promptfoo.yaml": config.replace("*.txt", "*"), "articles/c.yaml": "x: 1\n"})
+
+
+def test_vars_lose_one_trailing_newline_as_promptfoo_prepares_them(tiny_ws):
+    """promptfoo's renderPrompt drops a var's trailing newline (a YAML block keeps one) and fills ``{{ name }}``
+    inside a var, for the prompt and for the assertions that read the vars."""
+    config = ("prompts: ['Say {{x}}!']\ntests:\n  - vars:\n      name: Ana\n      x: |\n        hello {{name}}\n"
+              "    assert: [{type: javascript, value: \"context.vars.x === 'hello Ana'\"}]\n")
+    (case,) = _suites(tiny_ws, {"faq.promptfoo.yaml": config})["faq"].cases
+    assert case.vars["x"] == "hello Ana"

@@ -143,9 +143,9 @@ def battery_digest(ws: Workspace, items: list[Item]) -> str:
 
 
 def _scripts(ws: Workspace, suite: dict) -> tuple[dict, dict[str, str]]:
-    """The suite with its script paths (javascript/python values, transforms) made relative to the workspace
-    (evidence survives a moved checkout), and each script's content digest (an edited script makes the
-    evidence stale)."""
+    """The suite with its script paths (javascript/python values, transforms, nunjucks filters) made relative to
+    the workspace (evidence survives a moved checkout), and each script's content digest (an edited script
+    makes the evidence stale)."""
     scripts: dict[str, str] = {}
 
     def relative(ref: str) -> str:
@@ -157,6 +157,8 @@ def _scripts(ws: Workspace, suite: dict) -> tuple[dict, dict[str, str]]:
         scripts[str(path)] = sha256_hex(file.read_bytes()) if file.is_file() else ""
         return ref
 
+    if "filters" in suite:  # a promptfoo config's nunjucks filters (absent when it has none)
+        suite["filters"] = {name: relative(ref) for name, ref in suite["filters"].items()}
     for case in suite.get("cases", []):
         for a in case.get("assert", []):
             value = a.get("value")

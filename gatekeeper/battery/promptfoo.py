@@ -53,13 +53,13 @@ CALL_METRICS = {"cost": "what the call cost", "latency": "how long the call took
 # top-level keys: read; silent (they choose or describe providers and reports, which the engine and the
 # ledger replace); warned (promptfoo uses them, gatekeeper does not, what is graded stays the same);
 # refused (they change what is graded and gatekeeper cannot honour them: the fix)
-READ_KEYS = {"prompts", "tests", "defaultTest"}
+READ_KEYS = {"prompts", "tests", "defaultTest", "nunjucksFilters"}
 SILENT_KEYS = {"description", "tags", "metadata", "providers", "targets", "outputPath", "sharing", "env",
                "writeLatestResults", "tracing", "assertionTemplates"}
 WARNED_KEYS = {"evaluateOptions": "run settings (repeat, delay, concurrency); gatekeeper's own policy sets these",
                "commandLineOptions": "defaults for promptfoo's command line; gatekeeper has its own",
                "derivedMetrics": "metrics computed from assertion scores; gatekeeper records each assertion's outcome"}
-REFUSED_KEYS = {"scenarios": "list the tests themselves under 'tests'", "nunjucksFilters": "render the values in the config",
+REFUSED_KEYS = {"scenarios": "list the tests themselves under 'tests'",
                 "extensions": "hooks run JavaScript or Python", "redteam": "generate the tests first ('promptfoo redteam generate')",
                 "plugins": "generate the tests first ('promptfoo redteam generate')",
                 "strategies": "generate the tests first ('promptfoo redteam generate')"}
@@ -422,8 +422,6 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
             value = nunjucks.render_value(value, vars)
         except ValueError as e:
             raise GatekeeperError(f"{where}: {e}; fix the value") from None
-    if base_type in ("is-json", "contains-json") and checks.truthy(value):
-        return f"{kind}: JSON schema validation (ajv) is not implemented in gatekeeper"
     metric, threshold = raw.get("metric"), raw.get("threshold")
     if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)):
         raise GatekeeperError(f"{where}: field 'threshold' must be a number, not {threshold!r}; fix it")
@@ -540,6 +538,7 @@ def _test_cases(config: dict, path: Path) -> list[_Cases]:
         combos = _combinations(vars, expand)
         cases, skipped, call_metrics = [], [], []
         for k, combo in enumerate(combos, 1):
+            combo = nunjucks.prompt_vars(combo)  # promptfoo's renderPrompt prepares the vars its assertions see too
             base_id = str(raw.get("description") or f"test {n}") + (f" [{k}]" if len(combos) > 1 else "")
             case_id = base_id if base_id not in seen else f"{base_id} (test {n})"
             seen.add(case_id)
@@ -579,9 +578,15 @@ def load_suites(path: Path, name: str, shown: str | None = None, decoding: Decod
     """A config's suites: one per prompt, running every test the prompt is selected for. One prompt makes
     suite and stage ``name``; several make ``name.LABEL`` each (the label as a name, made unique).
     ``shown``: how the config is named in the suite (its file name, or a pointer's ``promptfoo:``)."""
+    from . import promptfoo_prompts as pp
+
     config = _read(path)
     prompts = read_prompts(config, path)
     tests = _test_cases(config, path)
+    custom = pp.custom_filters(config, path)
+    # the raw tests, aligned with ``tests``: a template must see each var as promptfoo passes it
+    raw_tests = _tests(config, path) if any(pp.template_vars(p) for p in prompts) else []
+    default = _default_test(config, path) if raw_tests else {}
     for t in tests:
         for ref in t.prompts or []:
             if not any(matches(ref, p) for p in prompts):
@@ -596,8 +601,30 @@ def load_suites(path: Path, name: str, shown: str | None = None, decoding: Decod
         if not chosen:
             warn(str(path), f"prompt {suite_name!r} runs no test (each test's 'prompts' names another), so nothing gates it")
             continue
+        read = pp.template_vars(prompt)
+        for test, t in zip(raw_tests, tests) if read else ():
+            if not any(t is c for c in chosen):
+                continue
+            own = _mapping(test.raw.get("vars"), test.where, "vars")
+            vars = {**_mapping(default.get("vars"), str(path), "defaultTest.vars"), **own}
+            expand = not {**_mapping(default.get("options"), str(path), "defaultTest.options"),
+                          **_mapping(test.raw.get("options"), test.where, "options")}.get("disableVarExpansion")
+            for var in sorted(read & set(vars)):
+                value = _var_value(vars[var], test.base or path.parent, test.where, expand)
+                if not pp.is_text_var(value, expand):
+                    where = test.where if var in own else f"{path}: defaultTest (applies to {test.where.removeprefix(str(path) + ', ')})"
+                    raise GatekeeperError(f"{where}: field 'vars.{var}': {json.dumps(value, ensure_ascii=False)[:60]} is not text, "
+                                          f"and the prompt ({prompt.where.removeprefix(str(path) + ': ')}) reads it with nunjucks, "
+                                          "where promptfoo sees the value itself and gatekeeper its text; quote it so that it is "
+                                          "text, or write a list or mapping as JSON text and read it with '| load' in the prompt")
+            for case in t.cases:
+                var = pp.var_template(prompt, case.vars)
+                if var is not None:
+                    raise GatekeeperError(f"{test.where}: field 'vars.{var}' (case {case.id!r}) holds nunjucks, which promptfoo "
+                                          "renders before it fills the text prompt in, and gatekeeper does not; write out "
+                                          "the text the var should be")
         suite = Suite(suite=suite_name, stage=suite_name, prompt=prompt.segments, promptfoo=shown or path.name, path=path,
-                      decoding=decoding or Decoding())
+                      decoding=decoding or Decoding(), filters=pp.prompt_filters(prompt, custom, config))
         suites.append(suite.model_copy(update={
             "cases": [c for t in chosen for c in t.cases], "skipped": tuple(s for t in chosen for s in t.skipped),
             "call_metrics": tuple(s for t in chosen for s in t.call_metrics)}))

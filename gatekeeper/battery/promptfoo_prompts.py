@@ -7,12 +7,19 @@ a ``.txt`` file holds several prompts between ``---`` lines, each trimmed, ``.js
 chat, ``.md``/``.j2`` one prompt as written and ``.jsonl`` one a line. What promptfoo would run as code,
 fetch, or send as a path's text is refused. Each prompt keeps promptfoo's label and id (what a test's
 ``prompts:`` names) and gets a name part for its suite. The file helpers here serve battery/promptfoo.py too.
+
+A prompt whose only nunjucks is ``{{ var }}`` becomes ``{var}`` fields; any other nunjucks (tags, filters,
+expressions, literal ``{word}`` braces) makes a nunjucks segment, rendered as promptfoo renders it with the
+config's ``nunjucksFilters`` (a text prompt with a tag left open is literal text, as promptfoo wraps it in
+``{% raw %}``). A chat's messages are rendered one by one without custom filters, as promptfoo renders a JSON
+prompt; what promptfoo would render differently (a method call, a custom filter in a chat) is refused.
 """
 
 from __future__ import annotations
 
 import glob as globbing
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -20,8 +27,8 @@ from pathlib import Path
 
 from ..errors import GatekeeperError
 from ..js import nunjucks, yaml as jsyaml
-from ..js.value import js_trim
-from ..workspace import Segment, read_text, read_yaml
+from ..js.value import JSONError, js_trim, parse_json
+from ..workspace import JS_SUFFIXES, Segment, read_text, read_yaml
 
 SCRIPT_SUFFIXES = (".js", ".cjs", ".mjs", ".ts", ".cts", ".mts", ".py", ".rb", ".go", ".sh", ".bash", ".exe", ".bat",
                    ".cmd", ".ps1", ".pl")
@@ -45,22 +52,60 @@ def glob_files(base: Path, pattern: str) -> list[Path]:
 
 
 _SIMPLE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_KEYWORDS = {"true", "false", "none", "null"}  # nunjucks' constants, not vars
 
 
-def _segment(role: str, text: str, where: str) -> Segment:
+def _segment(role: str, text: str, where: str, chat: bool = False) -> Segment:
+    """One message of a prompt: ``{var}`` fields where its only nunjucks is ``{{ var }}``, else a nunjucks
+    segment. ``chat``: a message of a JSON chat, which promptfoo renders without wrapping open tags."""
     from .partition import VAR
 
-    literal = VAR.search(_SIMPLE_VAR.sub("", text))
-    if literal:
-        raise GatekeeperError(f"{where}: the prompt holds {literal.group()!r}, which gatekeeper would read as a var; "
-                              "use a gatekeeper suite with 'promptfoo: FILE' and its own prompt")
-    fields = _SIMPLE_VAR.sub(lambda m: "{" + m.group(1) + "}", text)
-    if any(mark in fields for mark in nunjucks.MARKS):
-        raise GatekeeperError(f"{where}: the prompt uses nunjucks beyond {{{{ var }}}} (tags, filters); "
-                              "use a gatekeeper suite with 'promptfoo: FILE' and its own prompt")
     if role not in ("system", "user", "assistant"):
         raise GatekeeperError(f"{where}: prompt role {role!r}: use system, user or assistant")
-    return Segment(role=role, static=fields == text, text=fields)
+    if not chat:
+        text = nunjucks.auto_raw(text)
+    fields = _SIMPLE_VAR.sub(lambda m: "{" + m.group(1) + "}", text)
+    simple = (not any(mark in fields for mark in nunjucks.MARKS) and not VAR.search(_SIMPLE_VAR.sub("", text))
+              and not _KEYWORDS & set(_SIMPLE_VAR.findall(text)))
+    if simple:
+        return Segment(role=role, static=fields == text, text=fields)
+    return _template(role, text, where, chat)
+
+
+def _template(role: str, text: str, where: str, chat: bool) -> Segment:
+    """A nunjucks segment, or static text when it reads no var and no filter (rendered here once)."""
+    from .partition import VAR
+
+    try:
+        used = nunjucks.names(text)
+    except ValueError as e:
+        raise GatekeeperError(f"{where}: the prompt's nunjucks does not parse ({e}), so promptfoo fails every test "
+                              "with it; fix the template") from None
+    if used.methods:
+        raise GatekeeperError(f"{where}: the prompt calls the method {used.methods[0]}, which promptfoo runs as "
+                              "JavaScript and gatekeeper's nunjucks does not; use a nunjucks filter (upper, replace, "
+                              "...) or a custom one (nunjucksFilters)")
+    if not chat and _is_json(text):
+        raise GatekeeperError(f"{where}: the prompt is JSON with nunjucks in it: promptfoo renders each string of it "
+                              "and writes the JSON again (2-space indents), which gatekeeper does not do; write the "
+                              "prompt as a chat (a list of {role, content}) or as plain text")
+    if not used.vars and not used.filters:
+        try:
+            rendered = nunjucks.render_prompt(text, {})
+        except nunjucks.RenderError as e:
+            raise GatekeeperError(f"{where}: the prompt cannot be rendered ({e.reason}), so promptfoo fails every test "
+                                  "with it; fix the template") from None
+        if not VAR.search(rendered):
+            return Segment(role=role, static=True, text=rendered)
+    return Segment(role=role, static=not used.vars, text=text, nunjucks=True)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        parse_json(text)
+    except JSONError:
+        return False
+    return True
 
 
 _PATH_EXTENSIONS = (".cjs", ".cts", ".j2", ".js", ".json", ".jsonl", ".md", ".mjs", ".mts", ".py", ".ts", ".txt", ".yml", ".yaml")
@@ -77,6 +122,8 @@ class Prompt:
     id: str | None
     name: str
     segments: list[Segment]
+    where: str = ""  # the config and field it came from, for messages
+    chat: bool = False  # a JSON chat: promptfoo renders its messages without custom filters
 
 
 def _maybe_path(s: str) -> bool:
@@ -133,7 +180,7 @@ def read_prompts(config: dict, path: Path) -> list[Prompt]:
         if raw.startswith("exec:"):
             raise GatekeeperError(f"{where}: the prompt is made by running a program, which gatekeeper does not do; write it out")
         if not _maybe_path(raw):
-            out.append(Prompt(label or raw, entry.get("id"), _name(label) or f"prompt-{n}", _chat_or_text(raw, where)))
+            out.append(_prompt(label or raw, entry.get("id"), _name(label) or f"prompt-{n}", raw, where))
             continue
         local = raw.removeprefix("file://")
         if (path.parent / local).is_dir():  # promptfoo reads no file from it and sends the path itself as the prompt
@@ -144,7 +191,7 @@ def read_prompts(config: dict, path: Path) -> list[Prompt]:
             if files:  # promptfoo drops the label of a globbed entry: each file is named by itself
                 out += [p for f in files for p in _file_prompts(f, None, path, where)]
             else:  # a pattern that matches nothing is the prompt's text (promptfoo's fallback)
-                out.append(Prompt(label or raw, entry.get("id"), _name(label) or f"prompt-{n}", _chat_or_text(raw, where)))
+                out.append(_prompt(label or raw, entry.get("id"), _name(label) or f"prompt-{n}", raw, where))
             continue
         out += _file_prompts(path.parent / local, label, path, where, raw)
     return out
@@ -193,11 +240,11 @@ def _file_prompts(file: Path, label: str | None, config: Path, where: str, raw: 
     if not parts:
         raise GatekeeperError(f"{where}: {shown} holds no prompt; write one")
     many = len(parts) > 1
-    return [Prompt(lab, None, f"{stem}-{k}" if many else stem, _chat_or_text(p, f"{where} ({file.name}" + (f", prompt {k})" if many else ")")))
+    return [_prompt(lab, None, f"{stem}-{k}" if many else stem, p, f"{where} ({file.name}" + (f", prompt {k})" if many else ")"))
             for k, (p, lab) in enumerate(zip(parts, labels), 1)]
 
 
-def _chat_or_text(text: str, where: str) -> list[Segment]:
+def _prompt(label: str, id: str | None, name: str, text: str, where: str) -> Prompt:
     """A JSON list of {role, content} messages is a chat (one segment each); anything else is one user message."""
     try:
         messages = json.loads(text) if text.lstrip().startswith("[") else None
@@ -206,8 +253,8 @@ def _chat_or_text(text: str, where: str) -> list[Segment]:
     if isinstance(messages, list) and messages and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         if any(not isinstance(m["content"], str) for m in messages):
             raise GatekeeperError(f"{where}: a chat message's content is not text (images, parts); gatekeeper renders text messages")
-        return [_segment(m["role"], m["content"], where) for m in messages]
-    return [_segment("user", text, where)]
+        return Prompt(label, id, name, [_segment(m["role"], m["content"], where, chat=True) for m in messages], where, True)
+    return Prompt(label, id, name, [_segment("user", text, where)], where)
 
 
 def _name(label: str | None) -> str:
@@ -219,3 +266,85 @@ def matches(ref: str, prompt: Prompt) -> bool:
     """promptfoo's doesPromptRefMatch: a test's ``prompts:`` entry names a prompt by label or id."""
     names = [n for n in (prompt.label, prompt.id) if n]
     return any(n == ref or (ref.endswith("*") and n.startswith(ref[:-1])) or n.startswith(f"{ref}:") for n in names)
+
+
+# --- custom filters and the vars a template reads ----------------------------------------------------
+
+
+def custom_filters(config: dict, path: Path) -> dict[str, str]:
+    """The config's ``nunjucksFilters`` as promptfoo's readFilters finds them (each path joined to the config's
+    folder, a glob allowed): name -> file:///ABSOLUTE/PATH of a JavaScript module exporting the function."""
+    filters = config.get("nunjucksFilters")
+    if filters is None:
+        return {}
+    if not isinstance(filters, dict):
+        raise GatekeeperError(f"{path}: field 'nunjucksFilters': a mapping of filter name to a JavaScript file; fix it")
+    out = {}
+    for name, ref in filters.items():
+        where = f"{path}: field 'nunjucksFilters.{name}'"
+        if not isinstance(ref, str) or not ref:
+            raise GatekeeperError(f"{where}: the path of a JavaScript file exporting the filter function; fix it")
+        if ref.startswith("file://"):
+            raise GatekeeperError(f"{where}: promptfoo joins {ref!r} to the config's folder as it is, so 'file://' finds no "
+                                  "file and the filter is not defined; write the path without 'file://'")
+        joined = os.path.normpath(f"{path.parent}/{ref}")  # node's path.join: an absolute path is joined too
+        files = sorted(p for p in globbing.glob(joined) if Path(p).is_file()) if has_magic(ref) else \
+            [joined] if Path(joined).is_file() else []
+        if len(files) != 1:
+            found = "matches no file" if not files else f"matches {len(files)} files"
+            raise GatekeeperError(f"{where}: {ref} {found} (relative to {path.parent}); name the one JavaScript file "
+                                  "that exports the filter")
+        if not files[0].lower().endswith(JS_SUFFIXES):
+            raise GatekeeperError(f"{where}: {ref}: a nunjucks filter is a JavaScript module ({', '.join(JS_SUFFIXES)}) "
+                                  "exporting a function; fix the path")
+        out[name] = f"file://{Path(files[0]).resolve()}"
+    return out
+
+
+def prompt_filters(prompt: Prompt, custom: dict[str, str], config: dict) -> dict[str, str]:
+    """The custom filters the prompt's templates apply (name -> file://PATH). A filter neither nunjucks nor the
+    config defines, or a custom one in a chat (which promptfoo renders without them), is refused."""
+    used: dict[str, str] = {}
+    for seg in prompt.segments:
+        if not seg.nunjucks:
+            continue
+        for name in sorted(nunjucks.names(seg.text).filters):
+            if prompt.chat and name in nunjucks.BUILTIN_FILTERS:
+                continue  # a chat is rendered with nunjucks' own filters, a custom one of that name or not
+            if name in custom and prompt.chat:
+                raise GatekeeperError(f"{prompt.where}: a chat message uses the custom filter {name!r}: promptfoo renders "
+                                      "a chat's messages without custom filters, and then renders the chat's JSON text "
+                                      "as one template instead, which gatekeeper does not do; apply the filter in a text "
+                                      "prompt, or write the value out")
+            if name in custom:
+                used[name] = custom[name]
+            elif name not in nunjucks.BUILTIN_FILTERS:
+                fix = ("promptfoo 0.123.1 reads custom filters from 'nunjucksFilters' and ignores this config's "
+                       "'filters'; rename the key to 'nunjucksFilters'" if "filters" in config else
+                       "define it under 'nunjucksFilters' (NAME: path/to/filter.js), or remove it")
+                raise GatekeeperError(f"{prompt.where}: the prompt uses the nunjucks filter {name!r}, which neither "
+                                      f"nunjucks nor the config defines, so promptfoo fails every test with 'filter not "
+                                      f"found: {name}'; {fix}")
+    return used
+
+
+def template_vars(prompt: Prompt) -> set[str]:
+    """The vars the prompt's nunjucks segments read (they see a var as promptfoo passes it, not as text)."""
+    return {v for seg in prompt.segments if seg.nunjucks for v in nunjucks.names(seg.text).vars}
+
+
+def is_text_var(value: object, expand: bool) -> bool:
+    """Whether promptfoo hands a var to a template as text: a string, or a list of strings expanded into one
+    test each (values already read from their ``file://`` files)."""
+    return isinstance(value, str) or (expand and isinstance(value, list) and bool(value)
+                                      and all(isinstance(v, str) for v in value))
+
+
+def var_template(prompt: Prompt, case_vars: dict[str, str]) -> str | None:
+    """The first var a text prompt's template reads that itself holds nunjucks once promptfoo has prepared it
+    (promptfoo renders it as a template first, gatekeeper does not); None when there is none."""
+    if prompt.chat:  # a chat's messages see the vars as they are
+        return None
+    prepared = nunjucks.prompt_vars(case_vars)
+    return next((name for name in sorted(template_vars(prompt))
+                 if any(mark in str(prepared.get(name, "")) for mark in nunjucks.MARKS)), None)
