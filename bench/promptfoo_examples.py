@@ -218,7 +218,7 @@ def promptfoo_prompts(folder: Path, tmp: Path) -> Counter | str:
     results = promptfoo_results(folder, tmp)
     if isinstance(results, str):
         return results
-    return Counter((_messages(r["prompt"]["raw"]), tuple(sorted((_kind(a.get("type", "?"), None if a.get("transform") else a.get("threshold"))
+    return Counter((_messages(r["prompt"]["raw"]), tuple(sorted((_kind(a.get("type", "?"), a.get("threshold"))
                                                                  for a in r["testCase"].get("assert") or []), key=repr)))
                    for r in results)
 

@@ -1,6 +1,7 @@
 """Identity without loading: ``registry.identity`` equals what the loaded engine reports, byte for byte,
 changes when a weight file changes, survives the process (digests and what a load taught are remembered in
-the user cache), and ``status``, ``hash`` and ``flip`` compute it without importing torch."""
+the user cache), and ``status``, ``hash`` and ``flip`` compute it without importing torch; ``status`` and
+``hash`` read a SQLite ledger without importing SQLAlchemy or numpy either."""
 
 from __future__ import annotations
 
@@ -133,15 +134,60 @@ import json, sys
 from typer.testing import CliRunner
 from gatekeeper.cli import app
 r = CliRunner().invoke(app, sys.argv[1:], catch_exceptions=False)
-print(json.dumps({"code": r.exit_code, "out": r.stdout, "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+print(json.dumps({"code": r.exit_code, "out": r.stdout, "heavy": sorted(m for m in HEAVY if m in sys.modules)}))
+"""
+HEAVY = ("numpy", "sqlalchemy", "torch", "transformers")  # what a command that only reads should not import
+
+
+def probe(*args: str, path: Path | None = None) -> dict:
+    """A CLI command in a fresh process: its exit code, output, and which of HEAVY got imported.
+    ``path``: a folder to import plugin adapters from."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path or ""), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}" + PROBE, *map(str, args)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+# A plugin adapter whose identity its profile tells and whose module imports nothing heavy.
+LIGHT = """
+from gatekeeper.engines.base import Engine
+
+
+class Light(Engine):
+    name = "light"
+
+    @classmethod
+    def identity_of(cls, profile, *, workspace_root=None):
+        return {"engine": cls.name, "model": profile.model, "dtype": profile.dtype, "device": profile.device}
+
+    def identity(self):
+        return self.identity_of(self.profile)
 """
 
 
-def probe(*args: str) -> dict:
-    """A CLI command in a fresh process: its exit code, output, and whether torch or transformers got imported."""
-    done = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.splitlines()[-1])
+def test_status_and_hash_read_a_sqlite_ledger_without_sqlalchemy(workspace, run_cli, home, tmp_path):
+    from gatekeeper.ledger import Ledger
+
+    (tmp_path / "light_engine.py").write_text(LIGHT)
+    (workspace / "engines" / "auto.yaml").write_text("adapter: light_engine:Light\nmodel: m\ndtype: float32\ndevice: cpu\n")
+    for args in (["status", "--json"], ["hash", "--json"], ["status"]):  # no ledger yet, then one with flips
+        assert probe("--workspace", workspace, *args, path=tmp_path)["heavy"] == []
+    with Ledger(f"sqlite:///{workspace / 'ledger' / 'evidence.db'}") as ledger:
+        ledger.add_flip("prefix_cache", "on", "ana", "first")
+        ledger.add_flip("prefix_cache", "off", "bo", "second")
+        ledger.add_flip("prefix_cache", "on", "cy", "third")
+        latest = ledger.flag_states()["prefix_cache"]
+    status = probe("--workspace", workspace, "status", "--json", path=tmp_path)
+    assert status["heavy"] == [] and status["code"] == 0, status
+    (row,) = json.loads(status["out"])["flags"]
+    assert (row["state"], row["operator"], row["since"]) == ("on", "cy", latest["at"])
+    hashed = probe("--workspace", workspace, "hash", "--json", path=tmp_path)
+    assert hashed["heavy"] == [] and hashed["code"] == 0, hashed
+    assert json.loads(hashed["out"])["parts"]["flags"] == {"prefix_cache": "on"}
+    assert json.loads(hashed["out"])["parts"]["engine"]["engine"] == "light"
+    human = probe("--workspace", workspace, "hash", path=tmp_path)
+    assert human["heavy"] == [] and json.loads(hashed["out"])["pipeline_hash"] in human["out"]
 
 
 @pytest.mark.slow
@@ -166,12 +212,13 @@ def test_status_hash_and_flip_never_import_torch(tiny_ws, tiny_llama, run_cli, h
     assert hashed["heavy"] == [] and json.loads(hashed["out"]) == json.loads(out)
     flip = probe("--workspace", tiny_ws, "flip", "prefix_cache", "on", "--evaluation", eid, "--operator", "carol",
                  "--reason", "again", "--json")
-    assert flip["heavy"] == [] and json.loads(flip["out"])["action"] == "flipped", flip
+    assert set(flip["heavy"]) <= {"sqlalchemy"} and json.loads(flip["out"])["action"] == "flipped", flip
 
     # the evidence goes stale when the weights change, and status says so, still without torch
     with open(model / "model.safetensors", "ab") as f:
         f.write(b"\0")
     status = probe("--workspace", tiny_ws, "status", "--json")
     (row,) = json.loads(status["out"])["flags"]
-    assert status["heavy"] == [] and row["evidence_current"] is False
+    # numpy comes only with deepdiff, which describes what changed in the identity
+    assert set(status["heavy"]) <= {"numpy"} and row["evidence_current"] is False
     assert any(p.startswith("stale:") and "model_digest" in p for p in row["evidence_problems"]), row

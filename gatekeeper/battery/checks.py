@@ -135,8 +135,7 @@ def _schema(v: Any) -> Any:
             raise Refused(f"'value' is not a readable JSON schema ({e}); fix it") from None
     elif not isinstance(v, dict):
         raise Refused(f"'value' must be a JSON schema (an object, or YAML text), not {js_string(v)!r}")
-    from . import scripted
-
+    scripted = _sibling("scripted")
     if not scripted.promptfoo_setup.node().is_file():
         raise Refused("a JSON schema is checked by promptfoo's ajv, under the node that 'make promptfoo' installs, and "
                       "it is not installed; run 'make promptfoo'")
@@ -148,9 +147,7 @@ def _schema(v: Any) -> Any:
 
 
 def _conforms(values: list, schema: Any) -> list[bool]:
-    from . import scripted
-
-    return scripted.schema_valid(schema, values)
+    return _sibling("scripted").schema_valid(schema, values)
 
 
 def _is_json(out: str, schema: Any) -> bool:
@@ -253,8 +250,13 @@ def evaluable(kind: str) -> bool:
     return kind in CHECKS or base_type(kind) in EVALUATED_BY
 
 
+def _sibling(name: str):
+    """A module of this package that builds on this one (Refused, Context), loaded by name when first used."""
+    return importlib.import_module(f".{name}", __package__)
+
+
 def _module(kind: str):
-    return importlib.import_module(f".{EVALUATED_BY[base_type(kind)]}", __package__)
+    return _sibling(EVALUATED_BY[base_type(kind)])
 
 
 def prepare(a: Assertion) -> Any:
@@ -270,8 +272,7 @@ def evaluate(assertion: Assertion, output: str, context: Context = Context()) ->
     inverse = assertion.type.startswith("not-")
     value: Any = output
     if any(k in assertion.options for k in ("output_transform", "transform")):
-        from . import transform
-
+        transform = _sibling("transform")
         try:
             value, output, response = transform.apply(assertion.options, output, dict(context.vars), context.prompt)
         except transform.Failed as e:  # the test ended in an error: every assertion fails, not- or not

@@ -1,23 +1,97 @@
 """The command line: parses, calls the library, prints. No logic lives here.
 
 One module per command group; this one builds ``app`` from them (``gatekeeper = "gatekeeper.cli:app"``).
-Heavy imports (torch, transformers, mlx) happen only inside command bodies, never at start-up.
+A command's module is imported, and its click command built, only when that command runs (or ``--help``
+lists them all), so ``status`` never pays for ``evaluate``'s imports. Heavy imports (torch, transformers,
+mlx) happen only inside command bodies, never at start-up.
 
 Imports: errors, signing, workspace, battery, engines, gate, ledger, traffic, runtime, setup, openfeature.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperGroup
 
-from . import battery, evidence, flags, flagserve, hybrid, ledger, live, setup
 from .common import Settings
 
+# Command -> (module of gatekeeper.cli, attribute): a command function, or a Typer app for a command group.
+# In the order of the commands in --help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("setup", "init"),
+    "status": ("flags", "status"),
+    "flip": ("flags", "flip"),
+    "hash": ("flags", "hash_"),
+    "pin": ("flags", "pin"),
+    "evaluate": ("evidence", "evaluate"),
+    "calibrate": ("evidence", "calibrate"),
+    "measure": ("evidence", "measure"),
+    "analyze": ("evidence", "analyze"),
+    "replay": ("hybrid", "replay"),
+    "proxy": ("live", "proxy"),
+    "forensics": ("live", "forensics"),
+    "models": ("setup", "models_app"),
+    "ledger": ("ledger", "ledger_app"),
+    "battery": ("battery", "battery_app"),
+    "flags": ("flagserve", "flags_app"),
+}
+
+
+def _build(name: str) -> Any:
+    """The click command (or group) ``name``, made by typer from its function or app."""
+    module, attribute = COMMANDS[name]
+    target = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+    holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    holder.callback()(lambda: None)  # a group, so the command keeps its name
+    if isinstance(target, typer.Typer):
+        holder.add_typer(target, name=name)
+    else:
+        holder.command(name)(target)
+    return typer.main.get_command(holder).commands[name]
+
+
+class _Commands(MutableMapping):
+    """Name -> click command, each built on first use; iterating names builds nothing."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._built:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self._built[name] = _build(name)
+        return self._built[name]
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        self._built[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("gatekeeper's commands cannot be removed")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*COMMANDS, *self._built]))
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._built))
+
+
+class _LazyGroup(TyperGroup):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _Commands()
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(self.commands)
+
+
 app = typer.Typer(help="Decide, with evidence, whether an LLM inference optimization may be switched on.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, cls=_LazyGroup)
 
 
 @app.callback()
@@ -30,23 +104,5 @@ def main(
 ) -> None:
     ctx.obj = Settings(workspace, ledger)
 
-
-app.add_typer(setup.models_app, name="models")
-app.add_typer(ledger.ledger_app, name="ledger")
-app.add_typer(battery.battery_app, name="battery")
-app.add_typer(flagserve.flags_app, name="flags")
-# the order of the commands in --help
-app.command()(setup.init)
-app.command()(flags.status)
-app.command()(flags.flip)
-app.command("hash")(flags.hash_)
-app.command()(flags.pin)
-app.command()(evidence.evaluate)
-app.command()(evidence.calibrate)
-app.command()(evidence.measure)
-app.command()(evidence.analyze)
-app.command()(hybrid.replay)
-app.command()(live.proxy)
-app.command()(live.forensics)
 
 __all__ = ["app"]

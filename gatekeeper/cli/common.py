@@ -47,6 +47,14 @@ class Settings:
         ledger = self.open_ledger(ws, create=create)
         return contextlib.nullcontext() if ledger is None else ledger
 
+    def reading_ledger(self, ws):
+        """``opened_ledger(ws, create=False)`` for commands that only read flag states and evaluations: a SQLite
+        ledger at the current schema is read without SQLAlchemy (``ledger.reader``), anything else as there."""
+        from ..ledger.reader import open_reader
+
+        ledger = open_reader(self.ledger_url(ws))
+        return contextlib.nullcontext() if ledger is None else ledger
+
 
 INTERNAL_ERROR = 3  # exit code of a crash: neither a verdict (0/1) nor bad input (2)
 
@@ -99,14 +107,17 @@ def _first_line(e: BaseException) -> str:
 
 
 def _damaged_database(e: Exception) -> bool:
-    """A SQLite file that is damaged or not a database, raised through SQLAlchemy."""
-    if "sqlalchemy" not in sys.modules:
-        return False
+    """A SQLite file that is damaged or not a database, raised through SQLAlchemy or the ledger's own reader."""
     import sqlite3
 
-    from sqlalchemy.exc import DBAPIError
+    from ..errors import LedgerReadError
 
-    return (isinstance(e, DBAPIError) and isinstance(e.orig, sqlite3.DatabaseError)
+    through = isinstance(e, LedgerReadError)
+    if not through and "sqlalchemy" in sys.modules:
+        from sqlalchemy.exc import DBAPIError
+
+        through = isinstance(e, DBAPIError)
+    return (through and isinstance(e.orig, sqlite3.DatabaseError)
             and any(w in str(e.orig) for w in ("malformed", "not a database", "could not decode", "Could not decode")))
 
 

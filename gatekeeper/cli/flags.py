@@ -16,15 +16,17 @@ from .common import EngineName, Json, Settings, emit, reporting
 @reporting
 def status(ctx: typer.Context, json_: Json = False) -> None:
     """Each flag's state as the ledger records it, and whether the evidence behind it is still current."""
-    from ..gate import flags, evaluator
+    from ..gate import flags
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     rows = []
-    with settings.opened_ledger(ws, create=False) as ledger:
+    with settings.reading_ledger(ws) as ledger:
         for flag, st in flags.states(ws, ledger).items():
             row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
             if st["state"] == "on" and st["evaluation_id"] is not None:
+                from ..gate import evaluator  # the battery and engines: only to check the evidence of a flag that is on
+
                 evaluation = ledger.evaluation(st["evaluation_id"])
                 problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: evaluator.identity_now(ws, ev, ledger))
                 row.update(evidence_current=not problems, evidence_problems=problems)
@@ -137,7 +139,7 @@ def hash_(ctx: typer.Context, engine: EngineName = "auto",
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    with settings.opened_ledger(ws, create=False) as ledger:
+    with settings.reading_ledger(ws) as ledger:
         force = pipeline.in_force(ws, ledger)
     identity = registry.identity(pipeline.engine_profile(ws, engine, force), workspace_root=ws.root)
     parts, digest = pipeline.version(ws, force, identity)

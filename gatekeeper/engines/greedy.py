@@ -8,9 +8,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from pathlib import Path
 from time import perf_counter
-from typing import Any, ClassVar, Mapping, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from .. import __version__
 from ..cache import PrefixCache, StateOps, snapshots
@@ -23,6 +21,9 @@ from . import faults
 from .base import Engine, Generation, Session, Until, accelerators, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
+
+if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
+    import numpy as np
 
 
 class GreedySession(Session):
@@ -389,6 +390,8 @@ _LEARNED = Memo("learned.json", keep=256)
 
 def pick(logits: np.ndarray, margins: list | None) -> int:
     """Argmax (lowest id on a tie, the same rule for every adapter); optionally record the top two."""
+    import numpy as np
+
     best = int(np.argmax(logits))
     if margins is not None:
         rest = logits.copy()

@@ -8,9 +8,7 @@ from __future__ import annotations
 import inspect
 from time import perf_counter
 from pathlib import Path
-from typing import Any, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import GatekeeperError
 from ..identity import directory_digest
@@ -18,6 +16,9 @@ from ..setup.models import quiet_loading, resolve_model
 from .base import versions
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
+
+if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
+    import numpy as np
 
 
 class TorchEngine(GreedyEngine):
@@ -102,6 +103,8 @@ class TorchEngine(GreedyEngine):
         return self._logits(self.model, state, tokens, 1)[-1].numpy()
 
     def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
+        import numpy as np
+
         if self.draft is None:
             return super()._decode(prompt, state, logits, max_tokens, stop, margins, until)
         if self.hybrid:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-
-from . import attestation as attestation_
-from .. import signing
 from ..errors import GatekeeperError
 from ..identity import canonical_json
 from ..workspace import HASH_PARTS, MinPower, Workspace
+
+if TYPE_CHECKING:  # imported where a flip is signed: status and hash, which only read states, never need them
+    from .attestation import Attestation
 
 # Given an evaluation record, the flag-off identity its configuration has now.
 IdentityNow = Callable[[dict[str, Any]], dict[str, Any]]
@@ -103,8 +103,11 @@ def _diff(a: Any, b: Any):
 # --- signed acts ------------------------------------------------------------------------------
 
 def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | None, operator: str, reason: str,
-         identity_now: IdentityNow, now: datetime | None = None, attestation: attestation_.Attestation | None = None,
+         identity_now: IdentityNow, now: datetime | None = None, attestation: Attestation | None = None,
          record_checkpoint: RecordCheckpoint | None = None) -> FlipResult:
+    from . import attestation as attestation_
+    from .. import signing
+
     policy = ws.policy(flag)  # unknown flag: exit 2 before anything is written
     if state not in ("on", "off"):
         raise GatekeeperError(f"state must be 'on' or 'off', not {state!r}")
@@ -160,7 +163,7 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
                                         evaluation_id=evaluation_id, signer=signer), attestation, record_checkpoint)
 
 
-def _checkpointed(ws: Workspace, result: FlipResult, attestation: attestation_.Attestation | None,
+def _checkpointed(ws: Workspace, result: FlipResult, attestation: Attestation | None,
                   record: RecordCheckpoint | None) -> FlipResult:
     """A committed flip under ``approvals.checkpoint_after_flip``: ``record(key)`` writes the ledger's head into
     the workspace, signed with the flip's key. The flip stands whatever happens here, so a checkpoint that

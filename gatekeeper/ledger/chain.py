@@ -13,7 +13,8 @@ from sqlalchemy import Connection, insert, text
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import canonical_json, digest
-from gatekeeper.ledger.tables import KINDS, STAMPED, Entry, decode, encode, utc_now
+from gatekeeper.ledger.records import decode, encode
+from gatekeeper.ledger.tables import KINDS, STAMPED, Entry, utc_now
 
 GENESIS = "0" * 64  # prev_hash of the first entry
 

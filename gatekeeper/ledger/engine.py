@@ -21,8 +21,8 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.ledger.records import BUSY_TIMEOUT_S  # concurrent writers wait this long for the lock before failing
 
-BUSY_TIMEOUT_S = 30  # concurrent writers wait this long for the lock before failing
 _WRITE = "ledger_write"  # execution option that asks for BEGIN IMMEDIATE
 # PostgreSQL: the advisory lock every write transaction holds (advisory locks are per database). "gkledger".
 PG_WRITE_LOCK = int.from_bytes(b"gkledger", "big")  # below 2**63: a bigint

@@ -26,6 +26,7 @@ from sqlalchemy import (
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger.engine import read, write
+from gatekeeper.ledger.records import CURRENT_VERSION, MIGRATIONS_TABLE
 from gatekeeper.ledger.tables import utc_now
 
 
@@ -77,7 +78,7 @@ def _append_only(conn: Connection, table: str) -> None:
 
 
 _MIGRATIONS_TABLE = Table(
-    "migrations",
+    MIGRATIONS_TABLE,
     MetaData(),
     Column("version", Integer, primary_key=True, autoincrement=False),
     _text("name"),
@@ -168,17 +169,17 @@ def _0004_signatures(conn: Connection) -> None:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
 
+# Numbered 1, 2, ...; records.CURRENT_VERSION is the last number (a test holds them together).
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "0001_initial", _0001_initial),
     (2, "0002_flush_measurement", _0002_flush_measurement),
     (3, "0003_calibration", _0003_calibration),
     (4, "0004_signatures", _0004_signatures),
 ]
-CURRENT_VERSION = MIGRATIONS[-1][0]
 
 
 def _version(conn: Connection) -> int:
-    if not inspect(conn).has_table("migrations"):
+    if not inspect(conn).has_table(MIGRATIONS_TABLE):
         return 0
     return conn.scalar(select(_MIGRATIONS_TABLE.c.version).order_by(_MIGRATIONS_TABLE.c.version.desc()).limit(1)) or 0
 

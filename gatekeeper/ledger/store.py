@@ -16,8 +16,9 @@ from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
+from gatekeeper.ledger.records import decode, evaluation_record, latest_flips
 from gatekeeper.ledger.status import derive_status
-from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry, decode
+from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
@@ -186,23 +187,7 @@ class Ledger:
     def evaluation(self, evaluation_id: int) -> dict[str, Any] | None:
         """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
         with read(self.engine) as conn:
-            started = _rows(conn, "evaluation", id=evaluation_id)
-            if not started:
-                return None
-            verdict = next(iter(_rows(conn, "verdict", evaluation_id=evaluation_id)), None)
-            aborted = next(iter(_rows(conn, "aborted", evaluation_id=evaluation_id)), None)
-            return {
-                **started[0],
-                "status": derive_status(started[0], verdict, aborted),
-                "verdict": verdict["verdict"] if verdict else None,
-                "reasons": verdict["reasons"] if verdict else [],
-                "verdict_record": verdict,
-                "aborted_record": aborted,
-                "case_results": _rows(conn, "case_result", evaluation_id=evaluation_id),
-                "comparisons": _rows(conn, "comparison", evaluation_id=evaluation_id),
-                "approvals": _rows(conn, "approval", evaluation_id=evaluation_id),
-                "calibrations": _rows(conn, "calibration", evaluation_id=evaluation_id),
-            }
+            return evaluation_record(lambda kind, **equal: _rows(conn, kind, **equal), evaluation_id)
 
     def _read(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
         with read(self.engine) as conn:
@@ -232,7 +217,7 @@ class Ledger:
 
     def flag_states(self) -> dict[str, dict[str, Any]]:
         """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""
-        return {f["flag"]: f for f in self.flips()}  # oldest first, so the latest wins
+        return latest_flips(self.flips())
 
     def entries(self) -> list[dict[str, Any]]:
         """The whole chain, oldest first, payloads decoded: what an export carries."""

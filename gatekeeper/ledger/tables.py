@@ -2,19 +2,19 @@
 
 These describe the schema as it stands after the latest migration; the migrations
 themselves never import them, so an old database is upgraded by explicit DDL only.
-JSON columns hold canonical JSON text, timestamps ISO-8601 UTC text.
+JSON columns hold canonical JSON text, timestamps ISO-8601 UTC text; which columns hold JSON or
+booleans, and how rows are encoded and decoded, is in ``records`` (which imports no SQLAlchemy).
 """
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Optional
 
 from sqlalchemy import Boolean, Text
 from sqlmodel import Field, SQLModel
 
-from gatekeeper.identity import canonical_json
+from gatekeeper.ledger.records import MIGRATIONS_TABLE
 
 
 def utc_now() -> str:
@@ -164,7 +164,7 @@ class Calibration(SQLModel, table=True):
 
 
 class Migration(SQLModel, table=True):
-    __tablename__ = "migrations"
+    __tablename__ = MIGRATIONS_TABLE
     version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
     name: str = Field(sa_type=Text)
     applied_at: str = Field(sa_type=Text)
@@ -183,46 +183,3 @@ KINDS: dict[str, type[SQLModel]] = {
 
 # The column each kind's timestamp goes in, where it is not "at".
 STAMPED: dict[str, str] = {"evaluation": "started_at", "verdict": "finished_at"}
-
-JSON_FIELDS: dict[str, frozenset[str]] = {
-    "evaluation": frozenset({"identity", "config"}),
-    "case_result": frozenset({"result"}),
-    "comparison": frozenset({"detail"}),
-    "verdict": frozenset({"reasons", "summary"}),
-    "aborted": frozenset(),
-    "approval": frozenset(),
-    "flip": frozenset({"approval_ids"}),
-    "refusal": frozenset({"reasons"}),
-    "flush": frozenset({"old", "new", "detail"}),
-    "measurement": frozenset({"config", "result"}),
-    "calibration": frozenset({"config", "result"}),
-}
-
-
-def _is_bool(kind: str, name: str) -> bool:
-    col = KINDS[kind].__table__.c.get(name)  # type: ignore[attr-defined]
-    return col is not None and isinstance(col.type, Boolean)
-
-
-def encode(kind: str, values: dict[str, Any]) -> dict[str, Any]:
-    """Python values -> what the columns store (canonical JSON text, 0/1 for booleans)."""
-    out = {}
-    for name, value in values.items():
-        if value is not None and name in JSON_FIELDS[kind]:
-            value = canonical_json(value).decode()
-        elif isinstance(value, bool):
-            value = int(value)
-        out[name] = value
-    return out
-
-
-def decode(kind: str, row: dict[str, Any]) -> dict[str, Any]:
-    """Stored columns -> Python values; the inverse of ``encode``."""
-    out = {}
-    for name, value in row.items():
-        if value is not None and name in JSON_FIELDS[kind]:
-            value = json.loads(value)
-        elif value is not None and _is_bool(kind, name):
-            value = bool(value)
-        out[name] = value
-    return out

@@ -21,7 +21,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from gatekeeper.errors import LedgerIntegrityError
 from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.chain import GENESIS, entry_hash
-from gatekeeper.ledger.tables import KINDS, Entry, Migration, encode
+from gatekeeper.ledger.records import encode
+from gatekeeper.ledger.tables import KINDS, Entry, Migration
 
 @dataclass(frozen=True)
 class VerifyReport:

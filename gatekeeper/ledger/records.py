@@ -1,0 +1,94 @@
+"""What the ledger's rows hold, known without SQLAlchemy: the schema version this gatekeeper reads, which
+columns of each kind of record hold JSON or booleans, how a row is encoded and decoded, and what a read
+makes of rows (one evaluation with its evidence, each flag's latest flip); and how long a connection
+waits for another's lock.
+
+``store.Ledger`` and the SQLite ``reader`` both read through these, so both return the same dicts; the
+table models (``tables``) and the migrations take their names and version from here.
+
+Imports: identity, ledger.status (the standard library only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from gatekeeper.identity import canonical_json
+from gatekeeper.ledger.status import derive_status
+
+# The number of the last migration (``migrations.MIGRATIONS``): the schema the table models describe.
+CURRENT_VERSION = 4
+MIGRATIONS_TABLE = "migrations"  # version, name, applied_at: one row per migration applied
+BUSY_TIMEOUT_S = 30  # concurrent writers wait this long for the lock before failing
+
+# Kind of record (its typed table's name) -> the columns that hold canonical JSON text.
+JSON_FIELDS: dict[str, frozenset[str]] = {
+    "evaluation": frozenset({"identity", "config"}),
+    "case_result": frozenset({"result"}),
+    "comparison": frozenset({"detail"}),
+    "verdict": frozenset({"reasons", "summary"}),
+    "aborted": frozenset(),
+    "approval": frozenset(),
+    "flip": frozenset({"approval_ids"}),
+    "refusal": frozenset({"reasons"}),
+    "flush": frozenset({"old", "new", "detail"}),
+    "measurement": frozenset({"config", "result"}),
+    "calibration": frozenset({"config", "result"}),
+}
+# The columns stored as 0/1 and read as booleans (``Boolean`` in the table models).
+BOOL_FIELDS: dict[str, frozenset[str]] = {"comparison": frozenset({"equal"})}
+
+# rows(kind, **equal): the decoded rows of ``kind`` whose columns equal the given values (None filters
+# skipped), oldest first, all read in one snapshot.
+Rows = Callable[..., list[dict[str, Any]]]
+
+
+def encode(kind: str, values: dict[str, Any]) -> dict[str, Any]:
+    """Python values -> what the columns store (canonical JSON text, 0/1 for booleans)."""
+    out = {}
+    for name, value in values.items():
+        if value is not None and name in JSON_FIELDS[kind]:
+            value = canonical_json(value).decode()
+        elif isinstance(value, bool):
+            value = int(value)
+        out[name] = value
+    return out
+
+
+def decode(kind: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Stored columns -> Python values; the inverse of ``encode``."""
+    out = {}
+    for name, value in row.items():
+        if value is not None and name in JSON_FIELDS[kind]:
+            value = json.loads(value)
+        elif value is not None and name in BOOL_FIELDS.get(kind, ()):
+            value = bool(value)
+        out[name] = value
+    return out
+
+
+def evaluation_record(rows: Rows, evaluation_id: int) -> dict[str, Any] | None:
+    """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
+    started = rows("evaluation", id=evaluation_id)
+    if not started:
+        return None
+    verdict = next(iter(rows("verdict", evaluation_id=evaluation_id)), None)
+    aborted = next(iter(rows("aborted", evaluation_id=evaluation_id)), None)
+    return {
+        **started[0],
+        "status": derive_status(started[0], verdict, aborted),
+        "verdict": verdict["verdict"] if verdict else None,
+        "reasons": verdict["reasons"] if verdict else [],
+        "verdict_record": verdict,
+        "aborted_record": aborted,
+        "case_results": rows("case_result", evaluation_id=evaluation_id),
+        "comparisons": rows("comparison", evaluation_id=evaluation_id),
+        "approvals": rows("approval", evaluation_id=evaluation_id),
+        "calibrations": rows("calibration", evaluation_id=evaluation_id),
+    }
+
+
+def latest_flips(flips: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Flag -> its latest flip, from every flip oldest first; a flag never flipped is absent (at its default)."""
+    return {f["flag"]: f for f in flips}
