@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import evaluate
+from trust import unlocked
 
 DOMAIN = "gatekeeper-provider-test"
 
@@ -81,6 +82,29 @@ def test_tampered_ledger_resolves_to_the_default_never_on(run_cli, tiny_ws, clie
     assert "does not verify" in details.error_message and "ledger verify" in details.error_message
     code, out, _ = run_cli("--workspace", tiny_ws, "ledger", "verify", "--json")
     assert code == 1  # the same judgement as the CLI's
+
+
+def test_a_cut_tail_with_a_rewritten_newest_checkpoint_is_caught_by_the_recorded_ones(run_cli, tiny_ws, client_of):
+    code, out = evaluate(run_cli, tiny_ws, "tiny", "--limit", "1")
+    flip(run_cli, tiny_ws, "on", "--evaluation", out["evaluation_id"])
+    flip(run_cli, tiny_ws, "off")
+    assert len((tiny_ws / "ledger" / "checkpoints.jsonl").read_text().splitlines()) == 2  # one per flip
+    client = client_of(tiny_ws, engine="tiny")
+    assert client.get_boolean_details("prefix_cache", True).value is False
+
+    db = unlocked(tiny_ws / "ledger" / "evidence.db")  # the "off" flip deleted: the flag reads "on" again
+    seq, flip_id = db.execute("SELECT seq, record_id FROM entry ORDER BY seq DESC LIMIT 1").fetchone()
+    db.execute("DELETE FROM entry WHERE seq = ?", (seq,))
+    db.execute("DELETE FROM flip WHERE id = ?", (flip_id,))
+    db.close()
+    # ...and the newest checkpoint rewritten to the cut head; the committed log still has the line it had
+    code, _, err = run_cli("--workspace", tiny_ws, "ledger", "checkpoint", "--output", tiny_ws / "ledger" / "checkpoint.json")
+    assert code == 0, err
+    details = client.get_boolean_details("prefix_cache", False)
+    assert (details.value, details.error_code) == (False, "GENERAL"), details
+    assert "truncated:" in details.error_message and "checkpoints.jsonl:2" in details.error_message
+    code, out, _ = run_cli("--workspace", tiny_ws, "ledger", "verify", "--json")
+    assert code == 1 and json.loads(out)["problem"].startswith("truncated:")  # the same judgement as the CLI's
 
 
 def test_unreadable_and_missing_ledgers(workspace, client_of):

@@ -82,8 +82,8 @@ def ledger_verify(
             where = cp.location(ledger.url, ws.root)
             checked = [_reached(report, f"checkpoint {name}", lambda c=c, name=name: cp.check(
                 c, name, ledger, where, ws.allowed_signers)) for name, c in loaded]
-            fresh = _reached(report, "checkpoint_after_flip", lambda: _checkpoint_after_flip(
-                ws, ledger, [c for c in checked if not isinstance(c, str)]))
+            fresh = _reached(report, "checkpoint_after_flip", lambda: cp.uncovered_flips(
+                ws, ledger, [c for c in checked if not isinstance(c, str) and c.ok]))
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - only a database error is turned into one line; anything else re-raised
@@ -175,35 +175,6 @@ def _unreadable(url: str, e: Exception, json_: bool) -> None:
     else:
         typer.echo(f"ledger DAMAGED: {line}")
     raise typer.Exit(1) from None
-
-
-def _checkpoint_after_flip(ws, ledger, checked) -> list[str]:
-    """A policy's ``checkpoint_after_flip``: its flag's last flip must lie at or below a good checkpoint
-    (a signed one where the policy also wants signatures)."""
-    from ..ledger import checkpoint as cp
-
-    if not (ws.root / "policies").is_dir():
-        return []
-    wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
-    if not wants:
-        return []
-    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
-    good = [c for c in checked if c.ok]
-    out = []
-    for flag, last in ledger.flag_states().items():
-        if flag not in wants:
-            continue
-        seq = seqs.get(("flip", last["id"]), 0)
-        covering = [c for c in good if c.seq >= seq]
-        if not covering:
-            newest = max((c.seq for c in good), default=None)
-            out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after "
-                       f"{'the newest good checkpoint, at seq ' + str(newest) if newest else 'every checkpoint'}; "
-                       f"its policy wants one after every flip (recorded in {cp.log_path(ws)} by 'gatekeeper ledger "
-                       "checkpoint --record', or pass --checkpoint FILE)")
-        elif wants[flag].approvals.signed and not any(c.signer for c in covering):
-            out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
-    return out
 
 
 @ledger_app.command("checkpoint")

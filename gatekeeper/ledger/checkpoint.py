@@ -238,3 +238,28 @@ def check(checkpoint: dict[str, Any], file: str, ledger, where: str, allowed) ->
         bad(f"forked: entry seq {seq} is {have}, checkpoint {file} says {checkpoint['hash'][:16]}…: "
             f"the ledger was rewritten at or before seq {seq}")
     return report
+
+
+def uncovered_flips(ws, ledger, good: list[CheckpointReport]) -> list[str]:
+    """A policy's ``approvals.checkpoint_after_flip``: its flag's last flip must lie at or below a good checkpoint
+    (a signed one where the policy also wants signatures). The rule ``ledger verify`` and ``flags serve`` apply."""
+    if not (ws.root / "policies").is_dir():
+        return []
+    wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
+    last = {f: row for f, row in ledger.flag_states().items() if f in wants}
+    if not last:
+        return []
+    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
+    out = []
+    for flag, row in last.items():
+        seq = seqs.get(("flip", row["id"]), 0)
+        covering = [c for c in good if c.seq >= seq]
+        if not covering:
+            newest = max((c.seq for c in good), default=None)
+            out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after "
+                       f"{'the newest good checkpoint, at seq ' + str(newest) if newest else 'every checkpoint'}; "
+                       f"its policy wants one after every flip (recorded in {log_path(ws)} by 'gatekeeper ledger "
+                       "checkpoint --record', or pass --checkpoint FILE)")
+        elif wants[flag].approvals.signed and not any(c.signer for c in covering):
+            out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
+    return out

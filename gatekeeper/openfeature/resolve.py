@@ -5,7 +5,7 @@ boolean), variant (``on``/``off``), reason and metadata (the evaluation the stat
 pipeline-version hash), or one error for all of them.
 
 The failure rule: a snapshot is made only from a ledger that passes what ``gatekeeper ledger verify`` checks
-by default (the chain and every row, the signatures, the workspace's ``ledger/checkpoint.json`` and the
+by default (the chain and every row, the signatures, every checkpoint the workspace records and the
 policies' ``checkpoint_after_flip``). A ledger that does not, or cannot be read, or a workspace whose pipeline
 cannot be resolved, makes an error snapshot: every evaluation is then an error, never the last known "on".
 Flag states are read before the verification that vouches for them, so an edit made in between is caught.
@@ -14,9 +14,9 @@ Re-verification is paid only on change. Each call reads a cheap stamp: for a SQL
 data_version`` on one read-only connection held open (it moves on every commit by any other connection, an
 edit with the sqlite3 shell included) and the chain's last entry (one index lookup); for other databases the
 last entry, plus a full recheck every ``recheck_s`` seconds; and (looked at once a second at most) the names,
-sizes and times of the workspace's policies, engine profiles, suites and checkpoint. An unchanged stamp
-returns the snapshot made before, whatever the ledger's length. The engine identity (which builds the engine, seconds) is computed once
-per resolved engine profile.
+sizes and times of the workspace's policies, engine profiles, suites and checkpoints. An unchanged stamp
+returns the snapshot made before, whatever the ledger's length. The engine identity (from the model's files, or
+by loading it where the adapter cannot tell it otherwise) is computed once per resolved engine profile.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..engines.registry import build_engine, resolve_profile
+from ..engines.registry import identity, resolve_profile
 from ..errors import GatekeeperError
 from ..gate import attestation, flags as flag_states, pipeline
 from ..identity import digest
@@ -104,7 +104,7 @@ class Resolver:
         ws.engine(engine)
         self.url = ledger or f"sqlite:///{ws.ledger_path}"
         self.engine = engine
-        self.checkpoint = ws.checkpoint_path
+        self.checkpoints = (ws.checkpoint_path, checkpoints.log_path(ws))
         self._probe = _Probe(self.url, recheck_s)
         self._identities: dict[str, dict[str, Any]] = {}  # resolved engine profile -> its identity
         self._building = threading.Lock()
@@ -125,7 +125,7 @@ class Resolver:
     def stamp(self) -> tuple:
         now = time.monotonic()
         if now - self._files_at >= FILES_EVERY_S:  # a stat per file: 0.2 ms for 100 policies, so not every call
-            self._files, self._files_at = _files(self.root, self.checkpoint), now
+            self._files, self._files_at = _files(self.root, self.checkpoints), now
         return (self._probe.stamp(), self._files)
 
     def fresh(self) -> Snapshot | None:
@@ -217,54 +217,31 @@ class Resolver:
     def _identity(self, profile: EngineProfile) -> dict[str, Any]:
         key = resolve_profile(profile).model_dump_json()
         if key not in self._identities:
-            with build_engine(profile, workspace_root=self.root) as model:
-                self._identities[key] = model.identity()
+            self._identities[key] = identity(profile, workspace_root=self.root)
         return self._identities[key]
 
 
 def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:
-    """What ``gatekeeper ledger verify`` finds wrong with the ledger and the workspace's checkpoint; [] when
+    """What ``gatekeeper ledger verify`` finds wrong with the ledger and the workspace's checkpoints; [] when
     nothing. No ledger is fine (nothing was ever flipped) unless a checkpoint says there was one."""
-    path = ws.checkpoint_path
+    recorded = checkpoints.recorded(ws)
     if ledger is None:
-        if path.is_file():
-            return [f"there is no ledger at {shown(url)}, yet {path} records one up to seq "
-                    f"{checkpoints.load(path)['seq']}: it was deleted or moved"]
+        if recorded:
+            name, newest = max(recorded, key=lambda r: r[1]["seq"])
+            return [f"there is no ledger at {shown(url)}, yet {name} records one up to seq {newest['seq']}: "
+                    "it was deleted or moved"]
         return []
     report = ledger.verify()
     if not report.ok:
         return list(report.problems)  # the rest reads rows that verify has found damaged
     out = [p for _, p in attestation.audit_signatures(ws, ledger).problems]
-    good = []
-    if path.is_file():
-        checked = checkpoints.check(checkpoints.load(path), str(path), ledger,
-                                    checkpoints.location(ledger.url, ws.root), ws.allowed_signers)
-        out += checked.problems
-        good = [checked] if checked.ok else []
-    return out + uncovered_flips(ws, ledger, good)
+    where = checkpoints.location(ledger.url, ws.root)
+    checked = [checkpoints.check(c, name, ledger, where, ws.allowed_signers) for name, c in recorded]
+    out += [p for c in checked for p in c.problems]
+    return out + checkpoints.uncovered_flips(ws, ledger, [c for c in checked if c.ok])
 
 
-def uncovered_flips(ws: Workspace, ledger: Ledger, good: list[checkpoints.CheckpointReport]) -> list[str]:
-    """A policy's ``approvals.checkpoint_after_flip``: its flag's last flip lies at or below a good checkpoint (a
-    signed one where the policy also wants signatures), the rule ``ledger verify`` applies."""
-    wants = {f: p for f, p in ws.policies.items() if p.approvals.checkpoint_after_flip}
-    last = {f: row for f, row in ledger.flag_states().items() if f in wants}
-    if not last:
-        return []
-    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
-    out = []
-    for flag, row in last.items():
-        seq = seqs.get(("flip", row["id"]), 0)
-        covering = [c for c in good if c.seq >= seq]
-        if not covering:
-            out.append(f"no_checkpoint: {flag}'s last flip (seq {seq}) is after every good checkpoint; its policy "
-                       f"wants one after every flip ({ws.checkpoint_path})")
-        elif wants[flag].approvals.signed and not any(c.signer for c in covering):
-            out.append(f"unsigned: no signed checkpoint covers {flag}'s last flip (seq {seq}); its policy wants signatures")
-    return out
-
-
-def _files(root: Path, checkpoint: Path) -> tuple:
+def _files(root: Path, checkpoints: tuple[Path, ...]) -> tuple:
     """Names, sizes and modification times of what a snapshot reads from the workspace besides the ledger."""
     out: list[tuple] = []
     for folder in (POLICIES, ENGINES, ASSERTIONS):
@@ -275,11 +252,12 @@ def _files(root: Path, checkpoint: Path) -> tuple:
                     out.append((folder, e.name, st.st_size, st.st_mtime_ns))
         except OSError:
             out.append((folder, None, 0, 0))
-    try:
-        st = checkpoint.stat()
-        out.append(("checkpoint", None, st.st_size, st.st_mtime_ns))
-    except OSError:
-        pass
+    for path in checkpoints:
+        try:
+            st = path.stat()
+            out.append(("checkpoint", path.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            pass
     return tuple(sorted(out, key=repr))
 
 
