@@ -162,9 +162,18 @@ def _messages(text: str) -> Any:
         data = json.loads(text)
     except ValueError:
         return js_trim(text)
+    if isinstance(data, dict) and "messages" in data:  # a provider's request shape
+        data = ([{"role": "system", "content": data["system"]}] if "system" in data else []) + data["messages"]
     if isinstance(data, list) and all(isinstance(m, dict) and "role" in m for m in data):
-        return tuple((m["role"], js_trim(str(m.get("content", "")))) for m in data)
-    return js_trim(text)
+        return tuple((m["role"], js_trim(_text(m.get("content", "")))) for m in data)
+    return text  # as sent: JSON written again with other spacing is another prompt
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: one {type: text} part is its text."""
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict) and "text" in content[0]:
+        return str(content[0]["text"])
+    return str(content)
 
 
 def gatekeeper_prompts(ws: Path) -> Counter:

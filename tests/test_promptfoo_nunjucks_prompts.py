@@ -23,10 +23,11 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "bench" / "promptfoo_example
 
 # a text prompt with expressions, tags, nunjucks' filters, the load filter on a CSV var, custom filters (one
 # CommonJS, one ES module, one with an argument), literal braces, a var that names another var; a prompt
-# with a tag left open (literal, as promptfoo wraps it in {% raw %}); and a chat rendered message by message
+# with a tag left open (literal, as promptfoo wraps it in {% raw %}); a chat rendered message by message;
+# and a provider's request shape ({system, messages}, a text part with cache_control)
 ORACLE = {
     "promptfooconfig.yaml": """providers: [echo]
-prompts: [file://prompts.txt, file://chat.json]
+prompts: [file://prompts.txt, file://chat.json, file://request.yaml]
 nunjucksFilters:
   shout: ./shout.js
   flip: filters/flip.mjs
@@ -38,6 +39,8 @@ tests: file://tests.csv
 {% if lang == "French" %}Réponds en français.{% else %}Answer in {{ lang | lower }}.{% endif %}
 {% for w in (style | load).tags %}- {{ loop.index }}. {{ w | title }}
 {% endfor %}Count: {{ (style | load).tags | length }}, {{ body.length }} chars, {{ count * 2 }}, {{ count + 1 }}, {{ missing }}!
+Reversed: {{ (style | load).tags | reverse }} {{ (style | load).tags | reverse | join("+") }} {{ body | reverse }} {{ (style | load).formatting | reverse | length }}
+Arrays: {{ [1, 2, 3] | select("odd") }} {{ [1, 2, 3] | reject("odd") }} {{ [1, 2, 3] | batch(2) | length }} {{ [1, 2, 3] | slice(2) }} {{ [{"a": 1}] | groupby("a") }} {% for k, v in [{"a": "x"}, {"a": 1}, {"a": 0}, {"b": 2}] | groupby("a") %}{{ k }}={{ v | length }};{% endfor %}
 Shout: {{ body | shout(2) }} / {{ body | flip }} / {{ body | upper | truncate(5) }} / {{ 7 // 2 }} / {{ (style | load) | dump }}
 {% for k, v in (style | load).formatting %}{{ k }}={{ v }} {% else %}no formatting{% endfor %}{{ "" if (style | load).tags else " (no tags)" }}
 Literal {braces} and {{ note }}
@@ -47,6 +50,8 @@ Open tag {{ body
 """,
     "chat.json": '[{"role": "system", "content": "{% if lang %}Language: {{ lang | upper }}{% endif %}"},'
                  ' {"role": "user", "content": "{{ body }} ({{ (style | load).tone | default(\'plain\') }})"}]',
+    "request.yaml": "system: 'Be {{ style | load | dump | length }} chars'\nmessages:\n  - role: user\n    content:\n"
+                    "      - type: text\n        text: 'Riddle: {{ body }}'\n        cache_control: {type: ephemeral}\n",
     "tests.csv": '__description,lang,body,style,note,count\n'
                  'first,French,Hello world,"{""tone"":""formal"",""tags"":[""a"",""b c""],""formatting"":{""bullets"":true}}","see {{lang}}",3\n'
                  'second,Pirate,I\'m hungry,"{""tone"":""casual"",""tags"":[],""formatting"":{}}",plain,10\n',
@@ -65,6 +70,9 @@ def _messages(raw: str) -> tuple:
         parsed = json.loads(raw)
     except ValueError:
         parsed = None
+    if isinstance(parsed, dict) and "messages" in parsed:  # a provider's request shape; one text part a message
+        parsed = [{"role": "system", "content": parsed["system"]}] + [
+            {"role": m["role"], "content": m["content"][0]["text"]} for m in parsed["messages"]]
     if isinstance(parsed, list) and all(isinstance(m, dict) and "role" in m for m in parsed):
         return tuple((m["role"], m["content"]) for m in parsed)
     return (("user", raw),)
@@ -92,7 +100,7 @@ def test_nunjucks_prompts_render_as_promptfoo_renders_them(tmp_path):
     assert all(not r.get("error") for r in results), [r["error"] for r in results]
     theirs = Counter((r["testCase"]["description"], _messages(r["prompt"]["raw"])) for r in results)
     ours = _gatekeeper(config)
-    assert sum(theirs.values()) == 6
+    assert sum(theirs.values()) == 8
     assert ours == theirs, f"only promptfoo: {theirs - ours}\nonly gatekeeper: {ours - theirs}"
 
 
@@ -189,6 +197,14 @@ def test_the_filters_key_is_still_refused_naming_the_filter(tmp_path):
     ({"promptfooconfig.yaml": "prompts: ['{{ q | upper }}: {{ note }}']\ntests: [{vars: {q: x, note: '{% if 1 %}y{% endif %}'}}]\n"},
      r"field 'vars.note' \(case 'test 1'\) holds nunjucks"),
     ({"promptfooconfig.yaml": "prompts: ['{\"a\": \"{{ q | upper }}\"}']\ntests: [{vars: {q: x}}]\n"}, r"the prompt is JSON"),
+    # JSON that is no chat, with a plain {{ var }} or none: promptfoo sends it written again with 2-space indents
+    ({"promptfooconfig.yaml": "prompts: ['{\"a\": \"{{ q }}\"}']\ntests: [{vars: {q: x}}]\n"}, r"the prompt is JSON but not a chat"),
+    ({"promptfooconfig.yaml": "prompts: [file://p.yaml]\ntests: [{vars: {q: x}}]\n", "p.yaml": "task: summarize\nlimit: 3\n"},
+     r"p.yaml\).*the prompt is JSON but not a chat"),
+    ({"promptfooconfig.yaml": "prompts: [file://p.yaml]\ntests: [{vars: {q: x}}]\n",
+      "p.yaml": "messages: [{role: user, content: '{{ q }}'}]\ntemperature: 0.2\n"}, r"also sets \['temperature'\]"),
+    ({"promptfooconfig.yaml": "prompts: [file://p.yaml]\ntests: [{vars: {q: x}}]\n",
+      "p.yaml": "[{role: user, content: [{type: text, text: a}, {type: text, text: '{{ q }}'}]}]\n"}, r"several parts"),
 ])
 def test_what_gatekeeper_would_read_differently_is_refused(tmp_path, files, expected):
     if expected is None:  # a tag left open is literal text in promptfoo: nothing to refuse

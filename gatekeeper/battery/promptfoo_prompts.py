@@ -4,7 +4,7 @@ turns each into a suite).
 ``prompts`` is text, a list or a ``{file: label}`` mapping; a string is a file when promptfoo's maybeFilePath
 says so (``file://`` optional), a glob gives one prompt per file (a glob matching nothing is the text itself),
 a ``.txt`` file holds several prompts between ``---`` lines, each trimmed, ``.json``/``.yaml`` files hold a
-chat, ``.md``/``.j2`` one prompt as written and ``.jsonl`` one a line. What promptfoo would run as code,
+chat (a list of messages, or a provider's ``{system, messages}``), ``.md``/``.j2`` one prompt as written and ``.jsonl`` one a line. What promptfoo would run as code,
 fetch, or send as a path's text is refused. Each prompt keeps promptfoo's label and id (what a test's
 ``prompts:`` names) and gets a name part for its suite. The file helpers here serve battery/promptfoo.py too.
 
@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import GatekeeperError
 from ..js import nunjucks, yaml as jsyaml
@@ -85,10 +86,6 @@ def _template(role: str, text: str, where: str, chat: bool) -> Segment:
         raise GatekeeperError(f"{where}: the prompt calls the method {used.methods[0]}, which promptfoo runs as "
                               "JavaScript and gatekeeper's nunjucks does not; use a nunjucks filter (upper, replace, "
                               "...) or a custom one (nunjucksFilters)")
-    if not chat and _is_json(text):
-        raise GatekeeperError(f"{where}: the prompt is JSON with nunjucks in it: promptfoo renders each string of it "
-                              "and writes the JSON again (2-space indents), which gatekeeper does not do; write the "
-                              "prompt as a chat (a list of {role, content}) or as plain text")
     if not used.vars and not used.filters:
         try:
             rendered = nunjucks.render_prompt(text, {})
@@ -245,16 +242,45 @@ def _file_prompts(file: Path, label: str | None, config: Path, where: str, raw: 
 
 
 def _prompt(label: str, id: str | None, name: str, text: str, where: str) -> Prompt:
-    """A JSON list of {role, content} messages is a chat (one segment each); anything else is one user message."""
+    """A chat (one segment a message), or else one user message; other JSON is refused: promptfoo would send it
+    written out again."""
     try:
-        messages = json.loads(text) if text.lstrip().startswith("[") else None
+        data = json.loads(text) if text.lstrip().startswith(("[", "{")) else None
     except json.JSONDecodeError:
-        messages = None
-    if isinstance(messages, list) and messages and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-        if any(not isinstance(m["content"], str) for m in messages):
-            raise GatekeeperError(f"{where}: a chat message's content is not text (images, parts); gatekeeper renders text messages")
-        return Prompt(label, id, name, [_segment(m["role"], m["content"], where, chat=True) for m in messages], where, True)
+        data = None
+    messages = _chat(data, where)
+    if messages is not None:
+        return Prompt(label, id, name, [_segment(role, content, where, chat=True) for role, content in messages], where, True)
+    if _is_json(text):
+        raise GatekeeperError(f"{where}: the prompt is JSON but not a chat: promptfoo renders each string in it and sends "
+                              "the JSON written again (2-space indents, its own spacing and order), which gatekeeper does "
+                              "not do; write the prompt as a chat (a list of {role, content}) or as plain text")
     return Prompt(label, id, name, [_segment("user", text, where)], where)
+
+
+def _chat(data: Any, where: str) -> list[tuple[str, str]] | None:
+    """(role, text) of each message of a chat prompt: a JSON list of {role, content}, or a provider's request
+    shape ``{system?, messages}``; a content may be a list of one ``{type: text, text}`` part. None: no chat."""
+    if isinstance(data, dict) and isinstance(data.get("messages"), list):
+        if set(data) - {"messages", "system"}:
+            raise GatekeeperError(f"{where}: the chat prompt also sets {sorted(set(data) - {'messages', 'system'})}, which "
+                                  "promptfoo sends to the provider and gatekeeper's engines do not take; keep "
+                                  "'messages' (and 'system')")
+        system = [{"role": "system", "content": data["system"]}] if "system" in data else []
+        data = system + data["messages"]
+    if not (isinstance(data, list) and data and all(isinstance(m, dict) and "role" in m and "content" in m for m in data)):
+        return None
+    out = []
+    for m in data:
+        content = m["content"]
+        if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict) \
+                and content[0].get("type") == "text" and isinstance(content[0].get("text"), str):
+            content = content[0]["text"]  # cache_control and the like steer a hosted API's cache, not the text
+        if not isinstance(content, str):
+            raise GatekeeperError(f"{where}: a chat message's content is not text (images, several parts); gatekeeper "
+                                  "renders a message of one text")
+        out.append((m["role"], content))
+    return out
 
 
 def _name(label: str | None) -> str:

@@ -166,6 +166,27 @@ def _list(value: Any) -> list:
     raise jinja2.TemplateRuntimeError("list filter: type not iterable")
 
 
+def _reverse(value: Any) -> Any:
+    """nunjucks' ``reverse``: text reversed by UTF-16 code units, a copy of a list reversed, anything else []."""
+    if isinstance(value, str):
+        return code_units(value)[::-1]
+    return list(value)[::-1] if isinstance(value, list) else []
+
+
+def _groupby(value: Any, attribute: Any) -> dict:
+    """nunjucks' ``groupby``: an object from each item's attribute (a dotted path), printed as text, to its
+    items, with JavaScript's key order (array-index keys first, ascending)."""
+    parts = attribute.split(".") if isinstance(attribute, str) else [attribute]
+    groups: dict[str, list] = {}
+    for item in code_units(value) if isinstance(value, str) else value if isinstance(value, list) else []:
+        key = item
+        for part in parts:
+            key = key[part] if isinstance(key, dict) and part in key else JSUndefined()
+        groups.setdefault(js_string(plain(key)) if not isinstance(key, jinja2.Undefined) else "undefined", []).append(item)
+    index = sorted((k for k in groups if re.fullmatch(r"0|[1-9]\d*", k) and int(k) < 2**32 - 1), key=int)
+    return {k: groups[k] for k in [*index, *(k for k in groups if k not in index)]}
+
+
 def _length(value: Any) -> int:
     if isinstance(value, str):
         return len(code_units(value))
@@ -223,7 +244,7 @@ def _striptags(value: Any, preserve_linebreaks: Any = False) -> str:
 
 _OWN = {"capitalize": _capitalize, "title": _title, "truncate": _truncate, "indent": _indent, "center": _center,
         "escape": _escape, "e": _escape, "forceescape": _escape, "trim": _trim, "replace": _replace, "round": _round,
-        "wordcount": _wordcount, "string": lambda v: v, "list": _list, "length": _length, "dump": _dump,
+        "wordcount": _wordcount, "string": lambda v: v, "list": _list, "reverse": _reverse, "groupby": _groupby, "length": _length, "dump": _dump,
         "nl2br": _nl2br, "int": _int, "float": _float, "striptags": _striptags}
 
 
@@ -236,7 +257,8 @@ def _filter(name: str, f: Callable[..., Any]) -> Callable[..., Any]:
         value = args[1] if takes_context else args[0]
         if value is None or isinstance(value, jinja2.Undefined):
             return on_undefined(value, *args[1 + takes_context:], **kwargs)
-        return f(*args, **kwargs)
+        out = f(*args, **kwargs)
+        return list(out) if hasattr(out, "__next__") else out  # nunjucks' select, batch, slice... give arrays
     if takes_context:
         filtered.jinja_pass_arg = f.jinja_pass_arg  # type: ignore[attr-defined]
     return filtered
