@@ -93,9 +93,9 @@ def test_evidence_under_one_load_is_stale_for_a_flip_under_another(single, works
     ws = served_ws(workspace, single=profile(single))
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text() + "load: {concurrency: 2}\n")
-    code, under_policy = evaluate(run_cli, ws, "single", "--limit", "2")
+    code, under_policy = evaluate(run_cli, ws, "single", "--limit", "1")
     assert code == 0 and under_policy["verdict"] == "PASS", under_policy
-    code, other = evaluate(run_cli, ws, "single", "--limit", "2", "--load", "3")
+    code, other = evaluate(run_cli, ws, "single", "--limit", "1", "--load", "3")
     assert code == 0 and other["verdict"] == "PASS", other
 
     def flip(evaluation):
