@@ -40,6 +40,8 @@ tests: file://tests.csv
 {% for w in (style | load).tags %}- {{ loop.index }}. {{ w | title }}
 {% endfor %}Count: {{ (style | load).tags | length }}, {{ body.length }} chars, {{ count * 2 }}, {{ count + 1 }}, {{ missing }}!
 Reversed: {{ (style | load).tags | reverse }} {{ (style | load).tags | reverse | join("+") }} {{ body | reverse }} {{ (style | load).formatting | reverse | length }}
+Objects: {% for k, v in {"b": 1, "2": 3, "1": 0} %}{{ k }}{{ v }}{% endfor %} {{ {"b": 1, "10": 2} | dump }} {{ body | urlencode }} {{ {"a b": "c/d"} | urlencode }}
+Tests: {{ count is odd }} {{ count is divisibleby(5) }} {{ lang is sameas("French") }} {{ missing is null }} {{ none is none }} {{ count | string | length }} {{ (style | load).tone | abs }}
 Arrays: {{ [1, 2, 3] | select("odd") }} {{ [1, 2, 3] | reject("odd") }} {{ [1, 2, 3] | batch(2) | length }} {{ [1, 2, 3] | slice(2) }} {{ [{"a": 1}] | groupby("a") }} {% for k, v in [{"a": "x"}, {"a": 1}, {"a": 0}, {"b": 2}] | groupby("a") %}{{ k }}={{ v | length }};{% endfor %}
 Shout: {{ body | shout(2) }} / {{ body | flip }} / {{ body | upper | truncate(5) }} / {{ 7 // 2 }} / {{ (style | load) | dump }}
 {% for k, v in (style | load).formatting %}{{ k }}={{ v }} {% else %}no formatting{% endfor %}{{ "" if (style | load).tags else " (no tags)" }}
@@ -197,6 +199,11 @@ def test_the_filters_key_is_still_refused_naming_the_filter(tmp_path):
     ({"promptfooconfig.yaml": "prompts: ['{{ q | upper }}: {{ note }}']\ntests: [{vars: {q: x, note: '{% if 1 %}y{% endif %}'}}]\n"},
      r"field 'vars.note' \(case 'test 1'\) holds nunjucks"),
     ({"promptfooconfig.yaml": "prompts: ['{\"a\": \"{{ q | upper }}\"}']\ntests: [{vars: {q: x}}]\n"}, r"the prompt is JSON"),
+    # what Jinja2 reads and nunjucks does not parse: promptfoo fails every test
+    ({"promptfooconfig.yaml": "prompts: ['{{ q[1:] }}']\ntests: [{vars: {q: xy}}]\n"}, r"nunjucks has no slices"),
+    ({"promptfooconfig.yaml": "prompts: ['{{ q is sameas \"x\" }}']\ntests: [{vars: {q: x}}]\n"},
+     r"argument only in parentheses \(is sameas\(...\)\)"),
+    ({"promptfooconfig.yaml": "prompts: ['{{ 1e3 }} {{ q }}']\ntests: [{vars: {q: x}}]\n"}, r"does not parse the number 1e3"),
     # JSON that is no chat, with a plain {{ var }} or none: promptfoo sends it written again with 2-space indents
     ({"promptfooconfig.yaml": "prompts: ['{\"a\": \"{{ q }}\"}']\ntests: [{vars: {q: x}}]\n"}, r"the prompt is JSON but not a chat"),
     ({"promptfooconfig.yaml": "prompts: [file://p.yaml]\ntests: [{vars: {q: x}}]\n", "p.yaml": "task: summarize\nlimit: 3\n"},
@@ -226,6 +233,15 @@ def test_a_render_error_is_refused_at_load_naming_suite_and_case(workspace):
     with pytest.raises(GatekeeperError) as e:
         battery.load(Workspace(workspace), ["faq"], limit=1)  # --limit hides no case that cannot render
     assert "suite 'faq', case 'broken'" in str(e.value) and "'not json' is not valid JSON" in str(e.value)
+
+
+def test_a_prompt_that_renders_anew_each_time_is_refused_at_load(workspace):
+    """nunjucks' random filter: the flag-off and flag-on runs would not read one prompt."""
+    _write(workspace / "assertions", {"faq.promptfoo.yaml": "prompts: ['Pick: {{ (q | load) | random }}']\n"
+                                                          "tests: [{vars: {q: '[1, 2]'}}]\n"})
+    with pytest.raises(GatekeeperError) as e:
+        battery.load(Workspace(workspace), ["faq"])
+    assert "suite 'faq'" in str(e.value) and "random filter picks anew on every render" in str(e.value)
 
 
 @pytest.mark.parametrize("template, vars, rendered", [

@@ -21,7 +21,7 @@ from jinja2 import meta, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from .nunjucks_filters import BUILTIN_FILTERS, environment_filters, load
-from .nunjucks_operators import OPERATOR_FILTERS, JSUndefined, js_range, printed, with_js_operators
+from .nunjucks_operators import OPERATOR_FILTERS, TESTS, JSUndefined, js_range, printed, with_js_operators
 from .value import code_units, js_string
 
 __all__ = ["BUILTIN_FILTERS", "MARKS", "JSUndefined", "Names", "RenderError", "auto_raw", "names", "prompt_vars",
@@ -56,6 +56,7 @@ def _env() -> SandboxedEnvironment:
     env = _JSEnvironment(autoescape=False, keep_trailing_newline=True, finalize=printed, undefined=JSUndefined)
     env.filters = environment_filters(env.filters)
     env.filters.update(OPERATOR_FILTERS)  # names no template can write: only with_js_operators' calls reach them
+    env.tests = dict(TESTS)
     env.globals = {"range": js_range, "cycler": env.globals["cycler"], "joiner": env.globals["joiner"]}  # nunjucks' globals
     return env
 
@@ -111,7 +112,8 @@ class Names:
 
 @lru_cache(maxsize=512)
 def names(template: str) -> Names:
-    """The names a template uses; a ValueError when it does not parse."""
+    """The names a template uses; a ValueError when nunjucks would not parse it (NotRead: nunjucks would, and
+    gatekeeper does not read it)."""
     try:
         parsed = _env().parse(template)
         filters = frozenset(f.name for f in parsed.find_all(nodes.Filter))
@@ -119,10 +121,37 @@ def names(template: str) -> Names:
         lenient.filters = {**_env().filters, **{name: load for name in filters}}
         vars = frozenset(meta.find_undeclared_variables(lenient.parse(template)))
     except jinja2.TemplateSyntaxError as e:  # TemplateAssertionError too (an unknown test)
+        if re.search(r"[=!]==", template):
+            raise NotRead(f"line {e.lineno}: JavaScript's strict === or !==; write == or != (loose), or the test "
+                          "sameas(...)") from None
         raise ValueError(f"line {e.lineno}: {e.message}") from None
+    for cut in parsed.find_all(nodes.Slice):
+        raise ValueError(f"line {cut.lineno}: nunjucks has no slices ([a:b])")
+    _jinja_only(template)
     methods = tuple(f"{c.node.attr}()" if isinstance(c.node, nodes.Getattr) else "[...]()"
                     for c in parsed.find_all(nodes.Call) if isinstance(c.node, (nodes.Getattr, nodes.Getitem)))
     return Names(vars, filters, methods)
+
+
+def _jinja_only(template: str) -> None:
+    """What Jinja2 parses and nunjucks does not: a test's argument without parentheses (``x is sameas 3``), a
+    number written with an exponent or ``_`` (``1e3``)."""
+    tokens = [t for t in _env().lex(template) if t[1] != "whitespace"]
+    for k, (line, kind, value) in enumerate(tokens):
+        if kind in ("integer", "float") and re.search("[eE_]", value):
+            raise ValueError(f"line {line}: nunjucks does not parse the number {value}; write it out plainly")
+        if kind == "name" and value == "is":
+            rest = tokens[k + 1:k + 4]
+            if rest and rest[0][1:] == ("name", "not"):
+                rest = rest[1:]
+            if len(rest) >= 2 and rest[0][1] == "name" and rest[1][1] in ("name", "string", "integer", "float", "lbracket", "lbrace") \
+                    and rest[1][2] not in ("else", "or", "and"):
+                raise ValueError(f"line {line}: nunjucks reads a test's argument only in parentheses "
+                                 f"(is {rest[0][2]}(...))")
+
+
+class NotRead(ValueError):
+    """nunjucks that promptfoo renders and gatekeeper does not read (JavaScript's strict ``===``)."""
 
 
 # promptfoo's autoWrapRawIfPartialNunjucks: a tag left open at a line's end makes the whole text literal

@@ -13,11 +13,12 @@ import json
 import math
 import re
 from typing import Any, Callable, Mapping
+from urllib.parse import quote
 
 import jinja2
 
 from .nunjucks_operators import NAN, JSUndefined, number, plain, printed
-from .value import SAFE_INT, JSONError, code_units, js_lower, js_string, js_trim, parse_json, truthy
+from .value import SAFE_INT, JSONError, code_units, js_lower, js_ordered, js_string, js_trim, parse_json, truthy
 
 
 def _default(value: Any, default: Any = JSUndefined(), boolean: bool = False) -> Any:
@@ -70,6 +71,10 @@ BUILTIN_FILTERS = frozenset(_NUNJUCKS | {"load"})  # nunjucks' own and promptfoo
 
 
 
+def _js_abs(x: float) -> Any:
+    return int(abs(x)) if math.isfinite(x) and x.is_integer() and abs(x) < SAFE_INT else abs(x)
+
+
 def _text(v: Any) -> str:
     """A filter's input as nunjucks' normalize leaves it (false is ''), printed as JavaScript prints it."""
     return "" if v is False else js_string(plain(v))
@@ -108,9 +113,11 @@ def _truncate(value: Any, length: Any = 255, killwords: Any = False, end: Any = 
 
 
 def _indent(value: Any, width: Any = 4, indentfirst: Any = False) -> str:
-    text = _text(value)
+    text = "" if value is False else value
     if not text:
         return ""
+    if not isinstance(text, str):
+        raise jinja2.TemplateRuntimeError("nunjucks' indent filter needs text")
     pad = " " * math.ceil(number(width) if width else 4)
     return "\n".join(line if i == 0 and not truthy(indentfirst) else pad + line for i, line in enumerate(text.split("\n")))
 
@@ -183,8 +190,7 @@ def _groupby(value: Any, attribute: Any) -> dict:
         for part in parts:
             key = key[part] if isinstance(key, dict) and part in key else JSUndefined()
         groups.setdefault(js_string(plain(key)) if not isinstance(key, jinja2.Undefined) else "undefined", []).append(item)
-    index = sorted((k for k in groups if re.fullmatch(r"0|[1-9]\d*", k) and int(k) < 2**32 - 1), key=int)
-    return {k: groups[k] for k in [*index, *(k for k in groups if k not in index)]}
+    return js_ordered(groups)
 
 
 def _length(value: Any) -> int:
@@ -198,7 +204,7 @@ def _json_ready(v: Any) -> Any:
     if isinstance(v, float):
         return None if not math.isfinite(v) else int(v) if v.is_integer() and abs(v) < SAFE_INT else v
     if isinstance(v, dict):
-        return {k: _json_ready(x) for k, x in v.items() if not isinstance(x, jinja2.Undefined)}
+        return {k: _json_ready(x) for k, x in js_ordered(v).items() if not isinstance(x, jinja2.Undefined)}
     if isinstance(v, (list, tuple)) or hasattr(v, "__next__"):  # a list, or what batch and slice give
         return [None if isinstance(x, jinja2.Undefined) else _json_ready(x) for x in v]
     return v
@@ -207,6 +213,26 @@ def _json_ready(v: Any) -> Any:
 def _dump(value: Any, spaces: Any = None) -> str:
     indent = int(min(10, number(spaces))) if isinstance(spaces, (int, float)) and not isinstance(spaces, bool) and spaces >= 1 else None
     return json.dumps(_json_ready(value), ensure_ascii=False, indent=indent, separators=None if indent else (",", ":"))
+
+
+def _uri_component(value: Any) -> str:
+    """JavaScript's encodeURIComponent: UTF-8 bytes as %XX, but for letters, digits and -_.!~*'(). Surrogate
+    pairs are joined first; a lone one cannot be encoded (an error, as JavaScript's URIError)."""
+    return quote(code_units(js_string(plain(value))).encode("utf-16", "surrogatepass").decode("utf-16"), safe="-_.!~*'()")
+
+
+def _urlencode(value: Any) -> str:
+    """nunjucks' ``urlencode``: text encoded whole; an object's (or a list of pairs') k=v joined by &."""
+    if isinstance(value, str):
+        return _uri_component(value)
+    pairs = value if isinstance(value, list) else list(js_ordered(value).items()) if isinstance(value, dict) else []
+    return "&".join(f"{_uri_component(p[0] if p else JSUndefined())}={_uri_component(p[1] if len(p) > 1 else JSUndefined())}"
+                    for p in pairs)
+
+
+def _random(*_: Any) -> Any:
+    raise jinja2.TemplateRuntimeError("nunjucks' random filter picks anew on every render, so the flag-off and flag-on "
+                                      "runs would not read one prompt; pick the item in the test's vars")
 
 
 def _nl2br(value: Any) -> str:
@@ -244,7 +270,8 @@ def _striptags(value: Any, preserve_linebreaks: Any = False) -> str:
 
 _OWN = {"capitalize": _capitalize, "title": _title, "truncate": _truncate, "indent": _indent, "center": _center,
         "escape": _escape, "e": _escape, "forceescape": _escape, "trim": _trim, "replace": _replace, "round": _round,
-        "wordcount": _wordcount, "string": lambda v: v, "list": _list, "reverse": _reverse, "groupby": _groupby, "length": _length, "dump": _dump,
+        "wordcount": _wordcount, "string": lambda v: js_string(plain(v)), "list": _list, "urlencode": _urlencode, "random": _random,
+        "abs": lambda v: _js_abs(number(v)), "reverse": _reverse, "groupby": _groupby, "length": _length, "dump": _dump,
         "nl2br": _nl2br, "int": _int, "float": _float, "striptags": _striptags}
 
 

@@ -5,20 +5,22 @@ promptfoo configures nunjucks without ``throwOnUndefined``, so a missing var is 
 ``undefined`` and arithmetic on it is NaN. nunjucks compiles ``+``, ``==``, ``<``, ``and``, ``or``, ``not``,
 ``if`` and ``for`` to JavaScript's, so ``"1" + 1`` is ``"11"`` and ``[] or "x"`` is ``[]``; Jinja2 compiles
 them to Python's. ``with_js_operators`` rewrites a parsed template so that each becomes a call that keeps
-JavaScript's meaning. ``printed`` and ``number`` are how a value prints and JavaScript's ``Number()``.
+JavaScript's meaning, and ``TESTS`` are nunjucks' tests (``is odd``, ``is sameas``, ...) as JavaScript computes
+them. ``printed`` and ``number`` are how a value prints and JavaScript's ``Number()``.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 from jinja2 import nodes
 from jinja2.visitor import NodeTransformer
+from markupsafe import Markup
 
-from .value import SAFE_INT, code_units, js_string, js_trim, truthy
+from .value import SAFE_INT, code_units, js_lower, js_ordered, js_string, js_trim, truthy
 
 NAN = float("nan")
 
@@ -227,11 +229,54 @@ def _compare(a: Any, *pairs: Any) -> bool:
     return a
 
 
+def _strict_equal(a: Any, b: Any) -> bool:
+    """JavaScript's ``===``: the same type and value; lists and objects only themselves."""
+    numeric = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    if numeric(a) and numeric(b):
+        return float(a) == float(b)
+    if isinstance(a, jinja2.Undefined) or isinstance(b, jinja2.Undefined):
+        return isinstance(a, jinja2.Undefined) and isinstance(b, jinja2.Undefined)
+    if isinstance(a, (list, dict)) or isinstance(b, (list, dict)) or numeric(a) or numeric(b):
+        return a is b
+    return type(a) is type(b) and a == b
+
+
+def _mod_is(value: Any, by: Any, rest: float) -> bool:
+    return _remainder(_to_number(value), _to_number(by)) == rest
+
+
+def _string_test(case: Callable[[str], str]) -> Callable[[Any], bool]:
+    def test(value: Any) -> bool:  # nunjucks calls value.toLowerCase(): an error on what has no such method
+        if not isinstance(value, str):
+            raise jinja2.TemplateRuntimeError("nunjucks' lower and upper tests need text")
+        return case(value) == value
+    return test
+
+
+# nunjucks' tests (nunjucks/src/tests.js), each a JavaScript expression; ``none``/``null`` are its null test
+TESTS: dict[str, Callable[..., bool]] = {
+    "callable": callable, "defined": lambda v: not isinstance(v, jinja2.Undefined),
+    "undefined": lambda v: isinstance(v, jinja2.Undefined),
+    "null": lambda v: v is None, "none": lambda v: v is None, "None": lambda v: v is None,
+    "divisibleby": lambda v, n: _mod_is(v, n, 0.0), "even": lambda v: _mod_is(v, 2, 0.0), "odd": lambda v: _mod_is(v, 2, 1.0),
+    "escaped": lambda v: isinstance(v, Markup), "equalto": _strict_equal, "eq": _strict_equal, "sameas": _strict_equal,
+    "ne": lambda a, b: not _strict_equal(a, b),
+    "truthy": lambda v: truthy(plain(v)) and not isinstance(v, jinja2.Undefined),
+    "falsy": lambda v: not truthy(plain(v)) or isinstance(v, jinja2.Undefined),
+    "ge": lambda a, b: _compare(a, "gteq", b), "gt": lambda a, b: _compare(a, "gt", b),
+    "greaterthan": lambda a, b: _compare(a, "gt", b), "le": lambda a, b: _compare(a, "lteq", b),
+    "lt": lambda a, b: _compare(a, "lt", b), "lessthan": lambda a, b: _compare(a, "lt", b),
+    "lower": _string_test(js_lower), "upper": _string_test(str.upper),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "string": lambda v: isinstance(v, str),
+    "iterable": lambda v: isinstance(v, (str, list)), "mapping": lambda v: isinstance(v, dict),
+}
+
+
 def _iterable(value: Any, targets: int) -> Any:
     """What nunjucks' for loops over: a mapping's key/value pairs with two names and nothing with one; a list or
     text as it is; nothing for null, undefined, numbers."""
     if isinstance(value, dict):
-        return list(value.items()) if targets == 2 else []
+        return list(js_ordered(value).items()) if targets == 2 else []
     if value is None or isinstance(value, (jinja2.Undefined, bool, int, float)):
         return []
     return value

@@ -86,6 +86,13 @@ def number_string(x: float) -> str:
     return sign + out
 
 
+def js_ordered(d: dict) -> dict:
+    """A mapping in JavaScript's property order: array-index keys ("0", "7", ...) ascending, then the rest as
+    inserted (how an object from JSON.parse or a literal walks and prints)."""
+    index = sorted((k for k in d if isinstance(k, str) and re.fullmatch(r"0|[1-9]\d*", k) and int(k) < 2**32 - 1), key=int)
+    return {k: d[k] for k in [*index, *(k for k in d if k not in index)]} if index else d
+
+
 def js_string(v: Any) -> str:
     """``String(v)`` for a value read from YAML or JSON."""
     if v is None:
