@@ -6,7 +6,9 @@ filters (``nunjucks_filters``). A member (``a.b``, ``a["b"]``) of a JSON value i
 looks it up: a mapping's key (never a Python method), a string's or list's ``length``. nunjucks keeps a
 template's trailing newline. promptfoo's ``env`` global (its process environment) is an error, as
 gatekeeper does not see it; a config's custom filters are ``render``'s ``filters``. ``render_prompt`` is
-promptfoo's renderPrompt: the vars prepared as it prepares them first.
+promptfoo's renderPrompt: the vars prepared as it prepares them first. ``names`` also refuses what Jinja2
+parses and nunjucks does not (slices, ``is sameas 3``, ``1e3``), and, as ``NotRead``, what nunjucks reads and
+gatekeeper does not (``===``, ``{% include %}``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,11 @@ def _env() -> SandboxedEnvironment:
     env.tests = dict(TESTS)
     env.globals = {"range": js_range, "cycler": env.globals["cycler"], "joiner": env.globals["joiner"]}  # nunjucks' globals
     return env
+
+
+class NotRead(ValueError):
+    """nunjucks that promptfoo renders and gatekeeper does not read (JavaScript's strict ``===``, a template
+    read from a file)."""
 
 
 class RenderError(ValueError):
@@ -125,6 +132,9 @@ def names(template: str) -> Names:
             raise NotRead(f"line {e.lineno}: JavaScript's strict === or !==; write == or != (loose), or the test "
                           "sameas(...)") from None
         raise ValueError(f"line {e.lineno}: {e.message}") from None
+    for tag in parsed.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+        raise NotRead(f"line {tag.lineno}: {{% {type(tag).__name__.lower().replace('fromimport', 'from')} %}} reads a file "
+                      "relative to the folder promptfoo is run from, which gatekeeper cannot know; write the file's text in")
     for cut in parsed.find_all(nodes.Slice):
         raise ValueError(f"line {cut.lineno}: nunjucks has no slices ([a:b])")
     _jinja_only(template)
@@ -148,10 +158,6 @@ def _jinja_only(template: str) -> None:
                     and rest[1][2] not in ("else", "or", "and"):
                 raise ValueError(f"line {line}: nunjucks reads a test's argument only in parentheses "
                                  f"(is {rest[0][2]}(...))")
-
-
-class NotRead(ValueError):
-    """nunjucks that promptfoo renders and gatekeeper does not read (JavaScript's strict ``===``)."""
 
 
 # promptfoo's autoWrapRawIfPartialNunjucks: a tag left open at a line's end makes the whole text literal
