@@ -58,7 +58,7 @@ def test_an_evaluation_under_load_batches_the_battery_with_background_traffic(sl
     url, log = slots
     ws = served_ws(workspace, slots=profile(url))
     start = log.stat().st_size
-    code, out = evaluate(run_cli, ws, "slots", "--load", "4")
+    code, out = evaluate(run_cli, ws, "slots", "--limit", "2", "--load", "4")
     assert len(slots_used(log, start)) >= 3, "the load kept several slots busy at once"
     ev = ledger(ws).evaluation(out["evaluation_id"])
     assert ev["config"]["load"] == {"concurrency": 4, "background": "battery", "source_digest": ev["identity"]["off"]["battery_digest"]}
@@ -66,7 +66,7 @@ def test_an_evaluation_under_load_batches_the_battery_with_background_traffic(sl
     # the battery ran alone first, one case at a time, and every alone~off#0 pair was compared
     assert {r["config"] for r in ev["case_results"]} == {"alone", "off", "on"}
     pairs = [c for c in ev["comparisons"] if c["detail"]["pair"] == "alone#0~off#0"]
-    assert len(pairs) == 4
+    assert len(pairs) == 2
     # Measured here: the flag-off side under load equals itself and the run alone, while the flag-on side,
     # whose cache hits batch shorter prefills with the background's decodes, parts at near-ties: a FAIL that
     # needs both the cache and the batching (the same server PASSes with no load), as production would see it.
