@@ -241,7 +241,7 @@ class Suite(Strict):
     prompt: list[Segment] = Field(min_length=1)
     decoding: Decoding = Decoding()
     cases: list[Case] = []
-    promptfoo: str | None = None  # a promptfoo config whose tests are the cases (battery/promptfoo.py)
+    promptfoo: str | None = None  # a promptfoo config whose tests are the cases (battery/promptfoo/suites.py)
     # custom nunjucks filters of the nunjucks segments: name -> file:///ABSOLUTE/PATH.js (a promptfoo config's
     # nunjucksFilters); left out of dumps when empty
     filters: dict[str, str] = Field({}, exclude_if=lambda v: not v)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gatekeeper.battery import checks, promptfoo, promptfoo_prompts
+from gatekeeper.battery import checks, promptfoo
 from gatekeeper.battery.partition import fill
+from gatekeeper.battery.promptfoo.prompts import read_prompts
 from gatekeeper.setup import promptfoo as promptfoo_build
 
 CONFIGS = {
@@ -106,7 +107,7 @@ def _promptfoo(folder: Path) -> dict:
 def _gatekeeper(folder: Path, graded: dict) -> dict:
     """The same keys from gatekeeper's suites, each case's assertions checked on promptfoo's output for it."""
     path = folder / "promptfooconfig.yaml"
-    prompts = promptfoo_prompts.read_prompts(promptfoo._read(path), path)
+    prompts = read_prompts(promptfoo._read(path), path)
     by_name = dict(zip(promptfoo._unique([f"oracle.{p.name}" for p in prompts]), prompts))
     rows = {}
     for suite in promptfoo.load_suites(path, "oracle"):
