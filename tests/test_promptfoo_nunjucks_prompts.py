@@ -204,6 +204,11 @@ def test_the_filters_key_is_still_refused_naming_the_filter(tmp_path):
     ({"promptfooconfig.yaml": "prompts: ['{{ q is sameas \"x\" }}']\ntests: [{vars: {q: x}}]\n"},
      r"argument only in parentheses \(is sameas\(...\)\)"),
     ({"promptfooconfig.yaml": "prompts: ['{{ 1e3 }} {{ q }}']\ntests: [{vars: {q: x}}]\n"}, r"does not parse the number 1e3"),
+    # what nunjucks renders and gatekeeper does not read
+    ({"promptfooconfig.yaml": "prompts: ['{{ q === \"x\" }}']\ntests: [{vars: {q: x}}]\n"},
+     r"not read by gatekeeper \(line 1: JavaScript's strict === or !==; write == or !="),
+    ({"promptfooconfig.yaml": "prompts: ['{% include \"p.txt\" %}{{ q }}']\ntests: [{vars: {q: x}}]\n", "p.txt": "x"},
+     r"not read by gatekeeper \(line 1: \{% include %\} reads a file relative to the folder promptfoo is run from"),
     # JSON that is no chat, with a plain {{ var }} or none: promptfoo sends it written again with 2-space indents
     ({"promptfooconfig.yaml": "prompts: ['{\"a\": \"{{ q }}\"}']\ntests: [{vars: {q: x}}]\n"}, r"the prompt is JSON but not a chat"),
     ({"promptfooconfig.yaml": "prompts: [file://p.yaml]\ntests: [{vars: {q: x}}]\n", "p.yaml": "task: summarize\nlimit: 3\n"},

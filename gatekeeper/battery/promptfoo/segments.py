@@ -44,6 +44,9 @@ def _template(role: str, text: str, where: str, chat: bool) -> Segment:
 
     try:
         used = nunjucks.names(text)
+    except nunjucks.NotRead as e:
+        raise GatekeeperError(f"{where}: the prompt's nunjucks is not read by gatekeeper ({e}), though promptfoo "
+                              "renders it; write it as the message says") from None
     except ValueError as e:
         raise GatekeeperError(f"{where}: the prompt's nunjucks does not parse ({e}), so promptfoo fails every test "
                               "with it; fix the template") from None
