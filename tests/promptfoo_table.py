@@ -36,6 +36,18 @@ def promptfoo_results(folder: Path, text: str, rows: int, **env: str) -> tuple[P
     return path, results
 
 
+def scripts_graded(folder: Path, files: dict[str, str], prompt: str, tests: list[dict]) -> tuple[Path, dict[int, dict]]:
+    """promptfoo's result for each test (its providerOutput graded as the echo provider's output) of a config
+    with one prompt, run in ``folder`` beside ``files`` (the assertions' scripts; Python ones on this Python)."""
+    import sys
+
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    lines = [f"  - {json.dumps({'description': str(i), **test})}" for i, test in enumerate(tests)]
+    config = f"providers: [echo]\nprompts: [{json.dumps(prompt)}]\ntests:\n" + "\n".join(lines) + "\n"
+    return promptfoo_results(folder, config, len(tests), PROMPTFOO_PYTHON=sys.executable)
+
+
 class Raw(str):
     """A value written as a bare YAML scalar (``yes``, ``1e3``, ``2025-05-03``)."""
 

@@ -9,15 +9,13 @@ fail, which is what gatekeeper records for it.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections import Counter
 
 import pytest
 
 from gatekeeper.battery import checks, promptfoo
 
-from promptfoo_table import promptfoo_results
+from promptfoo_table import scripts_graded
 
 PROMPT, VARS = "Where is {{city}}?", {"city": "Porto"}
 RENDERED = "Where is Porto?"
@@ -124,21 +122,14 @@ for kind in ("python", "not-python"):
     rows(kind, "float('inf')", ["x"])
 
 
-def config() -> str:
-    tests = []
-    for i, (kind, value, threshold, out) in enumerate(ROWS):
-        assertion = {"type": kind, "value": value, **({"threshold": threshold} if threshold is not None else {})}
-        tests.append(f"  - {json.dumps({'description': str(i), 'vars': VARS, 'providerOutput': out, 'assert': [assertion]})}")
-    return f"providers: [echo]\nprompts: [{json.dumps(PROMPT)}]\ntests:\n" + "\n".join(tests) + "\n"
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """promptfoo's outcome for every row, from one ``promptfoo eval`` (installed by ``make promptfoo``)."""
-    folder = tmp_path_factory.mktemp("oracle_scripted")
-    for name, text in (("check.js", JS), ("esm.mjs", ESM), ("check.py", PY)):
-        (folder / name).write_text(text, encoding="utf-8")
-    return promptfoo_results(folder, config(), len(ROWS), PROMPTFOO_PYTHON=sys.executable)
+    tests = [{"vars": VARS, "providerOutput": out,
+              "assert": [{"type": kind, "value": value, **({"threshold": threshold} if threshold is not None else {})}]}
+             for kind, value, threshold, out in ROWS]
+    return scripts_graded(tmp_path_factory.mktemp("oracle_scripted"), {"check.js": JS, "esm.mjs": ESM, "check.py": PY},
+                          PROMPT, tests)
 
 
 def _promptfoo(result: dict) -> tuple[bool, str]:

@@ -8,14 +8,11 @@ makes promptfoo end the test in an error, which is a fail, and gatekeeper fails 
 
 from __future__ import annotations
 
-import json
-import sys
-
 import pytest
 
 from gatekeeper.battery import checks, promptfoo
 
-from promptfoo_table import promptfoo_results
+from promptfoo_table import scripts_graded
 
 PROMPT, VARS = "Where is {{city}}?", {"city": "Porto"}
 RENDERED = "Where is Porto?"
@@ -66,19 +63,12 @@ rows({"transform": "file://t.py"}, {"type": "equals", "value": "AB/Porto"}, ["ab
 rows({}, {"type": "contains-all", "transform": "file://t.py:words", "value": ["a", "b"]}, ["a b", "a c"])
 
 
-def config() -> str:
-    tests = [f"  - {json.dumps({'description': str(i), 'vars': VARS, 'providerOutput': out, 'assert': [assertion], **({'options': options} if options else {})})}"
-             for i, (options, assertion, out) in enumerate(ROWS)]
-    return f"providers: [echo]\nprompts: [{json.dumps(PROMPT)}]\ntests:\n" + "\n".join(tests) + "\n"
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """promptfoo's outcome for every row, from one ``promptfoo eval`` (installed by ``make promptfoo``)."""
-    folder = tmp_path_factory.mktemp("oracle_transform")
-    for name, text in (("t.js", JS), ("t.ts", TS), ("t.py", PY)):
-        (folder / name).write_text(text, encoding="utf-8")
-    return promptfoo_results(folder, config(), len(ROWS), PROMPTFOO_PYTHON=sys.executable)
+    tests = [{"vars": VARS, "providerOutput": out, "assert": [assertion], **({"options": options} if options else {})}
+             for options, assertion, out in ROWS]
+    return scripts_graded(tmp_path_factory.mktemp("oracle_transform"), {"t.js": JS, "t.ts": TS, "t.py": PY}, PROMPT, tests)
 
 
 def _promptfoo(result: dict) -> bool:
