@@ -11,6 +11,7 @@ import random
 import pytest
 
 from gatekeeper.cache import PrefixCache, TokenTrie
+from gatekeeper.cache.trie import packed
 
 
 class ListState:
@@ -73,7 +74,9 @@ def test_trie_remove_prunes_and_merges():
     assert t.remove([1, 2, 3]) == "a" and t.longest([1]) == (0, None)
 
 
-def test_trie_matches_brute_force():
+@pytest.mark.parametrize("store, ask", [(tuple, tuple), (list, list), (packed, list), (packed, packed)])
+def test_trie_matches_brute_force(store, ask):
+    """Whatever sequences it is given: tuples, lists, and C arrays (what a trie of a whole capture holds)."""
     rng = random.Random(7)
     t: TokenTrie[tuple] = TokenTrie()
     stored: set[tuple] = set()
@@ -81,10 +84,10 @@ def test_trie_matches_brute_force():
         seq = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 7)))
         if rng.random() < 0.3 and stored:
             victim = rng.choice(sorted(stored))
-            assert t.remove(victim) == victim
+            assert t.remove(store(victim)) == victim
             stored.discard(victim)
         else:
-            t.insert(seq, seq)
+            t.insert(store(seq), seq)
             stored.add(seq)
         query = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 8)))
 
@@ -95,12 +98,12 @@ def test_trie_matches_brute_force():
             return n
 
         best = max((lcp(s, query) for s in stored), default=0)
-        depth, value = t.longest(query)
-        assert depth == best, (step, query, stored)
+        depth, value = t.longest(ask(query))
+        assert depth == best == t.shared(ask(query)), (step, query, stored)
         if best:
             assert value in stored and value[:best] == query[:best]
         assert len(t) == len(stored)
-        assert [v for _, v in t.prefixes(query)] == sorted((s for s in stored if query[: len(s)] == s), key=len)
+        assert [v for _, v in t.prefixes(ask(query))] == sorted((s for s in stored if query[: len(s)] == s), key=len)
 
 
 # --- the cache ---------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """A radix trie over token sequences: which stored sequence shares the longest prefix with a query.
 
 Edges hold runs of tokens rather than one token each, so a few long prompts cost a few nodes,
-not one node per token.
+not one node per token. A run is a slice of what was inserted: a tuple, or a C array of ids
+(``packed``: 8 bytes a token, where a tuple costs a pointer and an int object, about 36), which keeps
+a trie of every prompt a server has seen in memory.
 """
 
 from __future__ import annotations
 
+from array import array
 from typing import Generic, Iterator, Sequence, TypeVar
 
 V = TypeVar("V")
@@ -14,17 +17,29 @@ V = TypeVar("V")
 class _Node(Generic[V]):
     __slots__ = ("edge", "children", "value", "depth")
 
-    def __init__(self, edge: tuple[int, ...], depth: int, value: V | None = None):
+    def __init__(self, edge: tuple[int, ...] | array, depth: int, value: V | None = None):
         self.edge = edge  # the tokens on the way in from the parent
         self.depth = depth  # tokens from the root to the end of this node's edge
         self.children: dict[int, _Node[V]] = {}
         self.value = value
 
 
-def _shared(edge: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
+def packed(tokens: Sequence[int]) -> array:
+    """Token ids as a C array: what a trie of millions of prompts should be given."""
+    return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+
+
+def _like(edge: tuple[int, ...] | array, run: Sequence[int]) -> tuple[int, ...] | array:
+    """``run`` as the same kind of sequence as ``edge``, so that the two compare (and join) in C."""
+    if type(run) is type(edge):
+        return run  # type: ignore[return-value]
+    return array("q", run) if isinstance(edge, array) else tuple(run)
+
+
+def _shared(edge: tuple[int, ...] | array, tokens: Sequence[int], start: int) -> int:
     """How many leading tokens of ``edge`` equal ``tokens[start:]``."""
     n = min(len(edge), len(tokens) - start)
-    if tuple(tokens[start : start + n]) == edge[:n]:  # the common case, compared in C
+    if _like(edge, tokens[start : start + n]) == edge[:n]:  # the common case, compared in C
         return n
     k = 0
     while k < n and edge[k] == tokens[start + k]:
@@ -43,11 +58,13 @@ class TokenTrie(Generic[V]):
         return self._size
 
     def insert(self, tokens: Sequence[int], value: V) -> None:
+        if not isinstance(tokens, (tuple, array)):
+            tokens = tuple(tokens)  # edges are slices of it: immutable, or a C array
         node, i, n = self._root, 0, len(tokens)
         while i < n:
             child = node.children.get(tokens[i])
             if child is None:
-                node.children[tokens[i]] = _Node(tuple(tokens[i:]), n, value)
+                node.children[tokens[i]] = _Node(tokens[i:], n, value)
                 self._size += 1
                 return
             k = _shared(child.edge, tokens, i)
@@ -79,7 +96,7 @@ class TokenTrie(Generic[V]):
                 del parent.children[node.edge[0]]
             elif node.value is None and len(node.children) == 1:
                 (only,) = node.children.values()
-                only.edge = node.edge + only.edge
+                only.edge = node.edge + _like(node.edge, only.edge)
                 parent.children[node.edge[0]] = only
             else:
                 break

@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import GatekeeperError
 from ..battery.partition import Piece, Rendered
@@ -278,14 +278,19 @@ def _parse(path: Path, n: int, raw: str, content: bool = True) -> Request:
 def read(path: str | Path, *, content: bool = True) -> list[Request]:
     """Every request in a capture file, in file order; a bad line is an error naming file, line and field.
     ``content=False`` also takes metadata-only lines (no tokens or text), which only ``analyze`` can use."""
+    return list(requests(path, content=content))
+
+
+def requests(path: str | Path, *, content: bool = True) -> Iterator[Request]:
+    """``read``, one request at a time (a large capture need not be held whole)."""
     p = Path(path)
     if not p.is_file():
         raise GatekeeperError(f"capture file {p} does not exist; write one with 'gatekeeper measure --capture FILE'")
-    requests = []
     try:
         f = p.open("rb")
     except OSError as e:
         raise GatekeeperError(f"capture file {p}: cannot be read ({e.strerror or e})") from None
+    some = False
     with f:
         for n, data in enumerate(f, 1):
             try:
@@ -294,10 +299,10 @@ def read(path: str | Path, *, content: bool = True) -> list[Request]:
                 raise GatekeeperError(f"{p}:{n}: not UTF-8 text (byte 0x{data[e.start]:02x} at column {e.start + 1}); "
                                       "a capture is JSONL, UTF-8 text") from None
             if raw.strip():
-                requests.append(_parse(p, n, raw, content))
-    if not requests:
+                some = True
+                yield _parse(p, n, raw, content)
+    if not some:
         raise GatekeeperError(f"{p}: no requests in the file; a capture has one JSON object a line")
-    return requests
 
 
 def prompts(path: str | Path) -> list[list[int] | str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 from . import capture
-from ..cache.trie import TokenTrie
+from ..cache.trie import TokenTrie, packed
 from ..errors import GatekeeperError
 
 
@@ -40,13 +40,21 @@ NEEDS = ("reuse across requests and advice: the server's log holds no token ids;
 
 
 class Prompt(NamedTuple):
-    tokens: tuple[int, ...]
+    tokens: Sequence[int]  # a C array (trie.packed): a capture of millions of prompts stays in memory
     stage: str
+
+
+class _Line(NamedTuple):
+    t: float
+    tokens: Sequence[int]
+    stage: str
+    cached: int | None
 
 
 def prompts(path: str | Path, calls: Sequence[Any]) -> list[Prompt | None]:
     """Each request's prompt from the capture at ``path``, None where no line matches."""
-    lines = [r for r in sorted(capture.read(path, content=False), key=lambda r: r.t) if r.tokens is not None]
+    lines = sorted((_Line(r.t, packed(r.tokens), r.stage, r.telemetry.cached_tokens)
+                    for r in capture.requests(path, content=False) if r.tokens is not None), key=lambda r: r.t)
     if not lines:
         raise GatekeeperError(f"{path}: no line has 'tokens' (token ids), and the cross-request measure needs them; "
                               "capture with 'gatekeeper proxy' without --no-text, from a server with a /tokenize endpoint")
@@ -59,14 +67,14 @@ def prompts(path: str | Path, calls: Sequence[Any]) -> list[Prompt | None]:
         found = None
         if call.prompt_tokens is not None:
             for j, r in enumerate(islice(pending, WINDOW)):
-                cached = r.telemetry.cached_tokens
-                if len(r.tokens) == call.prompt_tokens and (cached is None or call.reused is None or cached == call.reused):  # type: ignore[arg-type]
+                cached = r.cached
+                if len(r.tokens) == call.prompt_tokens and (cached is None or call.reused is None or cached == call.reused):
                     found = j
                     break
         if found is None:
             out.append(None)
             continue
-        out.append(Prompt(tuple(pending[found].tokens), pending[found].stage))  # type: ignore[arg-type]
+        out.append(Prompt(pending[found].tokens, pending[found].stage))
         del pending[found]
     if not any(p is not None for p in out):
         raise GatekeeperError(f"{path}: none of its {len(lines)} prompts matches a request of the log by length; "
