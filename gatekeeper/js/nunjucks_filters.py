@@ -70,7 +70,6 @@ BUILTIN_FILTERS = frozenset(_NUNJUCKS | {"load"})  # nunjucks' own and promptfoo
 # --- nunjucks' filters where Jinja2's differ on plain values (nunjucks/src/filters.js) ---------------
 
 
-
 def _js_abs(x: float) -> Any:
     return int(abs(x)) if math.isfinite(x) and x.is_integer() and abs(x) < SAFE_INT else abs(x)
 
@@ -83,7 +82,6 @@ def _text(v: Any) -> str:
 def _math_round(x: float) -> float:
     r = math.floor(x)
     return r + 1 if x - r >= 0.5 else r
-
 
 
 def _round(value: Any, precision: Any = 0, method: Any = "common") -> float:
@@ -300,7 +298,6 @@ def load(value: Any) -> Any:
         return parse_json(text)
     except JSONError as e:
         raise jinja2.TemplateRuntimeError(f"the load filter: {text[:60]!r} is not valid JSON ({e})") from None
-
 
 
 def environment_filters(jinja_filters: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
