@@ -83,7 +83,6 @@ def printed(v: Any) -> str:
     return "" if v is None else js_string(v)
 
 
-
 def number(v: Any) -> float:
     """JavaScript's Number(v) for the values a template holds."""
     if isinstance(v, bool):
