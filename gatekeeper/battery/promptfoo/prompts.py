@@ -4,8 +4,8 @@
 ``prompts`` is text, a list or a ``{file: label}`` mapping; a string is a file when promptfoo's maybeFilePath
 says so (``file://`` optional), a glob gives one prompt per file (a glob matching nothing is the text itself),
 a ``.txt`` file holds several prompts between ``---`` lines, each trimmed, ``.json``/``.yaml`` files hold a
-chat (a list of messages, or a provider's ``{system, messages}``), ``.md``/``.j2`` one prompt as written and ``.jsonl`` one a line. What promptfoo would run as code,
-fetch, or send as a path's text is refused. Each prompt keeps promptfoo's label and id (what a test's
+chat (a list of messages, or a provider's ``{system, messages}``), ``.md``/``.j2`` one prompt as written and
+``.jsonl`` one a line. What promptfoo would run as code, fetch, or send as a path's text is refused. Each prompt keeps promptfoo's label and id (what a test's
 ``prompts:`` names) and gets a name part for its suite; its messages are segments (battery/promptfoo/segments.py).
 """
 
