@@ -67,8 +67,7 @@ def prompts(path: str | Path, calls: Sequence[Any]) -> list[Prompt | None]:
         found = None
         if call.prompt_tokens is not None:
             for j, r in enumerate(islice(pending, WINDOW)):
-                cached = r.cached
-                if len(r.tokens) == call.prompt_tokens and (cached is None or call.reused is None or cached == call.reused):
+                if len(r.tokens) == call.prompt_tokens and (r.cached is None or call.reused is None or r.cached == call.reused):
                     found = j
                     break
         if found is None:
