@@ -117,6 +117,8 @@ def test_text_only_capture_counts_bytes(run_cli, tmp_path):
     ('{"stage": "r", "stream": "a", "tokens": [1]}', "field 't'"),
     ('{"stage": "r", "stream": "a", "t": 0}', "field 'tokens'"),
     ('{"stage": "r", "stream": "a", "t": 0, "tokens": [1, "x"]}', "field 'tokens'"),
+    ('{"stage": "r", "stream": "a", "t": 0, "tokens": [1, -2]}', "field 'tokens'"),
+    ('{"stage": "r", "stream": "a", "t": 0, "tokens": [1, 99999999999999999999]}', "field 'tokens'"),  # ids are packed
     ('{"stage": "r", "stream": "a", "t": 0, "tokens": [1, 2], "segments": [{"static": true, "start": 0}]}',
      "field 'segments[0].end'"),
     ('{"stage": "r", "stream": "a", "t": 0, "tokens": [1, 2], "segments": [{"static": true, "start": 0, "end": 3}]}',

@@ -240,6 +240,11 @@ def _strict_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _js_truthy(v: Any) -> bool:
+    """JavaScript's ``!!v`` for a template value (undefined is false)."""
+    return not isinstance(v, jinja2.Undefined) and truthy(plain(v))
+
+
 def _mod_is(value: Any, by: Any, rest: float) -> bool:
     return _remainder(_to_number(value), _to_number(by)) == rest
 
@@ -260,8 +265,7 @@ TESTS: dict[str, Callable[..., bool]] = {
     "divisibleby": lambda v, n: _mod_is(v, n, 0.0), "even": lambda v: _mod_is(v, 2, 0.0), "odd": lambda v: _mod_is(v, 2, 1.0),
     "escaped": lambda v: isinstance(v, Markup), "equalto": _strict_equal, "eq": _strict_equal, "sameas": _strict_equal,
     "ne": lambda a, b: not _strict_equal(a, b),
-    "truthy": lambda v: truthy(plain(v)) and not isinstance(v, jinja2.Undefined),
-    "falsy": lambda v: not truthy(plain(v)) or isinstance(v, jinja2.Undefined),
+    "truthy": _js_truthy, "falsy": lambda v: not _js_truthy(v),
     "ge": lambda a, b: _compare(a, "gteq", b), "gt": lambda a, b: _compare(a, "gt", b),
     "greaterthan": lambda a, b: _compare(a, "gt", b), "le": lambda a, b: _compare(a, "lteq", b),
     "lt": lambda a, b: _compare(a, "lt", b), "lessthan": lambda a, b: _compare(a, "lt", b),
@@ -297,7 +301,7 @@ def js_range(start: Any, stop: Any = JSUndefined(), step: Any = None) -> list:
 
 # the filters with_js_operators' calls reach: names no template can write
 OPERATOR_FILTERS = {"js:binop": _binop, "js:unop": _unop, "js:compare": _compare,
-                    "js:truthy": lambda v: truthy(plain(v)) if not isinstance(v, jinja2.Undefined) else False,
+                    "js:truthy": _js_truthy,
                     "js:concat": lambda items: "".join(_to_text(x) for x in items), "js:iterable": _iterable}
 _BINOPS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FloorDiv": "//", "Mod": "%", "Pow": "**"}
 _COMPARISONS = {"eq", "ne", "lt", "gt", "lteq", "gteq"}

@@ -241,7 +241,7 @@ def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:
     return out + checkpoints.uncovered_flips(ws, ledger, [c for c in checked if c.ok])
 
 
-def _files(root: Path, checkpoints: tuple[Path, ...]) -> tuple:
+def _files(root: Path, logs: tuple[Path, ...]) -> tuple:
     """Names, sizes and modification times of what a snapshot reads from the workspace besides the ledger."""
     out: list[tuple] = []
     for folder in (POLICIES, ENGINES, ASSERTIONS):
@@ -252,7 +252,7 @@ def _files(root: Path, checkpoints: tuple[Path, ...]) -> tuple:
                     out.append((folder, e.name, st.st_size, st.st_mtime_ns))
         except OSError:
             out.append((folder, None, 0, 0))
-    for path in checkpoints:
+    for path in logs:  # the checkpoint files
         try:
             st = path.stat()
             out.append(("checkpoint", path.name, st.st_size, st.st_mtime_ns))

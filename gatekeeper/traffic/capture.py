@@ -240,8 +240,8 @@ def _parse(path: Path, n: int, raw: str, content: bool = True) -> Request:
             raise _bad(path, n, "tokens", "and 'text' are both missing; give at least one"
                        + (" (a metadata-only line from 'proxy --no-text' holds no prompt)" if "bytes" in d else ""))
         size, blocks = _metadata(path, n, d)
-    if tokens is not None and (not isinstance(tokens, list) or not all(_int(x) for x in tokens)):
-        raise _bad(path, n, "tokens", "is not a list of integer token ids")
+    if tokens is not None and (not isinstance(tokens, list) or not all(_int(x) and 0 <= x < 2**63 for x in tokens)):
+        raise _bad(path, n, "tokens", "is not a list of token ids (whole numbers, 0 or more)")
     if text is not None and not isinstance(text, str):
         raise _bad(path, n, "text", "is not a string")
     for key in ("stage", "stream", "text"):
