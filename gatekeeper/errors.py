@@ -16,3 +16,16 @@ class LedgerReadError(Exception):
     def __init__(self, orig: Exception):
         super().__init__(str(orig))
         self.orig = orig
+
+
+class EngineCrash(GatekeeperError):
+    """An engine took a request and failed it: a server that closed the connection without an answer, answered
+    5xx, or died after it had answered. Evidence about the side it happened on, so the gate records it with the
+    case (``gate/crashes.py``) instead of aborting; elsewhere it stops the command like any engine error."""
+
+    def __init__(self, message: str, *, url: str, said: str, request: dict | None = None):
+        super().__init__(message)
+        self.url, self.said, self.request = url, said, request or {}
+
+    def record(self) -> dict:
+        return {"url": self.url, "said": self.said, "request": self.request, "message": str(self)}

@@ -64,11 +64,13 @@ class EngineProfile(Strict):
     cache: CacheLimits = CacheLimits()
     snapshots: str = "boundaries"
     options: dict[str, Any] = {}  # free-form settings for plugin adapters
-    # served engines (adapter: http): the flag-off and flag-on deployments, or one server with a
-    # per-request cache switch; requests time out after ``timeout`` s, at most ``concurrency`` in flight
+    # served engines (adapter: http): ``url`` is the server; for the prefix cache flag, ``url_on`` is the
+    # deployment with its cache on, or ``cache_switch`` one request field that turns it off and on. Requests
+    # time out after ``timeout`` s, at most ``concurrency`` in flight
     url: str | list[str] | None = None  # several: replicas of one deployment, cases spread across them
     url_on: str | list[str] | None = None
     cache_switch: str | None = None
+    warm_up: bool = Field(True, exclude_if=lambda v: v)  # send each stage's static prefix before its first case
     # how the server is spoken to (engines/dialects.py); servers without a tokenize endpoint need
     # ``tokenizer``: the served model's folder (or 'default'), rendered and tokenized locally
     dialect: Literal["auto", "llamacpp", "vllm", "mlx", "openai"] = "auto"
@@ -116,10 +118,9 @@ class EngineProfile(Strict):
     def _served(self) -> "EngineProfile":
         if self.adapter == "http":
             if not self.url:
-                raise ValueError("adapter http needs 'url': the flag-off server's base URL, e.g. http://127.0.0.1:8080")
-            if self.replicas("on") == self.replicas("off") and not self.cache_switch:
-                raise ValueError("'url_on' is the flag-off server and there is no 'cache_switch', so the flag would change "
-                                 "nothing; set url_on to the flag-on deployment or cache_switch (llama.cpp: cache_prompt)")
+                raise ValueError("adapter http needs 'url': the server's base URL, e.g. http://127.0.0.1:8080")
+            # url_on or cache_switch is asked for where the prefix cache is the flag (evaluator.plan), not here:
+            # a profile evaluated for another flag, whose change names its own 'url', needs neither
         return self
 
     @model_validator(mode="after")
@@ -303,6 +304,24 @@ class Load(Strict):
     background: str = "battery"  # battery | path to a capture, relative to the workspace
 
 
+PROBES = ("repeat", "continuation", "inside", "block", "window")
+
+
+class Probes(Strict):
+    """``probes:`` gatekeeper's own cases for the paths real prefix caches break on (``gate/probes.py``), run
+    after the battery in every run of an evaluation; ``probes: off`` runs none."""
+
+    kinds: list[Literal[PROBES]] = list(PROBES)  # type: ignore[valid-type]
+    max_tokens: int = Field(16, ge=2)  # each probe call's answer (inside and continuation build on it)
+    window: int | None = Field(None, ge=1)  # the sliding window to cross, tokens; None: the model's own (config)
+    block: int | None = Field(None, ge=1)  # the first cache block to fill past; None: the server's block, else chunk
+
+    @model_validator(mode="before")
+    @classmethod
+    def _off(cls, v: Any) -> Any:
+        return {"kinds": []} if v is False else v
+
+
 class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
@@ -394,6 +413,7 @@ class Policy(Strict):
     max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE
     min_power: MinPower | None = None  # a flip needs a calibration of the evidence at least this strong
     load: Load | None = None  # served engines: the load evaluations run under (evaluate --load overrides)
+    probes: Probes = Probes()  # the cache probes every evaluation adds (probes: off for none)
     # model-graded and similar assertions: what grades them; left out of dumps when unset (policy digests stay as they were)
     grader: Grader | None = Field(None, exclude_if=lambda v: v is None)
 

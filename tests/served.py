@@ -50,6 +50,33 @@ def served_ws(workspace, **profiles: str):
     return workspace
 
 
+def _cpus() -> set[int]:
+    """The logical CPUs this process may run on."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def threads() -> int:
+    """Threads for a served engine's decode: two where the machine has them (one where it has one).
+
+    Never one by choice: a kernel bug that shows only when a decode step's attention is split across
+    threads (each thread a share of the KV cache, the partial results merged) cannot show with one
+    thread, so one would hide it from every served test. No more than two: the models are tiny, and on a
+    small shared machine threads that wait on each other at every op are far slower."""
+    return max(1, min(2, len(_cpus())))
+
+
+def physical_cores() -> int:
+    """The physical cores among the CPUs this process may run on (SMT siblings count once)."""
+    cores = set()
+    for cpu in _cpus():
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return len(cores)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,10 +120,10 @@ def llama_server(gguf: Path, *extra: str, log: Path):
     from gatekeeper.setup.llama_build import build_server
 
     port = free_port()
-    # One slot and a fixed context: requests run one at a time in the order they come. One thread:
-    # on a small shared machine, threads that wait on each other at every op are far slower.
+    # One slot and a fixed context: requests run one at a time in the order they come. Two threads
+    # (threads()): a bug in attention split across threads cannot show with one.
     cmd = [str(build_server()), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-           "-np", "1", "-c", "4096", "-t", "1", *extra]
+           "-np", "1", "-c", "4096", "-t", str(threads()), *extra]
     with serving(cmd, f"http://127.0.0.1:{port}", log=log) as url:
         yield url
 
@@ -113,7 +140,17 @@ def vllm_server(model: Path, *extra: str, log: Path):
            "--port", str(port), "--served-model-name", "served", "--max-model-len", "2048", "--block-size", "32",
            "--enable-prompt-tokens-details", "--enable-per-request-metrics", "--return-tokens-as-token-ids",
            "--enforce-eager", *extra]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    # At least two threads (threads()): a bug in attention split across threads cannot show with one.
+    # vLLM for CPU sets its worker's OpenMP threads itself: VLLM_CPU_OMP_THREADS_BIND unset is "auto", one
+    # thread per physical core (of the first NUMA node) less one core kept for vLLM's scheduler, which on
+    # two cores leaves the worker one thread: there, keep none (VLLM_CPU_NUM_OF_RESERVED_CPU=0). Both are
+    # dropped from the caller's environment so that neither pins the worker to one core.
+    # OMP_NUM_THREADS counts only under a binding of "nobind", where vLLM leaves the count alone.
+    n = threads()
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(n)})
+    if physical_cores() - 1 < n:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     with serving(cmd, f"http://127.0.0.1:{port}", log=log, within=900, env=env) as url:
         yield url
 
@@ -135,7 +172,7 @@ def llama_cpp_python_server(gguf: Path, *extra: str, log: Path):
     """llama-cpp-python's own OpenAI-compatible server (``llama-cpp-python[server]``) on a free port."""
     port = free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-           "--n_ctx", "4096", "--n_threads", "1", *extra]
+           "--n_ctx", "4096", "--n_threads", str(threads()), *extra]  # threads(): see there
     with serving(cmd, f"http://127.0.0.1:{port}", log=log, ready="/v1/models") as url:
         yield url
 

@@ -199,13 +199,19 @@ def test_a_hit_that_flips_a_near_tie_fails_naming_it(run_cli, tiny_ws, tiny_llam
                 flipped[cid] = (n, pos, ta["top2"][pos], tb["top2"][pos])
                 break
     assert sorted(out["differing_cases"]) == sorted(flipped)
-    # The gate names each flip with both tokens and margins, and calls a near-tie a near-tie.
+    # The gate names each flip with both tokens and margins, and calls a near-tie (both sides near a tie)
+    # a near-tie, and only one side near a tie, the other ten times as far, a one-sided collapse.
     for cid, (n, pos, a, b) in flipped.items():
-        near = min(margin(a), margin(b)) <= NEAR_TIE
-        assert (f"differs: {cid} turn {n} first divergent token at position {pos} ({a[0][0]} vs {b[0][0]}, "
-                f"margin {margin(a)!s} vs {margin(b)!s}{', near-tie' if near else ''})") in out["reasons"], out["reasons"]
+        ma, mb = margin(a), margin(b)
+        near = max(ma, mb) <= NEAR_TIE
+        collapse = next((s for s, lo, hi in (("a", ma, mb), ("b", mb, ma)) if lo <= NEAR_TIE < hi and hi >= 10 * lo), None)
+        (reason,) = [r for r in out["reasons"] if r.startswith(f"differs: {cid} ")]
+        assert reason.startswith(f"differs: {cid} turn {n} first divergent token at position {pos} ({a[0][0]} vs {b[0][0]}, "
+                                 f"margin {ma:.4g} vs {mb:.4g}"), reason
+        assert reason.endswith(", near-tie)") == near and ("one-sided collapse" in reason) == (collapse is not None), reason
         (c,) = [c for c in record["comparisons"] if c["case_id"] == cid and not c["equal"]]
         d = c["detail"]
-        assert (d["pair"], d["turn"], d["first_divergent_position"], d["near_tie"]) == ("off#0~on#0", n, pos, near)
+        assert (d["pair"], d["turn"], d["first_divergent_position"], d["near_tie"], d["collapse"]) == (
+            "off#0~on#0", n, pos, near, collapse)
     # What was built: the hit flipped a flag-off near-tie to its runner-up.
     assert any(margin(a) <= NEAR_TIE and b[0][0] == a[1][0] for _, _, a, b in flipped.values()), flipped

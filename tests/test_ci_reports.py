@@ -61,7 +61,7 @@ def test_a_fail_is_one_failure_per_blamed_case_with_where_it_parted(reports):
         (failure,) = got[cid]
         assert isinstance(failure, junitparser.Failure)
         assert failure.message.startswith(f"differs: {cid} turn ")
-        assert "position" in failure.text and "margins" in failure.text and "flag on:" in failure.text
+        assert "position" in failure.text and "margin" in failure.text and "flag on:" in failure.text
     xml = junitparser.JUnitXml.fromfile(str(fail["junit"]))
     suite = next(iter(xml))
     assert (suite.tests, suite.failures, suite.skipped, suite.errors) == (4, len(failed), 0, 0)

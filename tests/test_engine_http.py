@@ -147,7 +147,6 @@ def test_generate_is_thread_safe_up_to_the_concurrency_limit(server):
     ("adapter: http\nurl: 127.0.0.1:8080\ncache_switch: cache_prompt\n", "field 'url': Value error, '127.0.0.1:8080' must be a base URL"),
     ("adapter: http\nurl: []\ncache_switch: cache_prompt\n", "field 'url': Value error, an empty list"),
     ("adapter: http\nurl: [http://a:1, http://a:1/]\ncache_switch: cache_prompt\n", "lists one replica twice"),
-    ("adapter: http\nurl: http://127.0.0.1:8080\n", "the flag would change nothing"),
     ("adapter: http\nurl: http://127.0.0.1:8080\ncache_switch: cache_prompt\nconcurrency: 0\n", "field 'concurrency'"),
     ("adapter: http\nurl: http://127.0.0.1:8080\ncache_switch: cache_prompt\ntimeout: 0\n", "field 'timeout'"),
 ])

@@ -132,16 +132,22 @@ def print_outcome(o) -> None:
     ]
     if o.strength is not None:
         rows.append(("strength off~on", _strength(o.strength)))
+    if o.probes:
+        rows.append(("cache probes", ", ".join(f"{k} {v.split(' (')[0]}" for k, v in o.probes.items())
+                     + f" ({o.probe_seconds:.1f} s)"))
+    for side, urls in o.reached.items():
+        rows.append((f"servers reached flag-{side}", ", ".join(urls)))
     for suite, row in o.near_ties.items():  # suite names are the user's: no rich markup in them
         rows.append((f"near-ties flag-off, suite {escape(suite)}", _near_ties(row)))
     for k, v in rows:
         table.add_row(k, v)
     console = Console()
     console.print(table)
-    saved = o.tokens["prompt_off"] - o.tokens["computed_on"]
-    console.print(f"verdict: [bold]{o.verdict}[/bold]   prefill saved with the flag on: {saved} tokens")
+    # a server that reports no cached tokens leaves the computed count, and so the saving, unknown
+    saved = None if o.tokens["computed_on"] is None else o.tokens["prompt_off"] - o.tokens["computed_on"]
+    console.print(f"verdict: [bold]{o.verdict}[/bold]   prefill saved with the flag on: {_na(saved)} tokens")
     for r in o.reasons:
-        console.print(f"  - {r}")
+        console.print(f"  - {escape(r)}")
 
 
 def print_measurement(m: dict, capture: Optional[Path]) -> None:

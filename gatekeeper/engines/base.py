@@ -190,6 +190,9 @@ class Engine(ABC):
     persists: bool = False  # pinned prefix states can be saved to and loaded from the result layer
     observes: ClassVar[frozenset[str]] = frozenset(FIGURES)  # the figures its calls really measure
     granularity: int = 1  # the prefix cache reuses whole multiples of this many tokens (a server's KV block)
+    window: int | None = None  # the model's sliding attention window in tokens, where it has one (cache probes)
+    context: int | None = None  # the most tokens (prompt and answer) one call may hold; None: not known
+    notices: Sequence[str] = ()  # what its answers showed that the figures cannot (telemetry_suspect:, not_observable:)
     # profile ``options`` the adapter understands (name -> what it does); None: any (a plugin's own)
     options: ClassVar[Mapping[str, str] | None] = None
     # calibration: the session class that plants faults, and the fault kinds it knows (none: cannot)
@@ -284,3 +287,21 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def attention_limits(folder: Path) -> tuple[int | None, int | None]:
+    """A Hugging Face model folder's sliding attention window and context length (config.json), None where
+    it has none or does not say (Qwen2-style configs name a window they do not use)."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None, None
+    config = {**config, **(config.get("text_config") or {})}
+    window = config.get("sliding_window") or config.get("attention_chunk_size")
+    if config.get("use_sliding_window") is False:
+        window = None
+    context = config.get("max_position_embeddings")
+    return (int(window) if isinstance(window, int) and window > 0 else None,
+            int(context) if isinstance(context, int) and context > 0 else None)

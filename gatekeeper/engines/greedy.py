@@ -18,7 +18,7 @@ from ..identity import Memo, digest, directory_digest, file_digest
 from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, Until, accelerators, checked_request
+from .base import Engine, Generation, Session, Until, accelerators, attention_limits, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -270,6 +270,8 @@ class GreedyEngine(Engine):
         # A fresh state tells whether this model's state can be cut back (attention only) or not.
         self.hybrid = not self.state_ops.trimmable(self._new_state())
         self._identity: dict[str, Any] | None = None
+        if self.model_dir.is_dir():
+            self.window, self.context = attention_limits(self.model_dir)
 
     # --- what an adapter implements -------------------------------------------------------------
     def _locate(self, workspace_root: Path | None) -> None:

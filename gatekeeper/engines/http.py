@@ -22,6 +22,7 @@ beside the battery's, as production traffic would be batched with them.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
 import threading
@@ -32,10 +33,10 @@ from typing import Any, Sequence
 
 from .. import __version__
 from . import telemetry
-from ..errors import GatekeeperError
+from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
-from .base import Engine, Generation, Session, Until, checked_request, labelled, request_labels
+from .base import Engine, Generation, Session, Until, attention_limits, checked_request, labelled, request_labels
 from .dialects import DIALECTS, detect
 
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
@@ -60,14 +61,16 @@ class HTTPSession(Session):
         # the prefix's warm-up is labelled as it was registered (its stage), not as the case that sends it
         self._pins.append((tuple(int(t) for t in prefix), request_labels()))
 
-    def _warm_up(self, prompt: list[int]) -> None:
-        """Send the registered prefix this prompt starts with, once per replica, before it (not counted in stats)."""
+    def _warm_up(self, prompt: list[int], max_tokens: int, stop: Sequence[str]) -> None:
+        """Send the registered prefix this prompt starts with, once per replica, before it (not counted in stats).
+        It ends the way the case's own request ends (its max_tokens and stop), so the server is left in a state
+        the battery's requests also leave it in: a generation cut short at one token is a path of its own."""
         with self._warm:
             for pin, labels in self._pins:
                 if len(pin) < len(prompt) and tuple(prompt[: len(pin)]) == pin:
                     with labelled(stage=labels.get("stage"), stream=labels.get("stream")):
                         for url in self.model.replicas[self.config]:
-                            self.model.complete(self.config, list(pin), 1, (), warm=True, replica=url)
+                            self.model.complete(self.config, list(pin), max_tokens, stop, warm=True, replica=url)
                     self._pins.remove((pin, labels))
                     return
 
@@ -76,8 +79,8 @@ class HTTPSession(Session):
         until: Until | None = None,
     ) -> Generation:
         request = checked_request(prompt, max_tokens)
-        if self._pins:
-            self._warm_up(request)
+        if self._pins and self.model.profile.warm_up:
+            self._warm_up(request, max_tokens, stop)
         g = self.model.complete(self.config, request, max_tokens, stop)
         if not top2:
             g.top2 = None
@@ -111,6 +114,8 @@ class HTTPEngine(Engine):
         self._lock = threading.Lock()
         self._memo: dict[tuple, Any] = {}
         self._busy = {url: [0, 0] for urls in self.replicas.values() for url in urls}  # in flight, sent
+        self._answered: set[str] = set()  # servers that answered: one that stops answering has crashed
+        self.notices: list[str] = []  # what the answers showed that the figures cannot (Engine.notices)
         self.dialect_name = profile.dialect  # until detected: messages during the first requests name it
         # Ask every deployment what it serves now: a server that is down fails here, before the
         # gate writes anything, and the answers are the identity.
@@ -125,6 +130,9 @@ class HTTPEngine(Engine):
             self.dialect_name, self.detected = profile.dialect, "set in the profile"
         self.dialect = DIALECTS[self.dialect_name](self)
         self.granularity = self.dialect.granularity(self.urls["on"])
+        self.context = _context(self.servers["off"])
+        if self.dialect.tokenizer is not None:  # the served model's own folder: its config names its window
+            self.window = attention_limits(self.dialect.tokenizer.model_dir)[0]
 
     @property
     def _where(self) -> str:
@@ -145,7 +153,9 @@ class HTTPEngine(Engine):
 
     # --- the wire -------------------------------------------------------------------------------
     def _raw(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> bytes:
-        """One request; every way it can fail becomes a GatekeeperError naming the URL and the fix."""
+        """One request; every way it can fail becomes a GatekeeperError naming the URL and the fix. A server that
+        took the request and failed it (no answer on the connection, a 5xx, gone after it had answered) is an
+        ``EngineCrash``: evidence about the server, not a URL to fix."""
         target = url + path
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(target, data=data, method="GET" if body is None else "POST",
@@ -153,18 +163,40 @@ class HTTPEngine(Engine):
         late = (f"{target}: no answer within {self.timeout:g} s; raise 'timeout' in {self._where} or check the server")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return resp.read()
+                raw = resp.read()
         except urllib.error.HTTPError as e:
             detail = e.read()[:300].decode(errors="replace")
+            if e.code >= 500 and url in self._answered:
+                raise self._crash(url, path, body, f"HTTP {e.code} {detail}",
+                                  f"answered HTTP {e.code} ({detail.strip() or 'no body'})") from None
             raise GatekeeperError(f"{target}: HTTP {e.code} {detail}; check that {self._where} points at an "
                                   f"OpenAI-compatible server that accepts this request (dialect {self.dialect_name})") from None
         except (TimeoutError, socket.timeout):
             raise GatekeeperError(late) from None
-        except (urllib.error.URLError, ConnectionError, OSError) as e:
+        except (urllib.error.URLError, ConnectionError, OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
             if isinstance(reason, (TimeoutError, socket.timeout)):
                 raise GatekeeperError(late) from None
+            if isinstance(reason, (http.client.RemoteDisconnected, http.client.IncompleteRead, ConnectionResetError,
+                                   BrokenPipeError, http.client.BadStatusLine)):
+                raise self._crash(url, path, body, f"{type(reason).__name__}: {reason}",
+                                  "closed the connection without an answer after the request was sent") from None
+            if url in self._answered:  # it answered earlier in this run: it has died since
+                raise self._crash(url, path, body, f"{type(reason).__name__}: {reason}",
+                                  f"stopped answering ({reason}) after it had answered earlier in this run") from None
             raise GatekeeperError(f"{target}: cannot connect ({reason}); start the server or fix the URL in {self._where}") from None
+        self._answered.add(url)
+        return raw
+
+    def _crash(self, url: str, path: str, body: dict[str, Any] | None, said: str, what: str) -> EngineCrash:
+        prompt = (body or {}).get("prompt")
+        request = {"path": path, **({"prompt_tokens": len(prompt)} if isinstance(prompt, list) else {}),
+                   **({"prompt_chars": len(prompt)} if isinstance(prompt, str) else {}),
+                   **({"prompt_digest": digest(prompt)} if prompt is not None else {}),
+                   **({"max_tokens": body["max_tokens"]} if body and "max_tokens" in body else {}),
+                   **({k: body[k] for k in (self.profile.cache_switch,) if k and body and k in body})}
+        return EngineCrash(f"{url}{path}: the server {what}: a crash, with the server up and the request sent; "
+                           "its own log says why", url=url, said=said, request=request)
 
     def call(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> Any:
         raw = self._raw(url, path, body, headers)
@@ -242,8 +274,7 @@ class HTTPEngine(Engine):
                 with self._lock:
                     self._busy[url][0] -= 1
         g = self._parse(url, answer, prompt, wall)
-        if len(self.replicas[config]) > 1:
-            g.replica = url
+        g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
 
     def _pick(self, config: str, replica: str | None = None) -> str:
@@ -270,11 +301,33 @@ class HTTPEngine(Engine):
                                   f"check that {self._where} points at an OpenAI-compatible server") from None
         if margins is not None and (len(margins) != len(tokens) or any(len(m) < 2 for m in margins)):
             margins = None  # a step without two candidates: no margin to report
+        if margins is None and tokens and choice.get("logprobs"):
+            self._notice(f"not_observable: top-2 logprobs from {url} (dialect {self.dialect_name}): the answer carries "
+                         "logprobs in a shape this dialect does not read, so logit drift and margins are unknown; set "
+                         f"'dialect' in {self._where} if the server speaks another")
         t = telemetry.read(answer)
+        prompt_tokens = len(prompt)
+        # Token ids are sent as they are; text is tokenized by the server, which may add a BOS token. A count
+        # beyond that is not the prompt's size (some servers count only the re-processed suffix): flagged,
+        # never used as one.
+        slack = 0 if self.dialect.token_prompts else 1
+        if t.prompt_tokens is not None and abs(t.prompt_tokens - prompt_tokens) > slack:
+            self._notice(f"telemetry_suspect: {url} reported {t.prompt_tokens} prompt tokens for a prompt of "
+                         f"{prompt_tokens} tokens sent (dialect {self.dialect_name}); gatekeeper counts "
+                         f"{prompt_tokens} and does not take the server's prompt figures at face value")
+        elif t.prompt_tokens is not None:
+            prompt_tokens = t.prompt_tokens
         prefill = t.prefill_s if t.prefill_s is not None else wall  # no split reported: the request is the prefill
-        return Generation(tokens=tokens, text=text, prompt_tokens=t.prompt_tokens if t.prompt_tokens is not None else len(prompt),
+        return Generation(tokens=tokens, text=text, prompt_tokens=prompt_tokens,
                           cached_tokens=t.cached_tokens, prefill_s=prefill, decode_s=t.decode_s or 0.0,
                           ttft_s=prefill, top2=margins)
+
+    def _notice(self, text: str) -> None:
+        """Remember a finding once (by its text up to the first number that varies per call)."""
+        with self._lock:
+            key = text.split(" reported ")[0]
+            if not any(n.split(" reported ")[0] == key for n in self.notices):
+                self.notices.append(text)
 
     def _tokens(self, choice: dict[str, Any], text: str) -> tuple[list[int], list | None]:
         """Generated token ids and top-2 [[id, logprob], ...] per step, in whichever shape the server uses."""
@@ -386,3 +439,9 @@ def _key(token: Any) -> Any:
     if isinstance(token, str) and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
         return int(token[9:])
     return int(token) if isinstance(token, int) else token
+
+
+def _context(described: dict[str, Any]) -> int | None:
+    """The context a server holds per request, as it describes itself (llama.cpp's n_ctx, vLLM's max_model_len)."""
+    n = described["props"].get("n_ctx") or next((m.get("max_model_len") for m in described["models"] if m.get("max_model_len")), None)
+    return int(n) if isinstance(n, int) and n > 0 else None

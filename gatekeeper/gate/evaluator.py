@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..battery import load as battery, checks, graded, partition
-from . import graders as graders_, kinds, pipeline
+from . import crashes as crashes_, graders as graders_, kinds, pipeline, probes as probes_, sides
 from . import load as load_
 from ..engines.base import Engine, Session, labelled, plus
-from ..errors import GatekeeperError
+from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, directory_digest, sha256_hex
 from ..workspace import EngineProfile, Load, Policy, Workspace
 
@@ -55,6 +55,10 @@ class Outcome:
     strength: dict[str, Any] | None = None
     # per suite, the flag-off baseline's decode steps: {steps, near_ties, min_margin, unknown}
     near_ties: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the cache probes: per probe, equal | differs | baseline_unstable | crashed | skipped (why); and their seconds
+    probes: dict[str, str] = field(default_factory=dict)
+    probe_seconds: float = 0.0
+    reached: dict[str, list[str]] = field(default_factory=dict)  # served sides: the servers that answered each
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -110,7 +114,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     if candidate is not None and flag != "adapter":
         raise GatekeeperError(f"--candidate is for the adapter flag (a candidate LoRA, gated by non_inferiority); "
                               f"{flag} does not take one: drop --candidate")
-    cand, sides = None, ("with the flag off", "with the flag on")
+    cand, names = None, ("with the flag off", "with the flag on")
     if flag == "adapter":
         if candidate is None:
             raise GatekeeperError(f"{flag} compares the current weights with a candidate LoRA adapter: "
@@ -121,10 +125,10 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         cand = {"path": str(path), "digest": directory_digest(path)}
         configs = {"off": Config(base, False, rest.render),
                    "on": Config(base.model_copy(update={"adapter_path": str(path)}), False, rest.render)}
-        sides = ("with the current weights", "with the candidate")
+        names = ("with the current weights", "with the candidate")
     elif flag == "static_first":
         configs = {"off": Config(base, False, "as_written"), "on": Config(base, False, "partitioned")}
-        sides = ("as written", "partitioned")
+        names = ("as written", "partitioned")
     elif flag == "prefix_cache":
         configs = {"off": Config(base, False, rest.render), "on": Config(base, True, rest.render)}
     else:  # a declared change, on top of everything else in force (the cache as it is)
@@ -132,7 +136,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         if force.adapter is not None:
             changed = changed.model_copy(update={"adapter_path": base.adapter_path})
         configs = {"off": Config(base, rest.cache, rest.render), "on": Config(changed, rest.cache, rest.render)}
-        sides = (f"without {flag}", f"with {flag}")
+        names = (f"without {flag}", f"with {flag}")
     for c in configs.values():
         cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
         if load is not None:
@@ -142,12 +146,14 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     grading = graders_.spec(ws, policy, items) if grading else None
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     digest_ = battery.battery_digest(ws, items)
-    return Plan(ws, flag, policy, items, engine, digest_, configs,
-                kinds.KINDS[policy.gate](policy, sides), flag == "prefix_cache", cand,
-                {"engine": engine, "suites": suites, "limit": limit,
-                 "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
-                 **({"skip_unsupported": True} if skip_unsupported else {}),
-                 **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grading)
+    p = Plan(ws, flag, policy, items, engine, digest_, configs,
+             kinds.KINDS[policy.gate](policy, names), flag == "prefix_cache", cand,
+             {"engine": engine, "suites": suites, "limit": limit,
+              "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
+              **({"skip_unsupported": True} if skip_unsupported else {}),
+              **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grading)
+    sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
+    return p
 
 
 def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
@@ -205,11 +211,14 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
     turns = []
     for n, turn_vars in enumerate(case.turns or [{}]):
         values.update(turn_vars)
-        rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
         early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
-        with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
-            g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
-                                 top2=True, **early)
+        try:
+            rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
+            with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
+                g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
+                                     top2=True, **early)
+        except EngineCrash as e:  # evidence about this side: recorded with the case (gate/crashes.py)
+            return {"turns": turns, "text": "", "outcomes": [], "crash": {"turn": n + 1, **e.record()}}
         turns.append({**g.to_dict(), "static_tokens": rendered.static_tokens, "prompt_digest": sha256_hex(rendered.text.encode())})
         history = [*rendered.messages, {"role": "assistant", "content": g.text}]
         if watch and watch.fired:
@@ -266,6 +275,9 @@ def _identity(p: Plan, config: str, engine_identity: dict[str, Any], grader: dic
         "decoding": {s.suite: s.decoding.model_dump(mode="json") for s in {i.suite.suite: i.suite for i in p.items}.values()},
         "flags": {p.flag: config},
     }
+    served = sides.reaches(c.profile, c.cache)
+    if served is not None:  # the server this side's requests go to
+        out["reaches"] = served
     if p.candidate is not None:
         out["candidate"] = p.candidate
     if p.load is not None:
@@ -312,6 +324,7 @@ class Runs:
     results: dict[str, list[dict[str, dict]]]  # config -> one {case id: result} per repeat
     seconds: dict[str, float]
     model_s: float
+    probes: dict[str, list[probes_.Probed]] = field(default_factory=dict)  # config -> one per repeat
 
 
 def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
@@ -333,6 +346,12 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
                 ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
                 results[item.case_id] = result
             runs.seconds[config] += time.perf_counter() - t0
+            if config != ALONE and probes_.why_not(p) is None:  # after the battery, in every run, in one order
+                progress(f"{config}#{repeat} cache probes")
+                probed = probes_.run(session, p, c.render)
+                for pid, result in probed.results.items():
+                    ledger.add_case_result(evaluation_id, pid, config, repeat, result)
+                runs.probes.setdefault(config, []).append(probed)
         runs.results[config].append(results)
     return runs
 
@@ -350,16 +369,22 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     """Compare every case (baseline repeats with each other, off with on) and let the kind decide."""
     detok = models["off"].detokenize
     reference, on = runs.results["off"][0], runs.results["on"][0]
-    unstable, differing, equal = [], [], {"baseline": 0, "off_on": 0}
+    crashed = crashes_.found(runs.results) + crashes_.found({k: [r.results for r in v] for k, v in runs.probes.items()})
+    unstable: dict[str, str] = {}  # case id -> why
+    differing, equal = [], {"baseline": 0, "off_on": 0}
     for item in p.items:
         cid = item.case_id
+        if any(c.case == cid for c in crashed):  # no answer to compare: the crash rule decides
+            ledger.add_comparison(evaluation_id, cid, False, {"pair": "off#0~on#0",
+                                                              "crash": [c.record for c in crashed if c.case == cid]})
+            continue
         for r, other in enumerate(runs.results["off"][1:], 1):
             diff = kinds.token_diff(reference[cid], other[cid], detok)
             ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": f"off#0~off#{r}", **(diff or {})})
             if diff is None:
                 equal["baseline"] += 1
             elif cid not in unstable:
-                unstable.append(cid)
+                unstable[cid] = _unstable(p, models, item, runs.results["off"], r, diff)
         diff = p.kind.compare(reference[cid], on[cid], detok)
         ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": "off#0~on#0", **(diff or {})})
         if diff is None:
@@ -378,14 +403,20 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                               p.exercises_cache, p.policy.baseline_repeats, strength)
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
-    if variant or (unstable and p.load):
+    judged = (probes_.judge(p, runs.probes["off"], runs.probes["on"][0], detok,
+                            lambda pid, same, detail: ledger.add_comparison(evaluation_id, pid, same, detail))
+              if runs.probes.get("on") else None)
+    forced = crashes_.decide(crashed)
+    if forced:
+        verdict, reasons = forced
+    elif variant or (unstable and p.load):
         verdict = "INCONCLUSIVE"
         reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
                              f"(concurrency {p.load.concurrency}); {load_.fix(models['off'].dialect_name)}"
                              for cid in unstable if not any(r.startswith(f"batch_variant: {cid} ") for r in variant)]
-    elif unstable:
+    elif unstable or (judged and judged.unstable):
         verdict = "INCONCLUSIVE"
-        reasons = [f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs" for cid in unstable]
+        reasons = list(unstable.values()) + (judged.unstable if judged else [])
     elif baseline_cached:
         verdict = "INCONCLUSIVE"
         reasons = [f"baseline_cached: the flag-off side ({p.configs['off'].profile.where}) reports {baseline_cached} prompt "
@@ -393,6 +424,15 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                    "cache off (vLLM --no-enable-prefix-caching, mlx_lm.server --prompt-cache-size 0) or set 'cache_switch'"]
     else:
         verdict, reasons = p.kind.decide(evidence)
+        if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
+            verdict, reasons = "FAIL", judged.differs + reasons
+    why_no_probes = probes_.why_not(p) if p.policy.probes.kinds else None  # probes: off says so in the policy
+    reasons += [judged.line()] if judged else [f"probes: none ran ({why_no_probes})"] if why_no_probes else []
+    reached = {cfg: sides.reached(runs.results[cfg][0]) for cfg in ("off", "on")}
+    if p.exercises_cache and baseline_cached is None:
+        reasons.append(f"not_observable: the flag-off side ({p.configs['off'].profile.where}) reports no cached-token "
+                       "figure, so that it ran cold cannot be shown")
+    reasons += list(dict.fromkeys(n for m in models.values() for n in m.notices))  # telemetry_suspect:, not_observable:
     reasons += _blind(p, models) + battery.skipped(p.items)
     if p.kind.numeric:  # advice, not a failure: a battery far from every tie is blind to numeric drift
         reasons += kinds.insensitive(census)
@@ -410,7 +450,36 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         model_seconds=round(model_s, 3), overhead_seconds=round(max(0.0, wall - model_s), 3),
         telemetry={"off": _telemetry(p, reference), "on": _telemetry(p, on)},
         strength=strength.to_dict() if strength else None, near_ties=census,
+        probes=judged.status if judged else {}, probe_seconds=judged.seconds if judged else 0.0,
+        reached={k: v for k, v in reached.items() if v},
     )
+
+
+def _unstable(p: Plan, models: dict[str, Engine], item: battery.Item, off: list[dict[str, dict]], r: int,
+              d: dict[str, Any]) -> str:
+    """A baseline_unstable: reason naming where the flag-off runs part and the likeliest cause it can see."""
+    cid = item.case_id
+    where = ("assertion outcomes differ" if d.get("turn") is None else
+             f"turn {d['turn']} first divergent token at position {d['first_divergent_position']} {kinds.divergence(d, ('off#0', f'off#{r}'))}")
+    turn = (d.get("turn") or 1) - 1
+    cached = [res[cid]["turns"][turn].get("cached_tokens") if turn < len(res[cid]["turns"]) else None for res in (off[0], off[r])]
+    profile = p.configs["off"].profile
+    first = next(i for i in p.items if i.suite.stage == item.suite.stage) is item
+    if any(cached):
+        cause = (f"server state: the flag-off server served {cached[0]} of this request's prompt tokens from a cache in "
+                 f"off#0 and {cached[1]} in off#{r}, so it was not cold; turn its cache off for the flag-off side")
+    elif d.get("collapse"):
+        cause = ("server state: one run's top-2 margin collapsed where the other's did not, as when a state left by "
+                 "an earlier request is reused; restart the server between runs to confirm")
+    elif profile.adapter == "http" and profile.warm_up and first:
+        cause = (f"warm-up: it is the first case of stage {item.suite.stage}, sent right after gatekeeper's warm-up of "
+                 f"the stage's static prefix; set 'warm_up: false' in {profile.where} to evaluate without it")
+    elif d.get("near_tie"):
+        cause = "order or batching: a near-tie that identical requests resolved differently (float noise in the engine)"
+    else:
+        cause = "server state or nondeterminism the figures do not show; restart the server between runs to tell them apart"
+    return (f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs (off#0 vs off#{r}: {where}); "
+            f"likeliest cause: {cause}")
 
 
 def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs) -> list[str]:
@@ -427,8 +496,7 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
             continue
         where = ("assertion outcomes differ" if diff.get("turn") is None else
                  f"turn {diff['turn']} first divergent token at position {diff['first_divergent_position']} "
-                 f"({diff['a']['token']} alone vs {diff['b']['token']} under load, margin {diff['a']['margin']!s} vs "
-                 f"{diff['b']['margin']!s}{', near-tie' if diff['near_tie'] else ''})")
+                 f"{kinds.divergence(diff, ('alone', 'under load'))}")
         out.append(f"batch_variant: {cid} under load (concurrency {p.load.concurrency}) parts from the same case run "
                    f"alone: {where}; batching, not the flag, changed it; {fix}")
     return out

@@ -16,6 +16,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 from ..workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
+COLLAPSE = 10  # one side's margin a near-tie, the other's above NEAR_TIE and at least this many times it
 AT_RISK = 10  # a step whose top-2 margin is within this many times the largest drift could flip under it
 
 Decision = tuple[str, list[str]]
@@ -188,6 +189,40 @@ def _diff(a: Any, b: Any) -> dict[str, Any]:
     return DeepDiff(a, b).to_dict()
 
 
+def _collapse(ma: float | None, mb: float | None) -> str | None:
+    """Which side's margin alone collapsed ("a" or "b"), else None: its margin is at or below NEAR_TIE
+    while the other's is known, above NEAR_TIE and at least COLLAPSE times it. Both near a tie is a
+    near-tie (rounding may flip either), not a collapse; a side without top-2 logits shows nothing."""
+    if ma is None or mb is None:
+        return None
+    for name, low, high in (("a", ma, mb), ("b", mb, ma)):
+        if low <= NEAR_TIE < high and high >= COLLAPSE * low:
+            return name
+    return None
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def divergence(d: dict[str, Any], sides: tuple[str, str] = ("flag-off", "flag-on"), pieces: bool = False) -> str:
+    """The parenthesised account of a first divergence that reasons and ledger views print: both tokens
+    (with their pieces if ``pieces``), both top-2 margins, and "near-tie" (both sides near a tie: a few
+    ULPs can flip it) or "one-sided collapse" (only one side near a tie: rounding cannot explain it).
+    ``sides`` names sides a and b. Entries recorded before ``collapse`` existed lack it: read with .get."""
+    a, b = d.get("a") or {}, d.get("b") or {}
+    token = (lambda s: f"{s.get('token')} {s.get('piece')!r}") if pieces else (lambda s: f"{s.get('token')}")
+    label = ""
+    if d.get("near_tie"):
+        label = ", near-tie"
+    elif d.get("collapse") in ("a", "b"):
+        (low, low_side), (high, high_side) = (((b, sides[1]), (a, sides[0])) if d["collapse"] == "b"
+                                              else ((a, sides[0]), (b, sides[1])))
+        label = (f", one-sided collapse: the margin fell to {_num(low.get('margin'))} ({low_side}) while it is "
+                 f"{_num(high.get('margin'))} ({high_side}); rounding cannot explain it")
+    return f"({token(a)} vs {token(b)}, margin {_num(a.get('margin'))} vs {_num(b.get('margin'))}{label})"
+
+
 def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]], str]) -> dict[str, Any] | None:
     """None when token ids, text bytes and outcomes are identical; else where and how they part."""
     for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
@@ -200,12 +235,13 @@ def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]]
             top2 = t.get("top2") or []
             side[name] = {"token": token, "piece": detok([token]) if token is not None else None,
                           "margin": _margin(top2[pos] if pos < len(top2) else None)}
-        margins = [s["margin"] for s in side.values() if s["margin"] is not None]
+        ma, mb = side["a"]["margin"], side["b"]["margin"]
         return {
             "turn": n + 1,
             "first_divergent_position": pos,
             "a": side["a"], "b": side["b"],
-            "near_tie": bool(margins) and min(margins) <= NEAR_TIE,
+            "near_tie": ma is not None and mb is not None and max(ma, mb) <= NEAR_TIE,
+            "collapse": _collapse(ma, mb),
             "text_a": ta["text"], "text_b": tb["text"],
             "outcomes_diff": _diff(a["outcomes"], b["outcomes"]) if a["outcomes"] != b["outcomes"] else {},
         }
@@ -257,8 +293,7 @@ class ByteEquivalence(GateKind):
                     reasons.append(f"differs: {cid} assertion outcomes differ")
                 else:
                     reasons.append(f"differs: {cid} turn {d['turn']} first divergent token at position {d['first_divergent_position']} "
-                                   f"({d['a']['token']} vs {d['b']['token']}, margin {d['a']['margin']!s} vs {d['b']['margin']!s}"
-                                   f"{', near-tie' if d['near_tie'] else ''})")
+                                   f"{divergence(d, self.sides)}")
             return "FAIL", reasons
         same = (f"equal: all {e.cases} cases identical in token ids, text and assertion outcomes; "
                 f"baseline stable over {e.baseline_repeats} runs")

@@ -24,7 +24,7 @@ def _side(case: CaseOutcome | None) -> dict[str, Any] | None:
                 "turn": d.get("turn"), "position": d.get("first_divergent_position"),
                 "tokens": [(d.get("a") or {}).get("token"), (d.get("b") or {}).get("token")],
                 "margins": [(d.get("a") or {}).get("margin"), (d.get("b") or {}).get("margin")],
-                "near_tie": d.get("near_tie"), "text": divergence_text(d)},
+                "near_tie": d.get("near_tie"), "collapse": d.get("collapse"), "text": divergence_text(d)},
             "drift": case.drift, "seconds": case.seconds, "passed": case.passed}
 
 

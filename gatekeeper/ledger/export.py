@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from ..engines.base import plus
-from ..gate.kinds import AT_RISK, NEAR_TIE
+from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..cache.trie import common_prefix
 from ..identity import flatten
 from . import junit
@@ -96,6 +96,9 @@ def _differences(record: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"case_id": c["case_id"], "pair": pair, "label_a": left, "label_b": right,
                     "turn": d.get("turn"), "first_divergent_position": d.get("first_divergent_position"),
                     "a": d.get("a"), "b": d.get("b"), "near_tie": d.get("near_tie"),
+                    # entries recorded before the collapse label have no "collapse": shown as not recorded
+                    "collapse": d.get("collapse"), "collapse_recorded": "collapse" in d,
+                    "divergence": divergence(d, (left, right)) if d.get("turn") is not None else None,
                     "text_a": d["text_a"], "text_b": d["text_b"],
                     "divergent_char": common_prefix(d["text_a"], d["text_b"]),
                     "outcomes_diff": d.get("outcomes_diff") or {}})
@@ -190,6 +193,13 @@ def _block(text: str) -> str:
     return f"{fence}text\n{text}\n{fence}"
 
 
+def _labels(d: dict[str, Any]) -> str:
+    """``near-tie: yes/no; one-sided collapse: ...``, shared by Markdown and HTML."""
+    collapse = ("not recorded" if not d["collapse_recorded"] else "no" if d["collapse"] not in ("a", "b")
+                else f"yes, {d['label_' + d['collapse']]}")
+    return f"near-tie: {'yes' if d['near_tie'] else 'no'}; one-sided collapse: {collapse}"
+
+
 def _side_md(side: dict[str, Any] | None) -> str:
     if not side:
         return "-"
@@ -276,8 +286,9 @@ def markdown(v: dict[str, Any]) -> str:
         lines += [f"### {_md(d['case_id'])} ({_md(d['pair'])}{', turn ' + str(d['turn']) if d['turn'] else ''})", ""]
         if d["first_divergent_position"] is not None:
             lines += [f"First divergent position: **{d['first_divergent_position']}** (generated tokens, from 0); "
-                      f"near-tie: {'yes' if d['near_tie'] else 'no'}", "",
-                      f"- {_md(d['label_a'])}: {_side_md(d['a'])}", f"- {_md(d['label_b'])}: {_side_md(d['b'])}", ""]
+                      f"{_md(_labels(d))}", "",
+                      f"- {_md(d['label_a'])}: {_side_md(d['a'])}", f"- {_md(d['label_b'])}: {_side_md(d['b'])}", "",
+                      f"Where they part: {_md(d['divergence'])}", ""]
         else:
             lines += ["The outputs are identical; the assertion outcomes differ.", ""]
         k = d["divergent_char"]
@@ -407,9 +418,10 @@ def _difference_html(d: dict[str, Any]) -> str:
     out = [f'<section class="difference"><h3>{_e(d["case_id"])} <small>({_e(d["pair"])}{turn})</small></h3>']
     if d["first_divergent_position"] is not None:
         out.append(f'<p>First divergent position: <strong class="position">{d["first_divergent_position"]}</strong> '
-                   f'(generated tokens, from 0); near-tie: {"yes" if d["near_tie"] else "no"}</p>')
+                   f'(generated tokens, from 0); {_e(_labels(d))}</p>')
         out.append(_table(["run", "token", "piece", "top-2 logit margin"],
                           [_side_html(d["label_a"], d["a"]), _side_html(d["label_b"], d["b"])]))
+        out.append(f'<p>Where they part: {_e(d["divergence"])}</p>')
     else:
         out.append("<p>The outputs are identical; the assertion outcomes differ.</p>")
     k = d["divergent_char"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gatekeeper.gate.kinds import drifts
+from gatekeeper.gate.kinds import divergence, drifts
 
 EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
 
@@ -72,11 +72,12 @@ def divergence_text(d: dict[str, Any] | None) -> str:
         what = ", ".join(f"{c['assertion']} {'pass' if c['off'] else 'fail'}->{'pass' if c['on'] else 'fail'}"
                          for c in changed)
         return f"assertion outcomes differ{': ' + what if what else ''}"
-    a, b = d.get("a") or {}, d.get("b") or {}
-    tie = ", near-tie" if d.get("near_tie") else ""
-    return (f"turn {d['turn']} position {d['first_divergent_position']}: token {a.get('token')} {a.get('piece')!r} "
-            f"vs {b.get('token')} {b.get('piece')!r} (margins {_num(a.get('margin'))} vs {_num(b.get('margin'))}{tie})")
+    return f"turn {d['turn']} position {d['first_divergent_position']}: tokens {divergence(d, sides(d), pieces=True)}"
 
 
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4g}"
+def sides(d: dict[str, Any]) -> tuple[str, str]:
+    """How a comparison's two runs are named: flag-off and flag-on, or the runs of its pair (``off#0~off#1``)."""
+    pair = (d.get("pair") or "off#0~on#0").split("~")
+    if len(pair) != 2 or pair == ["off#0", "on#0"]:
+        return ("flag-off", "flag-on")
+    return (pair[0], pair[1])

@@ -1,0 +1,120 @@
+"""The cache probes every evaluation adds (gate/probes.py): they run on both sides in one order, pass on a
+correct cache, and each catches a planted fault of its kind that the battery alone never meets (a real
+llama-server behind a front that plants it on the flag-on side)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cache_fronts import cache_front
+from conftest import evaluate, ledger
+from served import llama_server, served_ws
+
+from gatekeeper.setup.models import find_gguf
+
+
+def probes(ws, text: str | None) -> None:
+    """The prefix_cache policy with ``probes: text`` instead of the fixture's ``probes: off`` (None: the default)."""
+    policy = ws / "policies" / "prefix_cache.yaml"
+    body = "".join(line for line in policy.read_text().splitlines(keepends=True) if not line.startswith("probes:"))
+    policy.write_text(body + (f"probes: {text}\n" if text else ""))
+
+
+def test_probes_run_on_both_sides_and_pass_on_a_correct_cache(run_cli, tiny_ws):
+    probes(tiny_ws, "{window: 64}")  # the tiny model has no sliding window: cross a 64-token one
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    assert out["probes"] == dict.fromkeys(("repeat", "continuation", "inside", "block", "window"), "equal")
+    line = next(r for r in out["reasons"] if r.startswith("probes:"))
+    assert "repeat equal" in line and "window equal" in line
+    assert out["probe_seconds"] > 0
+    with ledger(tiny_ws) as lg:
+        ev = lg.evaluation(out["evaluation_id"])
+    runs = {}
+    for r in ev["case_results"]:
+        if r["case_id"].startswith("probe:"):
+            runs.setdefault((r["config"], r["repeat"]), []).append(r["case_id"])
+    order = ["probe:repeat", "probe:continuation", "probe:inside", "probe:block", "probe:window"]
+    assert runs == {("off", 0): order, ("off", 1): order, ("on", 0): order}  # every run, one order
+    by_id = {(r["case_id"], r["config"]): r["result"] for r in ev["case_results"] if r["repeat"] == 0}
+    repeat, window = by_id[("probe:repeat", "on")], by_id[("probe:window", "on")]
+    assert repeat["turns"][0]["tokens"] == repeat["turns"][1]["tokens"]
+    assert repeat["turns"][1]["cached_tokens"] > 0  # the repeat was served from the cache with the flag on
+    assert window["turns"][0]["prompt_tokens"] > 64 and window["turns"][1]["cached_tokens"] > 64
+    pairs = {(c["case_id"], c["detail"]["pair"]) for c in ev["comparisons"] if c["case_id"].startswith("probe:")}
+    assert ("probe:inside", "off#0~on#0") in pairs and ("probe:inside", "off#0~off#1") in pairs
+
+
+def test_a_model_without_a_window_skips_that_probe_and_says_why(run_cli, tiny_ws):
+    probes(tiny_ws, None)
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert code == 0, out["reasons"]
+    assert out["probes"]["window"].startswith("skipped: no sliding window in the model's config")
+    assert out["probes"]["repeat"] == "equal"
+
+
+def test_probes_off_run_none(run_cli, tiny_ws):
+    probes(tiny_ws, "off")
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert code == 0 and out["probes"] == {}
+    assert not any(r.startswith("probes:") for r in out["reasons"])
+
+
+# --- planted faults on a real server ------------------------------------------------------------
+
+EXACT = ("-fa", "off")  # with flash attention off, llama.cpp's cache hit is exact on this model
+WINDOW = 512  # longer than any of the tiny battery's prompts: only the window probe crosses it
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with llama_server(find_gguf(), *EXACT, log=tmp_path_factory.mktemp("logs") / "server.log") as url:
+        yield url
+
+
+def fronted(workspace, server, front, policy_probes):
+    ws = served_ws(workspace, served=f"adapter: http\nurl: {server}\nurl_on: {front}\ncache_switch: cache_prompt\ntimeout: 600\n")
+    probes(ws, policy_probes)
+    return ws
+
+
+def served_evaluate(run_cli, ws):
+    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "served",
+                             "--operator", "ci", "--json")
+    return code, json.loads(out)
+
+
+@pytest.mark.slow
+def test_probes_pass_a_correct_server_behind_a_faithful_front(server, workspace, run_cli):
+    with cache_front(server, "none") as (front, history):
+        ws = fronted(workspace, server, front, f"{{window: {WINDOW}}}")
+        code, out = served_evaluate(run_cli, ws)
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    assert set(out["probes"].values()) == {"equal"}
+    assert out["reached"] == {"off": [server], "on": [front]}
+    assert history.planted == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, probe", [("stale_repeat", "repeat"), ("inside_empty", "inside"),
+                                         ("continuation_skip", "continuation"), ("lost_window", "window")])
+def test_each_probe_catches_its_planted_fault(server, workspace, run_cli, mode, probe):
+    with cache_front(server, mode, WINDOW) as (front, history):
+        ws = fronted(workspace, server, front, f"{{window: {WINDOW}}}")
+        code, out = served_evaluate(run_cli, ws)
+    assert history.planted > 0
+    assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]
+    assert out["probes"][probe] == "differs", out["probes"]
+    assert any(r.startswith(f"differs: probe:{probe} ") for r in out["reasons"]), out["reasons"]
+    with ledger(ws) as lg:
+        assert lg.verify().ok
+
+
+@pytest.mark.slow
+def test_the_battery_alone_misses_a_stale_repeat(server, workspace, run_cli):
+    """The same fault with the probes off: nothing in the battery repeats a prompt, so it PASSes."""
+    with cache_front(server, "stale_repeat") as (front, history):
+        ws = fronted(workspace, server, front, "off")
+        code, out = served_evaluate(run_cli, ws)
+    assert history.planted == 0 and (code, out["verdict"]) == (0, "PASS"), out["reasons"]
