@@ -8,7 +8,9 @@ Modes (what the front does to POST /v1/completions; everything else is forwarded
 - ``continuation_skip``: a prompt that continues the previous prompt and answer loses the answer's tokens (a
   cache that never held what it generated; one lost token at the join did not change this model's answers);
 - ``lost_window``: a continuation longer than ``window`` tokens loses everything older than the window;
-- ``drop``: reads the request, then closes the connection without an answer (a crash mid-request).
+- ``drop``: reads the request, then closes the connection without an answer (a crash mid-request);
+- ``suffix_count``: answers with ``usage.prompt_tokens`` counting only the tokens it did not take from its cache;
+- ``odd_logprobs``: answers with its logprobs in a shape no dialect reads.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def cache_front(upstream: str, mode: str, window: int = 512):
             try:
                 with urllib.request.urlopen(req, timeout=600) as r:
                     payload = r.read()
+                    if self.path == "/v1/completions" and mode in ("suffix_count", "odd_logprobs"):
+                        payload = json.dumps(_misreport(mode, json.loads(payload))).encode()
                     self._send(r.status, payload)
                     return payload
             except urllib.error.HTTPError as e:
@@ -97,7 +101,7 @@ def cache_front(upstream: str, mode: str, window: int = 512):
                 request["prompt"] = history.rewrite(mode, prompt, window)
                 answer = json.loads(self._forward(json.dumps(request).encode()) or b"{}")
                 steps = ((answer.get("choices") or [{}])[0].get("logprobs") or {}).get("content") or []
-                history.seen.append((prompt, [s["id"] for s in steps]))
+                history.seen.append((prompt, [s["id"] for s in steps if isinstance(s, dict)]))
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -108,3 +112,15 @@ def cache_front(upstream: str, mode: str, window: int = 512):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _misreport(mode: str, answer: dict) -> dict:
+    if mode == "suffix_count":
+        usage = answer["usage"]
+        usage["prompt_tokens"] -= answer["timings"]["cache_n"]
+        del answer["timings"]  # so the count is read from usage
+        usage["prompt_tokens_details"] = {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
+    else:
+        choice = answer["choices"][0]
+        choice["logprobs"] = {"steps": [[s["token"], s["logprob"]] for s in choice["logprobs"]["content"]]}
+    return answer
