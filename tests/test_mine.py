@@ -129,3 +129,15 @@ def test_a_case_a_fault_catches_outranks_a_better_score():
     mined = mining.select([ties, caught], cases=1, identity={}, engine="torch")
     assert [s.candidate.source for s in mined.chosen] == ["caught"] and mined.faults == ["drop"]
     assert caught.catches(2) == [] and caught.catches(3) == ["drop"]  # a departure past the length is not caught
+
+
+def test_mining_keeps_a_single_turn_case_for_the_cache_probes():
+    from gatekeeper.battery.load import Item
+    from gatekeeper.gate import mine as mining
+
+    [item] = [i for i in load(Workspace(ROOT)) if i.suite.suite == "router"][:1]
+    stream = Item(item.suite, item.case.model_copy(update={"id": "stream", "turns": [{"query": "a"}, {"query": "b"}]}))
+    best = mining.Scored(mining.Candidate(stream, "stream"), [[0.001] * 4, [0.001] * 4], [100, 120], (0.001, 0.01))
+    single = mining.Scored(mining.Candidate(item, "single"), [[5.0] * 4], [100], (0.001, 0.01))
+    mined = mining.select([best, single], cases=1, identity={}, engine="torch")
+    assert [s.candidate.source for s in mined.chosen] == ["stream", "single"]

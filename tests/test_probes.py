@@ -80,7 +80,7 @@ def fronted(workspace, server, front, policy_probes):
 
 
 def served_evaluate(run_cli, ws):
-    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "served",
+    code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "served",
                              "--operator", "ci", "--json")
     return code, json.loads(out)
 

@@ -204,10 +204,15 @@ def select(scored: list[Scored], *, cases: int | None = None, seconds: float | N
     stages: dict[str, Scored] = {}
     for s in ranked:
         stages.setdefault(s.candidate.item.suite.stage, s)
+    must = list(stages.values())
+    # the cache probes every evaluation adds are built from a single-turn case: keep one (gate/probes.py)
+    if not any(len(s.candidate.item.case.turns) <= 1 for s in must):
+        must += [s for s in ranked if len(s.candidate.item.case.turns) <= 1][:1]
     chosen, spent = [], 0.0
-    for s in [*stages.values(), *(s for s in ranked if s not in stages.values())]:
+    for s in [*must, *(s for s in ranked if s not in must)]:
         cost = s.seconds(lengths[s.candidate.item.suite.suite])
-        full = len(chosen) >= cases if cases is not None else spent + cost > seconds and len(chosen) >= len(stages)
+        extra = len(must) - len(stages)  # the probes' case, beyond the budget's count
+        full = len(chosen) >= cases + extra if cases is not None else spent + cost > seconds and len(chosen) >= len(must)
         if full:
             break
         chosen.append(s)

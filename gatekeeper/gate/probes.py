@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..battery import partition
 from ..engines.base import Generation, Session, labelled
+from .plans import Plan
 from ..errors import EngineCrash
 from ..identity import sha256_hex
 from . import kinds
-
-if TYPE_CHECKING:
-    from .evaluator import Plan
 
 PREFIX = "probe:"
 FOLLOW = " Also,"  # text after an answer: the model goes on from its own words, so they must be there
@@ -58,7 +56,7 @@ class Probed:
     seconds: float = 0.0
 
 
-def why_not(p: "Plan") -> str | None:
+def why_not(p: Plan) -> str | None:
     """Why no probe runs in this evaluation; None when they run."""
     if not p.policy.probes.kinds:
         return "probes: off in the policy"
@@ -71,7 +69,7 @@ def why_not(p: "Plan") -> str | None:
     return None
 
 
-def base(session: Session, p: "Plan", mode: partition.Mode) -> Base:
+def base(session: Session, p: Plan, mode: partition.Mode) -> Base:
     item = next(i for i in p.items if len(i.case.turns) <= 1)
     others = [i for i in p.items if i.suite.suite == item.suite.suite and i is not item and len(i.case.turns) <= 1]
 
@@ -89,7 +87,7 @@ class _Skip(Exception):
     """A probe that cannot run on this engine (its prompt would not fit)."""
 
 
-def run(session: Session, p: "Plan", mode: partition.Mode) -> Probed:
+def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
     """Every probe the policy asks for, in order, on ``session`` (after the battery's cases)."""
     out = Probed()
     spec = p.policy.probes
@@ -189,7 +187,7 @@ class Judged:
         return "probes: " + "; ".join(f"{name} {s}" for name, s in self.status.items())
 
 
-def judge(p: "Plan", off: list[Probed], on: Probed, detok: Callable[[list[int]], str], record) -> Judged:
+def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], str], record) -> Judged:
     """Compare each probe flag-off (every repeat) with flag-on; ``record(pid, equal, detail)`` writes a comparison."""
     differs, unstable, status = [], [], {}
     for name in p.policy.probes.kinds:

@@ -10,14 +10,12 @@ and an evaluation would compare that server with itself (a false PASS found on a
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
+from .plans import Plan
 from ..errors import GatekeeperError
 from ..workspace import EngineProfile
-
-if TYPE_CHECKING:
-    from .evaluator import Plan
 
 DEPLOYMENT = ("url", "url_on")  # the profile fields that say which server a side reaches
 
@@ -51,7 +49,7 @@ def same_server(a: list[str], b: list[str]) -> str | None:
     return None
 
 
-def check(p: "Plan") -> None:
+def check(p: Plan) -> None:
     """Exit 2 unless each side of ``p`` reaches the server its flag says: the prefix cache needs a flag-on
     deployment or a switch; a declared change of the deployment must move the flag-on side to another server."""
     off, on = p.configs["off"], p.configs["on"]
