@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo test bench clean
+.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo check test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python is installed without its llama.cpp build (LLAMA_BUILD=OFF: pip compiles nothing, a
@@ -84,8 +84,15 @@ openfeature-js: setup
 vllm: setup
 	$(PY) -m gatekeeper.setup.vllm
 
+# Lint (ruff), types (mypy) and the fast tests (those not marked slow); `make test` runs it first, then the slow ones.
+check: setup
+	$(PY) -m ruff check gatekeeper tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest -m "not slow" -q --durations=10
+
 test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
-	$(PY) -m pytest --durations=25
+	$(MAKE) check
+	$(PY) -m pytest -m slow --durations=25
 
 bench: model
 	$(PY) bench/engine_cache.py

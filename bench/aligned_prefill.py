@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT)]
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from gatekeeper.battery import partition  # noqa: E402
 from gatekeeper.battery import load as battery  # noqa: E402
+from gatekeeper.battery import partition  # noqa: E402
 from gatekeeper.engines.registry import build_engine  # noqa: E402
 from gatekeeper.setup.models import is_prepared, prepare_default_model  # noqa: E402
 from gatekeeper.workspace import EngineProfile, Workspace  # noqa: E402

@@ -33,11 +33,11 @@ from gatekeeper.traffic import advice, forensics  # noqa: E402
 
 def make_log(out: Path) -> Path:
     """The interleave scenario's log from a real server (a minute the first time: builds the model)."""
+    from hybrid_peers import Server, chats, free_port, post, to_gguf
     from transformers import AutoTokenizer
 
     from gatekeeper.setup import llama_build
     from gatekeeper.setup.tiny_hybrid import build
-    from hybrid_peers import Server, chats, free_port, post, to_gguf
 
     model = build(out / "tiny-hybrid")
     gguf = to_gguf(model, out / "tiny-hybrid.gguf")

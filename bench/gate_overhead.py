@@ -17,7 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper.gate import evaluator as gate, pipeline
+from gatekeeper.gate import evaluator as gate
+from gatekeeper.gate import pipeline
 from gatekeeper.ledger import Ledger
 from gatekeeper.workspace import Workspace
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from gatekeeper.gate import evaluator as gate, graders as graders_, pipeline
+from gatekeeper.gate import evaluator as gate
+from gatekeeper.gate import graders as graders_
+from gatekeeper.gate import pipeline
 from gatekeeper.ledger import Ledger
 from gatekeeper.setup.scaffold import init_workspace
 from gatekeeper.workspace import Workspace

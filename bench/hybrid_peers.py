@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gatekeeper.traffic import replay  # noqa: E402
 from gatekeeper.setup.tiny_hybrid import CORPUS, build  # noqa: E402
+from gatekeeper.traffic import replay  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 WORDS = " ".join(CORPUS).split()

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gatekeeper.traffic import replay  # noqa: E402
 from gatekeeper.setup.tiny_hybrid import build  # noqa: E402
+from gatekeeper.traffic import replay  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 POLICIES = list(replay.DEFAULT_POLICIES)

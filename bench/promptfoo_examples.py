@@ -260,7 +260,9 @@ def compare(folder: Path, ws: Path, tmp: Path) -> str:
     if ours == theirs:
         return "same"
     only_theirs, only_ours = theirs - ours, ours - theirs
-    shown = lambda c: repr(next(iter(c)))[:120] if c else "-"
+    def shown(c) -> str:
+        return repr(next(iter(c)))[:120] if c else "-"
+
     return (f"differ: promptfoo {sum(theirs.values())} prompts, gatekeeper {sum(ours.values())}; only promptfoo's: "
             f"{shown(only_theirs)}; only gatekeeper's: {shown(only_ours)}")
 

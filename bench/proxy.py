@@ -22,10 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from gatekeeper.setup import llama_build
-from gatekeeper.traffic.analyze import percentile
-from gatekeeper.setup.models import find_gguf
 from hybrid_peers import Server, free_port
+
+from gatekeeper.setup import llama_build
+from gatekeeper.setup.models import find_gguf
+from gatekeeper.traffic.analyze import percentile
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "What is 2+2?"}]
 
@@ -60,7 +61,7 @@ def main() -> None:
                 break
             except OSError:
                 if time.time() > deadline:
-                    raise RuntimeError("the proxy did not come up")
+                    raise RuntimeError("the proxy did not come up") from None
                 time.sleep(0.1)
         routes = {"direct": http.client.HTTPConnection("127.0.0.1", port, timeout=300),
                   "proxied": http.client.HTTPConnection("127.0.0.1", listen, timeout=300)}

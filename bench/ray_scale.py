@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from gatekeeper.gate import evaluator as gate, pipeline  # noqa: E402
+from gatekeeper.gate import evaluator as gate  # noqa: E402
+from gatekeeper.gate import pipeline  # noqa: E402
 from gatekeeper.ledger import Ledger  # noqa: E402
 from gatekeeper.workspace import Workspace  # noqa: E402
 
@@ -68,10 +69,10 @@ def main() -> None:
     args = ap.parse_args()
 
     import ray
+    from tiny_models import build_tiny_llama
     from transformers.utils import logging as hf_logging
 
     from gatekeeper.setup.models import is_prepared
-    from tiny_models import build_tiny_llama
 
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 _CHUNK = 1 << 20  # stream files 1 MiB at a time: weights never sit in memory whole
 
@@ -153,7 +153,7 @@ def directory_digest(path: str | os.PathLike) -> str:
 ENGINE_KEYS = ("engine", "engine_version", "libraries", "dtype", "device")
 
 
-def pipeline_parts(flags: dict[str, str], engine: dict[str, Any], render: str, decoding: dict[str, Any]) -> dict[str, Any]:
+def pipeline_parts(flags: Mapping[str, Any], engine: dict[str, Any], render: str, decoding: dict[str, Any]) -> dict[str, Any]:
     """Everything that decides what the pipeline answers, split into the parts a policy may hash."""
     return {
         "flags": dict(sorted(flags.items())),

@@ -27,18 +27,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .traffic import capture as captures
 from .battery import partition
 from .battery.load import all_suites
-from .gate import pipeline
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache
-from .engines.base import labelled
+from .engines.base import Session, labelled
 from .errors import GatekeeperError
+from .gate import pipeline
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
 from .setup.models import home
+from .traffic import capture as captures
 from .workspace import Suite, Workspace
 
 
@@ -78,7 +78,9 @@ class Runtime:
         capture_path = captures.check_path(capture) if capture is not None else None
         self.stages: dict[str, Suite] = {s.stage: s for s in all_suites(self.ws).values()}
         self.model = build_engine(pipeline.engine_profile(self.ws, engine, self.force), workspace_root=self.ws.root)
-        self.responses = self.session = self.capture = None
+        self.responses: ResponseCache | None = None
+        self.session: Session | None = None
+        self.capture: captures.CaptureWriter | None = None
         try:
             self._open(response_cache, capture_path, persist)
         except BaseException:  # the runtime lives inside a pipeline: leave nothing open behind
@@ -91,9 +93,9 @@ class Runtime:
         self.hash_parts, self.pipeline_hash = pipeline.version(self.ws, self.force, identity)
         self.responses = None if response_cache is False else ResponseCache(
             response_cache if isinstance(response_cache, (str, Path)) else home() / "responses.db")
-        self.flushed = self._flush_if_identity_changed() if self.responses is not None else []
+        self.flushed: list[str] = self._flush_if_identity_changed() if self.responses is not None else []
         # Every stage prefix is registered, as the gate did: under the aligned plan it is a cut.
-        self.prefixes = {stage: self._static_prefix(suite) for stage, suite in self.stages.items()}
+        self.prefixes: dict[str, Sequence[int]] = {stage: self._static_prefix(suite) for stage, suite in self.stages.items()}
         self.recipe = None if persist else recipes.read(self.ws.root)  # persist: about to rewrite it
         self.recipe_stale = recipes.stale(self.recipe, self.prefixes, identity) if self.recipe else {}
         self.session = self.model.session(
@@ -119,6 +121,7 @@ class Runtime:
 
     def _flush_if_identity_changed(self) -> list[str]:
         """Compare model/adapter digests with the last ones this workspace saw; purge and record on change."""
+        assert self.responses is not None  # called only with a response cache
         root = str(self.ws.root)
         last = self.responses.last_seen(root)
         self.responses.mark_seen(root, self.model_digest, self.adapter_digest)
@@ -143,6 +146,7 @@ class Runtime:
     def prefix_sources(self) -> dict[str, str]:
         """Stage -> where its pinned state came from: computed, loaded (result layer) or recomputed
         (a saved state failed its check); stages without a static prefix or cache are left out."""
+        assert self.session is not None  # opened in __init__
         sources = self.session.pin_sources
         return {stage: sources[tuple(p)] for stage, p in self.prefixes.items() if tuple(p) in sources}
 
@@ -170,6 +174,7 @@ class Runtime:
         with labelled(stage=stage, stream=stream):  # a served engine tells a proxy what this is
             completion = self._answer(stage, suite, rendered)
         if self.capture is not None:  # written once answered, with the call's wall time
+            assert stream is not None  # named above when capturing
             self.capture.write(stage, stream, rendered, captures.segments(
                 self.model, rendered, partition.order(pieces, self.render), first_turn=not history), started)
             self._streams[digest(completion.messages)] = stream
@@ -188,6 +193,7 @@ class Runtime:
         if hit is not None:
             return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,
                               [*rendered.messages, {"role": "assistant", "content": hit["text"]}])
+        assert self.session is not None  # opened in __init__
         g = self.session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
         if self.responses is not None:
             self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},

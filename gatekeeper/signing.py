@@ -20,6 +20,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from .errors import GatekeeperError
@@ -136,6 +137,7 @@ def load_key(path: str | os.PathLike) -> SigningKey:
     text = data.lstrip()
     if text.startswith(tuple(t.encode() for t in KEY_TYPES)) or text.startswith(b"sk-"):
         raise GatekeeperError(f"{where}: this is a public key; pass the private key file (the one without .pub)")
+    private: PrivateKeyTypes
     try:
         if text.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----"):
             private = serialization.load_ssh_private_key(data, password=None)
@@ -323,7 +325,7 @@ def _signer(line: str, number: int) -> Signer:
     if any(not p or any(c in p for c in "*?!") for p in principals):
         raise ValueError(f"principal {fields[0]!r}: name each principal (patterns with *, ? or ! are not supported)")
     rest = fields[1:]
-    options: dict[str, str | None] = {}
+    options: dict[str, str] = {}
     if rest[0].startswith(("ssh-", "ecdsa-", "sk-")) and rest[0] not in KEY_TYPES:
         raise ValueError(f"key type {rest[0]!r} is not supported; use one of {', '.join(KEY_TYPES)}")
     if rest[0] not in KEY_TYPES:

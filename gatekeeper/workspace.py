@@ -10,7 +10,7 @@ import os
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
@@ -135,7 +135,7 @@ class EngineProfile(Strict):
 
 # --- the battery -------------------------------------------------------------------------------
 
-ASSERTION_TYPES = (
+ASSERTION_TYPES: tuple[str, ...] = (
     "equals", "contains", "icontains", "not-contains", "not-icontains", "starts-with", "regex",
     "not-regex", "one-of", "is-json", "contains-json", "max-length", "min-length",
     "contains-any", "contains-all", "icontains-any", "icontains-all",
@@ -370,6 +370,7 @@ class Change(Strict):
         """The dotted profile fields this change sets (``engine`` for a migration)."""
         if self.engine is not None:
             return ["engine"]
+        assert self.profile is not None  # _one: exactly one of profile and engine
 
         def walk(prefix: str, value: Any) -> list[str]:
             if isinstance(value, dict) and value:
@@ -555,6 +556,7 @@ class Workspace:
     def segment_text(self, suite: Suite, seg: Segment) -> str:
         if seg.text is not None:
             return seg.text
+        assert seg.file is not None  # Segment._one_source: text or file
         for base in (suite.path.parent if suite.path else self.root, self.root):
             if (base / seg.file).is_file():
                 return read_text(base / seg.file, f"a prompt segment file of {suite.path} is UTF-8 text")

@@ -2,7 +2,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

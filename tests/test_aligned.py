@@ -195,7 +195,7 @@ def random_workload(off, on, seed: int) -> list[tuple]:
     rng = random.Random(seed)
     base = [rng.randrange(3) for _ in range(60)]
     out = []
-    for call in range(40):
+    for _ in range(40):
         if rng.random() < 0.15:
             boundary = base[: rng.randint(4, 40)]
             off.pin(boundary)

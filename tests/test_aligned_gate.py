@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from conftest import evaluate, ledger
 from near_tie import noisy_hit_profile
 

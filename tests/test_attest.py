@@ -12,14 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SUITE, profile
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed448
-
-from conftest import SUITE, profile
-from gatekeeper import signing
-from gatekeeper.identity import canonical_json
-from gatekeeper.ledger import Ledger, dsse, intoto
-from trust import SSH_KEYGEN, allowed_line, keys, rewrite_row, unlocked  # noqa: F401
 
 # in-toto's own libraries (the optional extra intoto, which make test installs): missing, this module fails, never skips
 from google.protobuf import json_format
@@ -28,6 +23,11 @@ from in_toto_attestation.v1.statement import Statement
 from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
+from trust import SSH_KEYGEN, allowed_line, keys, rewrite_row, unlocked  # noqa: F401
+
+from gatekeeper import signing
+from gatekeeper.identity import canonical_json
+from gatekeeper.ledger import Ledger, dsse, intoto
 
 # who -> the scheme securesystemslib's SSlibKey.from_crypto gives that key, which the envelope must be signed under
 SCHEMES = {"ana": "ed25519", "dee": "ecdsa-sha2-nistp256", "p384": "ecdsa-sha2-nistp384", "p521": "ecdsa-sha2-nistp521",

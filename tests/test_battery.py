@@ -10,12 +10,12 @@ import json
 from collections import defaultdict
 
 import pytest
-
-from gatekeeper.battery.load import all_suites
-from gatekeeper.battery import load as battery, checks, partition
-from gatekeeper.workspace import Workspace
-
 from conftest import ROOT
+
+from gatekeeper.battery import checks, partition
+from gatekeeper.battery import load as battery
+from gatekeeper.battery.load import all_suites
+from gatekeeper.workspace import Workspace
 
 SUITES = {"router", "specialist", "synthesizer", "planner"}
 RECORDED = ROOT / "tests" / "data" / "battery_outputs.json"

@@ -4,12 +4,11 @@ recorded in the ledger; a policy's ``min_power`` refuses a flip on evidence with
 import json
 
 import pytest
-
-from gatekeeper.gate import flags
-from gatekeeper.engines.greedy import FaultSession
-from gatekeeper.workspace import MinPower
-
 from conftest import SUITE, evaluate, ledger
+
+from gatekeeper.engines.greedy import FaultSession
+from gatekeeper.gate import flags
+from gatekeeper.workspace import MinPower
 
 
 def calibrate(run_cli, ws, *extra):

@@ -11,15 +11,28 @@ import shutil
 from pathlib import Path
 
 import pytest
+from postgres import Raw
+from trust import (  # noqa: F401
+    backend_ws,
+    cli,
+    db_of,
+    flip,
+    keys,
+    ledger_of,
+    rehash,
+    rewrite_row,
+    set_approvals,
+    ssh_sign,
+    ssh_verify,
+    trust_ws,
+    unlocked,
+)
 
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger import checkpoint as cp
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, write
 from gatekeeper.ledger.tables import KINDS
-from postgres import Raw
-from trust import (backend_ws, cli, db_of, flip, keys, ledger_of, rehash, rewrite_row,  # noqa: F401
-                   set_approvals, ssh_sign, ssh_verify, trust_ws, unlocked)
 
 pytest_plugins = ["postgres"]
 

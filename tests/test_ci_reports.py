@@ -9,11 +9,11 @@ from pathlib import Path
 
 import junitparser
 import pytest
+from conftest import SUITE, profile
+from tiny_models import tiny_llama  # noqa: F401  (fixture)
 from typer.testing import CliRunner
 
-from conftest import SUITE, profile
 from gatekeeper.cli import app
-from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 
 def cli(ws: Path, *args, env=None):

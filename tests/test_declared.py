@@ -4,11 +4,10 @@ in force with and without it, and a flag that is on applies its change everywher
 import json
 
 import pytest
+from conftest import ledger, profile
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.runtime import Runtime
-
-from conftest import ledger, profile
 
 
 def policy(ws, flag, change, gate="byte_equivalence", extra=""):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import evaluate, profile
 
 pytestmark = pytest.mark.slow

@@ -3,13 +3,12 @@
 import json
 
 import pytest
+from conftest import ledger, profile
+from test_runtime import make_lora
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import directory_digest
 from gatekeeper.runtime import Runtime
-
-from conftest import ledger, profile
-from test_runtime import make_lora
 
 STATIC_FIRST = "flag: static_first\ngate: assertion_equivalence\n"
 ADAPTER = "flag: adapter\ngate: non_inferiority\n"

@@ -10,10 +10,9 @@ from served import evaluate
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import file_digest
+from gatekeeper.setup.llama_libs import import_llama_cpp
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile
-
-from gatekeeper.setup.llama_libs import import_llama_cpp
 
 llama_cpp = import_llama_cpp()  # the llamacpp extra and make llama-server's libraries (make test does both)
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ import json
 import shutil
 
 import pytest
-
 from conftest import ROOT, SUITE, ledger
 
 from gatekeeper.setup.llama_libs import import_llama_cpp

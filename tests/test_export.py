@@ -7,13 +7,12 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import SUITE, profile
 from typer.testing import CliRunner
 
 from gatekeeper.cli import app
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger.export import CSP, render
-
-from conftest import SUITE, profile
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -52,9 +51,11 @@ def test_markdown_shows_verdict_identities_stages_and_divergence(failed):
         assert html.escape(reason, quote=False).replace("|", "\\|") in md
     assert "| flags.prefix_cache | off | on | **differs** |" in md
     assert "| engine.model_digest |" in md
-    off = [r for r in record["case_results"] if r["config"] == "off" and r["repeat"] == 0]
+    off = [r for r in record["case_results"] if r["config"] == "off" and r["repeat"] == 0 and r["case_id"].startswith("tiny/")]
     prompt_off = sum(t["prompt_tokens"] for r in off for t in r["result"]["turns"])
     assert f"| tiny | off | {sum(len(r['result']['turns']) for r in off)} | {prompt_off} | 0 | {prompt_off} |" in md
+    summary = record["verdict_record"]["summary"]
+    assert "## Cache probes" in md and f"| repeat | {summary['probes']['repeat']} |" in md and "| probe:" not in md
     for c in differing:
         d = c["detail"]
         assert f"### {c['case_id']} (off#0~on#0, turn {d['turn']})" in md

@@ -5,7 +5,6 @@ import shutil
 import time
 
 import pytest
-
 from conftest import evaluate, ledger, profile
 
 

@@ -16,9 +16,9 @@ import pytest
 from served import llama_server
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper.traffic import forensics, proxy
-from gatekeeper.errors import GatekeeperError
 from gatekeeper.cache.trie import common_prefix as lcp
+from gatekeeper.errors import GatekeeperError
+from gatekeeper.traffic import forensics, proxy
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -1,6 +1,5 @@
 """The gate end to end through the real CLI: it says PASS only when it should, and no otherwise."""
 
-import json
 import os
 import signal
 import subprocess
@@ -8,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import evaluate, ledger, profile, wait_for_case_results
 
 TESTS = Path(__file__).resolve().parent

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import evaluate, ledger, profile
+
 from gatekeeper.battery import checks, graded
 from gatekeeper.gate import graders as graders_
 from gatekeeper.workspace import Assertion, EngineProfile

@@ -9,13 +9,13 @@ import random
 import pytest
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper.traffic import replay
 from gatekeeper.cache import Hit, PrefixCache
 from gatekeeper.cache.snapshots import Policy, SnapshotStore, layout, parse
 from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.engines.sim import Count, CountOps
 from gatekeeper.engines.torch import TorchEngine
+from gatekeeper.traffic import replay
 from gatekeeper.workspace import EngineProfile
 
 

@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from postgres import Raw, db_errors, is_postgres
 from sqlalchemy import inspect
 
 import gatekeeper
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
-from postgres import Raw, db_errors, is_postgres
 
 pytest_plugins = ["postgres"]
 

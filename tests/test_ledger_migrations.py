@@ -4,6 +4,7 @@ on SQLite and on PostgreSQL alike."""
 from __future__ import annotations
 
 import pytest
+from postgres import Raw
 from sqlalchemy import inspect
 
 from gatekeeper.errors import GatekeeperError
@@ -11,7 +12,6 @@ from gatekeeper.ledger import CURRENT_VERSION, Ledger, migrate
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.engine import make_engine, write
 from gatekeeper.ledger.migrations import schema_version
-from postgres import Raw
 
 pytest_plugins = ["postgres"]
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from postgres import Server, new_database, serving
 
 TESTS = Path(__file__).resolve().parent

@@ -3,12 +3,11 @@
 import json
 
 import pytest
+from conftest import RULES, ledger
 
 from gatekeeper.cache.trie import common_prefix
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.runtime import Runtime
-
-from conftest import RULES, ledger
 
 # One static system segment, then a query whose first letter differs per case: every prompt shares
 # exactly the static prefix with every other, so the cache can serve that and nothing more.
@@ -164,8 +163,8 @@ class ChatML:
 
 
 def test_segments_follow_the_prompt_pieces():
-    from gatekeeper.traffic.capture import Segment, segments
     from gatekeeper.battery.partition import Piece, order, render
+    from gatekeeper.traffic.capture import Segment, segments
 
     pieces = [Piece("system", False, "Session: 7"), Piece("system", True, "RULES"), Piece("system", True, "TOOLS"),
               Piece("user", False, "question")]

@@ -67,7 +67,7 @@ def test_mining_prefers_the_planted_near_tie(run_cli, planted, tmp_path):
 def test_every_stage_is_represented_and_longer_answers_are_priced(run_cli, planted, tmp_path):
     report = mine(run_cli, planted, "--engine", "tied", "--cases", "2", "--max-tokens", "32", "--out", tmp_path / "mined")
     assert set(report["suites"]) == {"pair", "tiny"}  # the best of each stage first, whatever the budget
-    for name, st in report["suites"].items():
+    for st in report["suites"].values():
         assert 12 <= st["max_tokens"] <= 32
         assert (st["power_per_token"] is None) == (st["max_tokens"] == 12)
     code, out, _ = run_cli("--workspace", planted, "battery", "mine", "--cases", "2", "--seconds", "5", "--json")

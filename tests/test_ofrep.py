@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import SUITE, profile
 from typer.testing import CliRunner
 
-from conftest import SUITE, profile
 from gatekeeper.cli import app
 
 DATA = Path(__file__).parent / "data"

@@ -81,7 +81,7 @@ def fronted(workspace, server, front, policy_probes):
 
 def served_evaluate(run_cli, ws):
     code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "served",
-                             "--operator", "ci", "--json")
+                           "--operator", "ci", "--limit", "2", "--json")  # two cases: the probes are the subject
     return code, json.loads(out)
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.battery import checks
+from gatekeeper.battery import load as battery
 from gatekeeper.battery.load import all_suites
-from gatekeeper.battery import load as battery, checks
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 

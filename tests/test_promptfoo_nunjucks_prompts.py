@@ -11,9 +11,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import evaluate, ledger
-from gatekeeper.battery import load as battery, partition, promptfoo
+
+from gatekeeper.battery import load as battery
+from gatekeeper.battery import partition, promptfoo
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.js import nunjucks
 from gatekeeper.setup import promptfoo as promptfoo_build

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from promptfoo_table import ABSENT, ROWS, Raw, config, promptfoo_results
 
 from gatekeeper.battery import checks, promptfoo
 from gatekeeper.errors import GatekeeperError
-
-from promptfoo_table import ABSENT, ROWS, Raw, config, promptfoo_results
 
 CLASSES = {"numbers", "commas", "empty", "regex", "is-json", "contains-json", "json-schema", "templating", "yaml", "strings", "utf-16",
            "undefined"}

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from promptfoo_table import promptfoo_results
 
 from gatekeeper.battery import checks, promptfoo, scored
 from gatekeeper.errors import GatekeeperError
-
-from promptfoo_table import promptfoo_results
 
 ABSENT = object()
 ROWS: list[tuple] = []

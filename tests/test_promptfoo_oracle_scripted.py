@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from promptfoo_table import scripts_graded
 
 from gatekeeper.battery import checks, promptfoo
-
-from promptfoo_table import scripts_graded
 
 PROMPT, VARS = "Where is {{city}}?", {"city": "Porto"}
 RENDERED = "Where is Porto?"

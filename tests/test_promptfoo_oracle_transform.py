@@ -9,10 +9,9 @@ makes promptfoo end the test in an error, which is a fail, and gatekeeper fails 
 from __future__ import annotations
 
 import pytest
+from promptfoo_table import scripts_graded
 
 from gatekeeper.battery import checks, promptfoo
-
-from promptfoo_table import scripts_graded
 
 PROMPT, VARS = "Where is {{city}}?", {"city": "Porto"}
 RENDERED = "Where is Porto?"

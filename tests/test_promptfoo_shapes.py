@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import evaluate, ledger
+
 from gatekeeper.battery import load as battery
 from gatekeeper.battery.load import all_suites
 from gatekeeper.errors import GatekeeperError

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import evaluate, ledger, profile, wait_for_case_results
 
 TESTS = Path(__file__).resolve().parent

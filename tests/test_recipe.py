@@ -3,13 +3,12 @@
 import json
 
 import pytest
+from conftest import profile
+from test_runtime import VARS, make_lora
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger import Ledger
 from gatekeeper.runtime import Runtime
-
-from conftest import profile
-from test_runtime import VARS, make_lora
 
 ON = {"prefix_cache": "on"}
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
+from postgres import Raw, is_postgres
 
 from gatekeeper.ledger import Ledger
-from postgres import Raw, is_postgres
 
 pytest_plugins = ["postgres"]
 

@@ -5,13 +5,12 @@ import shutil
 import sqlite3
 from contextlib import closing
 
+from conftest import profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gatekeeper.ledger import Ledger
 from gatekeeper.runtime import Runtime
-
-from conftest import profile
 
 VARS = [{"session": "user=ana", "query": "What is 2+2?"}, {"session": "user=ben", "query": "Book the flight."}]
 

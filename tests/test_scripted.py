@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import evaluate, ledger
+
 from gatekeeper.battery import checks, scripted
 from gatekeeper.battery import load as battery
 from gatekeeper.battery.load import all_suites

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import shutil
-from contextlib import ExitStack
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 import pytest
 from conftest import ledger
-from served import (BAD_ANSWERS, assert_aborted, evaluate, faulty_front, llama_cpp_python_server, mlx_server,
-                    not_blamed_on_batching, served_ws, vllm_server)
+from served import (
+    BAD_ANSWERS,
+    assert_aborted,
+    evaluate,
+    faulty_front,
+    llama_cpp_python_server,
+    mlx_server,
+    not_blamed_on_batching,
+    served_ws,
+    vllm_server,
+)
 
 from gatekeeper.setup.models import default_model_dir, find_gguf
 
@@ -217,3 +226,14 @@ def test_measure_prints_n_a_for_a_figure_the_server_does_not_report(llama_cpp_py
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.strip().startswith("│ tiny") or " tiny " in line)
     assert "n/a" in row and " 0 " not in row.split("│")[4]
+
+
+def test_evaluate_prints_its_table_when_the_server_reports_no_cached_tokens(llama_cpp_python, workspace, run_cli):
+    """The table, not only --json: a figure the server does not report prints as n/a (it once crashed there, exit 3,
+    with the verdict already in the ledger)."""
+    ws = served_ws(workspace, lcp=profile(llama_cpp_python["off"], llama_cpp_python["on"], "tokenizer: default"))
+    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "lcp",
+                             "--operator", "ci", "--limit", "1")
+    assert code == 1, err  # INCONCLUSIVE: not observable
+    assert "verdict: INCONCLUSIVE" in out and "prefill saved with the flag on: n/a tokens" in out
+    assert "not_observable:" in out and "internal error" not in out + err

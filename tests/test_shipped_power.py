@@ -8,12 +8,11 @@ import json
 import shutil
 
 import pytest
+from conftest import ROOT
 
 from gatekeeper.battery.load import all_suites
 from gatekeeper.gate import flags
 from gatekeeper.workspace import Workspace
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 

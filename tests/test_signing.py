@@ -9,13 +9,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from trust import (  # noqa: F401
+    SSH_KEYGEN,
+    allowed_line,
+    cli,
+    db_of,
+    flip,
+    keys,
+    rewrite_row,
+    set_approvals,
+    ssh_sign,
+    ssh_verify,
+    trust_ws,
+    unlocked,
+)
 
 from gatekeeper import signing
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger import Ledger
-from trust import (SSH_KEYGEN, allowed_line, cli, db_of, flip, keys, rewrite_row, set_approvals,  # noqa: F401
-                   ssh_sign, ssh_verify, trust_ws, unlocked)
-
 
 
 def lg(ws: Path) -> Ledger:

@@ -17,7 +17,6 @@ import json
 import shutil
 
 import pytest
-
 from conftest import evaluate, ledger
 from near_tie import noisy_hit_profile
 

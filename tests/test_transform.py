@@ -6,8 +6,8 @@ digest. promptfoo's own verdict on each shape is in tests/test_promptfoo_oracle_
 from __future__ import annotations
 
 import pytest
-
 from conftest import evaluate, ledger
+
 from gatekeeper.battery import checks
 from gatekeeper.battery import load as battery
 from gatekeeper.battery.load import all_suites

@@ -1,13 +1,12 @@
 """Workspace loading: valid files parse, every bad input names the file and the field."""
 
 import pytest
+from conftest import ROOT
 
-from gatekeeper.battery.load import all_suites
 from gatekeeper.battery import load as battery
+from gatekeeper.battery.load import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
-
-from conftest import ROOT
 
 
 def test_repository_root_is_a_valid_workspace():

@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from postgres import Raw, is_postgres
 
 from gatekeeper.identity import canonical_json
-from postgres import Raw, is_postgres
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 # principal -> ssh-keygen -t; "mallory" is never in allowed_signers

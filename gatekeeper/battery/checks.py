@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from ..js import regex, yaml as jsyaml
-from ..js.value import (JSONError, code_units, deep_equal, is_js_space, is_json, js_lower, js_string, js_trim,
-                        parse_json, truthy)
+from ..js import regex
+from ..js import yaml as jsyaml
+from ..js.value import JSONError, code_units, deep_equal, is_js_space, is_json, js_lower, js_string, js_trim, parse_json, truthy
 from ..workspace import Assertion, Suite
 
 

@@ -22,12 +22,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from . import checks
 from ..errors import GatekeeperError
 from ..identity import sha256_hex
-from ..js import nunjucks, yaml as jsyaml
+from ..js import nunjucks
+from ..js import yaml as jsyaml
 from ..js.value import JS_SPACE, JSONError, js_string, js_trim, number_string, parse_json, truthy
 from ..workspace import Assertion
+from . import checks
 
 TYPES = ("llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval",
          "answer-relevance", "context-faithfulness", "context-recall", "context-relevance")

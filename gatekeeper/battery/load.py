@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from weakref import WeakKeyDictionary
 
-from ..js import nunjucks
-from .checks import validate_suite
 from ..errors import GatekeeperError
 from ..identity import digest, sha256_hex
-from .partition import missing_vars
+from ..js import nunjucks
 from ..workspace import ASSERTIONS, Case, Suite, Workspace, parse, read_yaml
 from . import promptfoo
-
+from .checks import validate_suite
+from .partition import missing_vars
 
 _SUITES: WeakKeyDictionary = WeakKeyDictionary()
 
@@ -35,7 +35,9 @@ def all_suites(ws: Workspace) -> dict[str, Suite]:
 def _read(ws: Workspace) -> dict[str, Suite]:
     """``assertions/*.yaml``: promptfoo configs (``*.promptfoo.yaml``), suites that point at one (``promptfoo:``),
     and gatekeeper suites; a file a promptfoo config reads (its tests beside it) is none of them."""
-    configs, pointers, rest = [], [], []
+    configs: list[tuple[Path, Any]] = []
+    pointers: list[tuple[Path, Any]] = []
+    rest: list[tuple[Path, Any]] = []
     for path in ws.files(ASSERTIONS):
         data = None if promptfoo.is_config(path) else read_yaml(path)
         (configs if data is None else pointers if isinstance(data, dict) and "promptfoo" in data else rest).append((path, data))
@@ -54,6 +56,7 @@ def _read(ws: Workspace) -> dict[str, Suite]:
     found += [parse(Suite, path, path=path) for path, _ in rest if path.resolve() not in used]
     out: dict[str, Suite] = {}
     for suite in found:
+        assert suite.path is not None  # each was read from a file
         path = suite.path
         if suite.suite in out:
             raise GatekeeperError(f"{path}: suite {suite.suite!r} is already defined by {out[suite.suite].path}; rename one"

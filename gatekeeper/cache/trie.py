@@ -9,7 +9,7 @@ a trie of every prompt a server has seen in memory.
 from __future__ import annotations
 
 from array import array
-from typing import Generic, Iterator, Sequence, TypeVar
+from typing import Any, Generic, Iterator, Sequence, TypeVar, cast
 
 V = TypeVar("V")
 
@@ -96,7 +96,8 @@ class TokenTrie(Generic[V]):
                 del parent.children[node.edge[0]]
             elif node.value is None and len(node.children) == 1:
                 (only,) = node.children.values()
-                only.edge = node.edge + _like(node.edge, only.edge)
+                # the same kind on both sides (tuple + tuple, array + array), which mypy cannot pair up
+                only.edge = node.edge + cast(Any, _like(node.edge, only.edge))
                 parent.children[node.edge[0]] = only
             else:
                 break

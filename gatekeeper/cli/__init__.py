@@ -52,7 +52,9 @@ def _build(name: str) -> Any:
         holder.add_typer(target, name=name)
     else:
         holder.command(name)(target)
-    return typer.main.get_command(holder).commands[name]
+    group = typer.main.get_command(holder)
+    assert isinstance(group, TyperGroup)  # a Typer with a callback builds a group
+    return group.commands[name]
 
 
 class _Commands(MutableMapping):

@@ -112,13 +112,16 @@ def _damaged_database(e: Exception) -> bool:
 
     from ..errors import LedgerReadError
 
-    through = isinstance(e, LedgerReadError)
-    if not through and "sqlalchemy" in sys.modules:
+    orig: BaseException | None = None
+    if isinstance(e, LedgerReadError):
+        orig = e.orig
+    elif "sqlalchemy" in sys.modules:
         from sqlalchemy.exc import DBAPIError
 
-        through = isinstance(e, DBAPIError)
-    return (through and isinstance(e.orig, sqlite3.DatabaseError)
-            and any(w in str(e.orig) for w in ("malformed", "not a database", "could not decode", "Could not decode")))
+        if isinstance(e, DBAPIError):
+            orig = e.orig
+    return (isinstance(orig, sqlite3.DatabaseError)
+            and any(w in str(orig) for w in ("malformed", "not a database", "could not decode", "Could not decode")))
 
 
 def writable_file(path: Path, option: str) -> None:
@@ -143,9 +146,8 @@ class progress:
     def __enter__(self):
         if not self.enabled:
             return lambda label: None
-        from rich.progress import Progress
-
         from rich.console import Console
+        from rich.progress import Progress
 
         self.bar = Progress(console=Console(stderr=True), transient=True)
         self.bar.start()

@@ -10,8 +10,19 @@ import typer
 
 from ..errors import GatekeeperError
 from . import tables
-from .common import (EngineName, Json, Limit, Operator, Settings, Suites, emit, progress, reporting, sigterm_as_interrupt,
-                     writable_file)
+from .common import (
+    EngineName,
+    Json,
+    Limit,
+    Operator,
+    Settings,
+    Suites,
+    emit,
+    progress,
+    reporting,
+    sigterm_as_interrupt,
+    writable_file,
+)
 
 SkipUnsupported = Annotated[bool, typer.Option(
     "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
@@ -125,7 +136,10 @@ def calibrate(
     reference = calibration.reference(record) if record is not None and twin is None else None
     models = evaluator.open_engines(plan)
     try:
-        twinned = calibration.twin_of(record, models["on"], twin) if twin is not None else None
+        twinned = None
+        if twin is not None:
+            assert record is not None  # calibration.plan refuses --twin without --evaluation
+            twinned = calibration.twin_of(record, models["on"], twin)
         cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
         with progress(cases, enabled=not json_) as advance:
             result = calibration.run(plan, models, reference, advance, full=full)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ..errors import GatekeeperError
 from . import tables
 from .common import EngineName, Json, Settings, emit, reporting
+
+if TYPE_CHECKING:
+    from ..gate.attestation import Attestation
 
 
 @reporting
@@ -57,8 +60,7 @@ def flip(
     import os
 
     from .. import signing
-    from ..gate import attestation, flags
-    from ..gate import evaluator
+    from ..gate import attestation, evaluator, flags
     from ..ledger import checkpoint
 
     settings: Settings = ctx.obj
@@ -79,21 +81,22 @@ def flip(
         else:
             typer.echo(message.decode(), nl=False)
         return
-    attestation = _attestation(sign, signature, record, os.environ.get(signing.SIGNING_KEY_ENV))
-    ws.allowed_signers  # a malformed allowed_signers is exit 2 before anything is written
+    attest = _attestation(sign, signature, record, os.environ.get(signing.SIGNING_KEY_ENV))
+    _ = ws.allowed_signers  # a malformed allowed_signers is exit 2 before anything is written
     if policy.approvals.checkpoint_after_flip:
         for path in (checkpoint.log_path(ws), ws.checkpoint_path):
             _writable(path)
     with settings.opened_ledger(ws, create=True) as ledger:
         result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
-                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attestation,
+                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attest,
                             record_checkpoint=lambda key: checkpoint.after_flip(ws, ledger, key))
     emit(json_, result.to_dict(), lambda: tables.print_flip(flag, result, result.checkpoint))
     if result.action == "refused" or "error" in (result.checkpoint or {}):
         raise typer.Exit(1)
 
 
-def _attestation(sign: Optional[Path], signature: Optional[Path], record: Optional[Path], env_key: Optional[str]):
+def _attestation(sign: Optional[Path], signature: Optional[Path], record: Optional[Path],
+                 env_key: Optional[str]) -> Attestation | None:
     """What vouches for this flip: --sign KEY, --signature with --record, $GATEKEEPER_SIGNING_KEY, or nothing."""
     from .. import signing
     from ..gate import attestation
@@ -104,6 +107,7 @@ def _attestation(sign: Optional[Path], signature: Optional[Path], record: Option
     if signature is not None:
         if sign is not None:
             raise GatekeeperError("give --sign KEY or --signature with --record, not both")
+        assert record is not None  # checked above: --signature and --record go together
         return attestation.Attestation(record=_read(record, "--record").encode(), signature=_read(signature, "--signature"),
                                  source=f"--signature {signature}")
     path = sign or (Path(env_key) if env_key else None)
@@ -134,8 +138,8 @@ def _writable(path: Path) -> None:
 def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
-    from ..gate import flags, pipeline
     from ..engines import registry
+    from ..gate import flags, pipeline
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()

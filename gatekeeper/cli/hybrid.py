@@ -47,6 +47,7 @@ def replay(
     if scenario is not None:
         traces = replaying.scenario(scenario, scale=scale, requests=requests)
     else:
+        assert trace is not None  # checked above: a trace or a scenario
         readers: list = []  # text lines need the model's tokenizer: loaded on the first one
 
         def tokenize(text: str) -> list[int]:

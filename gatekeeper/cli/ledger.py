@@ -202,7 +202,8 @@ def ledger_checkpoint(
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     env_key = os.environ.get(signing.SIGNING_KEY_ENV)
-    key = signing.load_key(sign or env_key) if (sign or env_key) else None
+    key_path = sign or env_key
+    key = signing.load_key(key_path) if key_path else None
     allowed = ws.allowed_signers if key is not None else None
     with settings.opened_ledger(ws, create=False) as ledger:
         if ledger is None:

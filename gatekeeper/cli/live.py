@@ -46,7 +46,8 @@ def forensics(
 ) -> None:
     """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log; with a capture,
     reuse across requests and what each server setting would have re-used."""
-    from ..traffic import advice, forensics as reading
+    from ..traffic import advice
+    from ..traffic import forensics as reading
 
     if cache_ram and any(m < 1 for m in cache_ram):
         raise GatekeeperError("--cache-ram sizes must be at least 1 MiB")

@@ -85,7 +85,7 @@ def print_pin(data: dict[str, Any]) -> None:
 
     table = Table("stage", "boundary (tokens)", "content hash", "model digest", "state")
     for r in data["stages"]:
-        table.add_row(r["stage"], str(r["boundary"]), r["content_hash"][:16], r["model_digest"][:16], r["state"] or "-")
+        table.add_row(r["stage"], str(r["boundary"]), r["content_hash"][:16], _na(r["model_digest"], "{:.16}"), r["state"] or "-")
     Console().print(table)
     typer.echo(f"recipe written to {data['recipe']}")
 
@@ -319,7 +319,7 @@ def print_calibration(c: dict) -> None:
             table.add_row(r["spec"], "-", "not supported by this engine", "-", "-", "-", "-")
         else:
             table.add_row(r["spec"], f"{r['flagged']} / {r['cases']}", f"{r['share']:.0%}", f"{r['share_outputs']:.0%}",
-                          f"{r['share_drift']:.0%}", str(r["cached_tokens"]), f"{r['seconds']:.1f}")
+                          f"{r['share_drift']:.0%}", _na(r["cached_tokens"]), f"{r['seconds']:.1f}")
     console = Console()
     console.print(table)
     console.print(f"by drift: {c['drift_rule']['rule']}" + ("; each case of a fault run stopped at its first flag "

@@ -13,11 +13,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence
 
 from ..errors import GatekeeperError
-from .faults import Fault
 from ..workspace import EngineProfile
+from .faults import Fault
 
 # The per-call figures an engine may report; ``Engine.observes`` says which it really measures.
 FIGURES = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
@@ -72,7 +73,7 @@ def plus(a: int | None, b: int | None) -> int | None:
 
 # What the requests made now are part of (``stage``, ``stream``): for whoever watches the traffic, never
 # an input to the model. A context variable, so each thread (each case the gate runs) keeps its own.
-_labels: ContextVar[dict[str, str]] = ContextVar("gatekeeper_request_labels", default={})
+_labels: ContextVar[Mapping[str, str]] = ContextVar("gatekeeper_request_labels", default=MappingProxyType({}))
 
 
 @contextmanager
@@ -195,8 +196,9 @@ class Engine(ABC):
     notices: Sequence[str] = ()  # what its answers showed that the figures cannot (telemetry_suspect:, not_observable:)
     # profile ``options`` the adapter understands (name -> what it does); None: any (a plugin's own)
     options: ClassVar[Mapping[str, str] | None] = None
-    # calibration: the session class that plants faults, and the fault kinds it knows (none: cannot)
-    fault_session_class: ClassVar[type[Session] | None] = None
+    # calibration: the session class that plants faults (its constructor also takes ``fault``), and the
+    # fault kinds it knows (none: cannot)
+    fault_session_class: ClassVar[Callable[..., Session] | None] = None
     faults: ClassVar[frozenset[str]] = frozenset()
     early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
     weights: Path | None = None  # the local weights it loads (a file or a model folder); None: a server's
@@ -223,6 +225,7 @@ class Engine(ABC):
         if fault is None:
             return self.session_class(self, cache=cache, results=results if self.persists else None)
         self.check_fault(fault)
+        assert self.fault_session_class is not None  # check_fault refuses an adapter without one
         return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
 
     def load(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> ContextManager[Any]:

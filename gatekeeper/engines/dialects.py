@@ -32,9 +32,9 @@ _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 class Server(Protocol):
     """What a dialect needs of the engine that speaks it (``http.HTTPEngine``): the dependency runs one way."""
     profile: EngineProfile
-    dialect_name: str
+    dialect_name: str | None
     workspace_root: Path | None
-    model_ids: dict[str, str]
+    model_ids: dict[str, str | None]
 
     def text_op(self, path: str, body: dict[str, Any], field: str) -> Any: ...
 
@@ -51,13 +51,17 @@ class Dialect:
         self.tokenizer = _local_tokenizer(engine) if self.local_tokenizer else None
 
     # --- text <-> tokens ----------------------------------------------------------------------
+    # (these three for ``local_tokenizer`` dialects: the others override them)
     def render(self, messages: Sequence[dict[str, str]]) -> str:
+        assert self.tokenizer is not None
         return self.tokenizer.render(messages)
 
     def tokenize(self, text: str) -> list[int]:
+        assert self.tokenizer is not None
         return self.tokenizer.tokenize(text)
 
     def detokenize(self, tokens: Sequence[int]) -> str:
+        assert self.tokenizer is not None
         return self.tokenizer.detokenize(tokens)
 
     # --- a completion -------------------------------------------------------------------------

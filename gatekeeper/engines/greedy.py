@@ -8,7 +8,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from .. import __version__
 from ..cache import PrefixCache, StateOps, snapshots
@@ -106,7 +106,8 @@ class GreedySession(Session):
     def _prefill(self, state: Any, prompt: Sequence[int], start: int, keep: int | None = None) -> tuple[np.ndarray, Any]:
         """Compute prompt[start:] on top of ``state`` in the plan's passes: the last position's
         logits, and a private copy of the state as it stood at position ``keep`` (None if not asked)."""
-        logits, kept = None, None
+        logits: np.ndarray | None = None
+        kept = None
         if keep == start:
             kept = self.ops.fork(state, keep)
         cuts, layout = self._cuts(prompt) or [], None
@@ -121,6 +122,7 @@ class GreedySession(Session):
                 kept = self.ops.fork(state, keep)
             if layout is not None and b in layout.snaps:
                 self.snapshots.take(prompt[:b], state, pinned=layout.snaps[b], edges=layout.edges(b))
+        assert logits is not None  # start < len(prompt): at least one pass ran
         return logits, kept
 
     def _store(self, prompt: list[int], tokens: list[int], state: Any, kept: Any) -> None:
@@ -251,12 +253,15 @@ class GreedyEngine(Engine):
     """
 
     session_class = GreedySession
-    fault_session_class = FaultSession
+    fault_session_class: ClassVar[Callable[..., Session] | None] = FaultSession
     faults = frozenset(faults.KINDS)
     persists = True
     early_stop = True
     options: ClassVar[Mapping[str, str] | None] = {}
 
+    # set by ``_locate`` (None: the simulator, which has no files)
+    model_dir: Path | None
+    adapter_dir: Path | None
     # set by ``_load``
     tok: ChatTokenizer
     state_ops: StateOps
@@ -270,7 +275,7 @@ class GreedyEngine(Engine):
         # A fresh state tells whether this model's state can be cut back (attention only) or not.
         self.hybrid = not self.state_ops.trimmable(self._new_state())
         self._identity: dict[str, Any] | None = None
-        if self.model_dir.is_dir():
+        if self.model_dir is not None and self.model_dir.is_dir():
             self.window, self.context = attention_limits(self.model_dir)
 
     # --- what an adapter implements -------------------------------------------------------------
@@ -327,12 +332,13 @@ class GreedyEngine(Engine):
         return self.tok.detokenize(tokens)
 
     @property
-    def eos_ids(self) -> frozenset[int]:
+    def eos_ids(self) -> frozenset[int]:  # type: ignore[override]  # read-only here: always the tokenizer's
         return self.tok.eos_ids
 
     # --- identity -------------------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
         if self._identity is None:
+            assert self.model_dir is not None  # only the simulator has none, and it has its own identity()
             learned = {"dtype": self.dtype_name, "device": self.device_name, "hybrid": self.hybrid}
             key = self._learned_key(self.profile, self.model_dir)
             if _LEARNED.get(key) != learned:

@@ -32,10 +32,10 @@ from time import perf_counter
 from typing import Any, Sequence
 
 from .. import __version__
-from . import telemetry
 from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
+from . import telemetry
 from .base import Engine, Generation, Session, Until, attention_limits, checked_request, labelled, request_labels
 from .dialects import DIALECTS, detect
 
@@ -123,7 +123,8 @@ class HTTPEngine(Engine):
         for side, urls in self.replicas.items():
             self._same_replicas(side, [described[u] for u in urls])
         self.servers = {cfg: described[url] for cfg, url in self.urls.items()}
-        self.model_ids = {cfg: (s["models"][0]["id"] if s["models"] else None) for cfg, s in self.servers.items()}
+        self.model_ids: dict[str, str | None] = {cfg: (s["models"][0]["id"] if s["models"] else None)
+                                                 for cfg, s in self.servers.items()}
         if profile.dialect == "auto":
             self.dialect_name, self.detected = detect(self.servers["off"])
         else:
@@ -159,7 +160,8 @@ class HTTPEngine(Engine):
         target = url + path
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(target, data=data, method="GET" if body is None else "POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+                                     # typeshed allows str values only; http.client sends bytes as they are (UTF-8 labels)
+                                     headers={"Content-Type": "application/json", **(headers or {})})  # type: ignore[dict-item]
         late = (f"{target}: no answer within {self.timeout:g} s; raise 'timeout' in {self._where} or check the server")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -335,8 +337,9 @@ class HTTPEngine(Engine):
         steps = logprobs.get("content") if isinstance(logprobs, dict) else None
         if isinstance(steps, list) and steps:  # llama.cpp, mlx_lm.server: one entry per token, with ids
             tokens = [self.dialect.step_token(s) for s in steps]
-            margins = [[[_key(t.get("id", t.get("token"))), float(t["logprob"])] for t in _best(s.get("top_logprobs") or [])]
-                       for s in steps]
+            margins: list[list[list[Any]]] | None = [
+                [[_key(t.get("id", t.get("token"))), float(t["logprob"])] for t in _best(s.get("top_logprobs") or [])]
+                for s in steps]
             return tokens, margins
         legacy = logprobs.get("top_logprobs") if isinstance(logprobs, dict) else None
         margins = ([[[_key(k), float(v)] for k, v in sorted(step.items(), key=lambda kv: -kv[1])[:2]] for step in legacy]

@@ -31,10 +31,10 @@ import numpy as np
 
 from .. import __version__
 from ..cache.results import ResultLayer
+from ..cache.trie import common_prefix
 from ..errors import GatekeeperError
 from ..identity import file_digest
 from ..setup.models import find_gguf
-from ..cache.trie import common_prefix
 from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Session, Until, checked_request
@@ -177,6 +177,7 @@ class LlamaCppSession(Session):
         logits = None
         for a, b in segments(cuts or [], self.llm.n_tokens, len(prompt)):
             logits = self.model.eval(prompt[a:b])
+        assert logits is not None  # the context holds fewer tokens than the prompt: at least one pass ran
         return logits
 
     # --- pinned prefixes ------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class LlamaCppSession(Session):
             if key in self._pinned:
                 continue
             built = True
-            edges = None if self.profile.prefill != "aligned" else [*self._cuts(key), len(key)]
+            edges = None if self.profile.prefill != "aligned" else [*(self._cuts(key) or []), len(key)]
             state, why = self.results.load(key, edges, _read_state) if self.results else (None, "missing")
             if state is not None and state.tokens != list(key):
                 state, why = None, "tampered"

@@ -31,9 +31,11 @@ class MLXEngine(GreedyEngine):
         self.device_name = "cpu" if on_cpu else ("metal" if sys.platform == "darwin" else "gpu")
         self.dtype_name = self.profile.dtype if self.profile.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
         adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
+        assert self.model_dir is not None  # set by _locate
         model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type")
         override = {"model_type": _MLX_TYPES[model_type]} if model_type in _MLX_TYPES else None
-        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)
+        # mlx_lm annotates load() as a Union of its 2- and 3-item returns (no overload on return_config)
+        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)  # type: ignore[misc]
         model.set_dtype(getattr(mx, self.dtype_name))
         mx.eval(model.parameters())
         self.model = model

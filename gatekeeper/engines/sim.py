@@ -54,6 +54,12 @@ class CountOps:
     def load(self, path: Path) -> Count:
         raise ValueError("simulated states are not saved")
 
+    def perturb(self, state: Count, size: float, seed: int) -> Count:
+        raise ValueError("the simulator plants no faults")
+
+    def drop(self, state: Count, start: int, stop: int) -> Count:
+        raise ValueError("the simulator plants no faults")
+
 
 class _NoText:
     """The tokenizer seam: the simulator works on token ids only."""
@@ -98,7 +104,8 @@ class SimEngine(GreedyEngine):
         self.computed += len(tokens)
         return np.zeros(1, dtype=np.float32)
 
-    def _libraries(self) -> dict[str, str]:
+    @classmethod
+    def _libraries(cls, profile: EngineProfile) -> dict[str, str]:
         return {}
 
     def identity(self) -> dict[str, Any]:

@@ -45,16 +45,22 @@ def _seconds(block: Mapping[str, Any], *keys: str, scale: float = 1.0) -> float 
     return None
 
 
+def _block(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``parent[key]`` when it is a mapping, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 def read(answer: Any) -> Telemetry:
     """The telemetry in one completion answer (a JSON object; a streamed call's last chunk with
     ``usage``/``timings`` works too). Anything unrecognised reads as not reported."""
     if not isinstance(answer, Mapping):
         return Telemetry()
-    usage = answer.get("usage") if isinstance(answer.get("usage"), Mapping) else {}
-    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), Mapping) else {}
-    timings = answer.get("timings") if isinstance(answer.get("timings"), Mapping) else {}
-    meta = answer.get("meta_info") if isinstance(answer.get("meta_info"), Mapping) else {}
-    metrics = answer.get("metrics") if isinstance(answer.get("metrics"), Mapping) else {}
+    usage = _block(answer, "usage")
+    details = _block(usage, "prompt_tokens_details")
+    timings = _block(answer, "timings")
+    meta = _block(answer, "meta_info")
+    metrics = _block(answer, "metrics")
 
     prompt = _number(usage.get("prompt_tokens"))
     if prompt is None:

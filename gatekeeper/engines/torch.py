@@ -6,8 +6,8 @@ or computing its identity (``identity_of``) never pays for them. The model state
 from __future__ import annotations
 
 import inspect
-from time import perf_counter
 from pathlib import Path
+from time import perf_counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import GatekeeperError
@@ -52,6 +52,7 @@ class TorchEngine(GreedyEngine):
         self.device_name = self.device.type
         self.dtype_name = str(self.dtype).removeprefix("torch.")
         opts = self.profile.options
+        assert self.model_dir is not None  # set by _locate
         self.model = self._from_pretrained(self.model_dir)
         if self.adapter_dir is not None:
             self.model = _merge_lora(self.model, self.adapter_dir)

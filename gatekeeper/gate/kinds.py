@@ -12,7 +12,6 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, ClassVar, Iterable, Iterator
 
-
 from ..workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
@@ -117,6 +116,7 @@ def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], output
                 unknown += 1
                 unknown_where = unknown_where or {"case": cid, "turn": turn, "step": step}
                 continue
+            assert x is not None and y is not None  # a known drift means both sides have top-2 logits
             margins.append(min(x[0][1] - x[1][1], y[0][1] - y[1][1]))
             if x == y:
                 continue
@@ -229,7 +229,7 @@ def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]]
         if ta["tokens"] == tb["tokens"] and ta["text"] == tb["text"]:
             continue
         pos = first_divergence(ta["tokens"], tb["tokens"])
-        side = {}
+        side: dict[str, dict[str, Any]] = {}
         for name, t in (("a", ta), ("b", tb)):
             token = t["tokens"][pos] if pos < len(t["tokens"]) else None
             top2 = t.get("top2") or []
@@ -317,10 +317,10 @@ class ByteEquivalence(GateKind):
             why = s.drift_reason() if s else "drift: the policy requires bit_exact, but no top-2 logits were compared"
             return "INCONCLUSIVE", [why, same, *notes]
         if self.policy.max_drift is not None:
-            why = s.bound_reason(self.policy.max_drift) if s else (
+            over = s.bound_reason(self.policy.max_drift) if s else (
                 f"drift: the policy bounds the drift at {self.policy.max_drift:g}, but no top-2 logits were compared")
-            if why:
-                return "INCONCLUSIVE", [why, same, *notes]
+            if over:
+                return "INCONCLUSIVE", [over, same, *notes]
         return "PASS", [same, *notes] + ([s.reason()] if s else [])
 
 

@@ -25,14 +25,14 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from . import evaluator
-from .kinds import NEAR_TIE, first_divergence
 from ..battery.load import Item
 from ..battery.partition import pieces, render
 from ..engines.faults import Fault
 from ..errors import GatekeeperError
 from ..identity import digest
 from ..workspace import Decoding, Suite, Workspace
+from . import evaluator
+from .kinds import NEAR_TIE, first_divergence
 
 STEP = 16  # max_tokens is chosen among multiples of this (and each suite's own)
 
@@ -124,7 +124,7 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
             model.check_fault(fault)
         identity = model.identity()
         with model.session(cache=False) as session:
-            for c, item, result in _each(session, ws, candidates, items, off.render, "", progress):
+            for c, _item, result in _each(session, ws, candidates, items, off.render, "", progress):
                 turns += result["turns"]
                 refs.append(result)
                 scored.append(Scored(c, [_margins(t) for t in result["turns"]], [t["prompt_tokens"] for t in result["turns"]]))
@@ -208,11 +208,16 @@ def select(scored: list[Scored], *, cases: int | None = None, seconds: float | N
     # the cache probes every evaluation adds are built from a single-turn case: keep one (gate/probes.py)
     if not any(len(s.candidate.item.case.turns) <= 1 for s in must):
         must += [s for s in ranked if len(s.candidate.item.case.turns) <= 1][:1]
-    chosen, spent = [], 0.0
+    chosen: list[Scored] = []
+    spent = 0.0
     for s in [*must, *(s for s in ranked if s not in must)]:
         cost = s.seconds(lengths[s.candidate.item.suite.suite])
         extra = len(must) - len(stages)  # the probes' case, beyond the budget's count
-        full = len(chosen) >= cases + extra if cases is not None else spent + cost > seconds and len(chosen) >= len(must)
+        if cases is not None:
+            full = len(chosen) >= cases + extra
+        else:
+            assert seconds is not None  # check_budget: one budget or the other
+            full = spent + cost > seconds and len(chosen) >= len(must)
         if full:
             break
         chosen.append(s)

@@ -17,12 +17,12 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from . import flags
 from ..battery import partition
 from ..battery.load import all_suites
 from ..errors import GatekeeperError
 from ..identity import directory_digest, pipeline_hash, pipeline_parts
 from ..workspace import Change, EngineProfile, Workspace
+from . import flags
 
 
 @dataclass
@@ -91,12 +91,14 @@ def apply(ws: Workspace, profile: EngineProfile, changes: Mapping[str, Change]) 
             claimed[path] = flag
     applied = tuple(sorted(changes))
     for flag in applied:
-        if changes[flag].engine is not None:
-            profile = ws.engine(changes[flag].engine)
+        engine = changes[flag].engine
+        if engine is not None:
+            profile = ws.engine(engine)
     data = profile.model_dump(mode="json")
     for flag in applied:
-        if changes[flag].profile is not None:
-            data = _merge(data, changes[flag].profile)
+        override = changes[flag].profile
+        if override is not None:
+            data = _merge(data, override)
     if not applied:
         return profile
     try:
@@ -136,7 +138,8 @@ def version(ws: Workspace, force: InForce, engine_identity: dict[str, Any]) -> t
     """The pipeline-version hash's parts and the hash over those the policies name."""
     decoding = {s.stage: s.decoding.model_dump(mode="json") for s in sorted(all_suites(ws).values(), key=lambda s: s.stage)}
     # A declared flag that is on enters with the change it applies, not only its state.
-    states = {f: ({"state": s, "change": force.changes[f].model_dump(mode="json", exclude_none=True)} if f in force.changes else s)
-              for f, s in force.states.items()}
+    states: dict[str, Any] = {  # flag -> its state, or its state and change
+        f: ({"state": s, "change": force.changes[f].model_dump(mode="json", exclude_none=True)} if f in force.changes else s)
+        for f, s in force.states.items()}
     parts = pipeline_parts(states, engine_identity, force.render, decoding)
     return parts, pipeline_hash(parts, flags.hash_parts(ws))

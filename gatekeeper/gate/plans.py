@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..battery import load as battery, partition
+from ..battery import load as battery
+from ..battery import partition
 from ..workspace import EngineProfile, Load, Policy, Workspace
-from . import graders as graders_, kinds
+from . import graders as graders_
+from . import kinds
 
 ALONE = "alone"  # under a load: the flag-off battery run alone, one case at a time
 

@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 from ..battery import partition
 from ..engines.base import Generation, Session, labelled
-from .plans import Plan
 from ..errors import EngineCrash
 from ..identity import sha256_hex
 from . import kinds
+from .plans import Plan
 
 PREFIX = "probe:"
 FOLLOW = " Also,"  # text after an answer: the model goes on from its own words, so they must be there

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from ..errors import GatekeeperError
 
@@ -29,8 +29,12 @@ except ImportError:  # an optional extra
                           "pip install 'gatekeeper[ray]', or set executor: local") from None
 
 from ..battery import load as battery
-from ..engines.base import Engine
+from ..battery import partition
+from ..engines.base import Engine, Session
 from ..workspace import EngineProfile
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
 
 WAIT_S = 0.5  # the driver never blocks longer than this in Ray, so Ctrl-C and SIGTERM are seen at once
 GPU_DEVICES = ("cuda", "gpu")  # identity devices that take one accelerator per actor
@@ -55,7 +59,8 @@ class Worker:
         self.plan, self.steps = plan, steps
         self.models = steps.open_engines(plan)
         self.graders = steps.open_graders(plan, self.models.values())  # here too, once: each actor grades its shard
-        self.session, self.mode = None, None
+        self.session: Session | None = None
+        self.mode: partition.Mode | None = None
 
     def report(self) -> dict[str, Any]:
         """Where this actor runs, each configuration's identity here, and the battery as this node reads it."""
@@ -111,7 +116,8 @@ class Actors:
             path = os.pathsep.join(entry for entry in sys.path if entry)  # plugins import in an actor as they do here
             options = {"num_cpus": self.cpus, "num_gpus": gpus, "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
             plan = ray.put(p)
-            self.actors = [Worker.options(**options).remote(plan, steps) for _ in range(self.count)]
+            worker = cast("ActorClass[Worker]", Worker)  # what @ray.remote made of the class
+            self.actors = [worker.options(**options).remote(plan, steps) for _ in range(self.count)]
             reports = dict(self._stream({a.report.remote(): i for i, a in enumerate(self.actors)}, "while loading"))
             self.names = [f"Ray actor {i} of {self.count} (node {reports[i]['node']}, pid {reports[i]['pid']})"
                           for i in range(self.count)]

@@ -13,9 +13,9 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from .plans import Plan
 from ..errors import GatekeeperError
 from ..workspace import EngineProfile
+from .plans import Plan
 
 DEPLOYMENT = ("url", "url_on")  # the profile fields that say which server a side reaches
 
@@ -71,6 +71,7 @@ def check(p: Plan) -> None:
         return
     where = f"policies/{p.flag}.yaml: field 'change"
     if touched == ["url_on"] and not on.cache:
+        assert change.profile is not None  # the change sets url_on
         raise GatekeeperError(
             f"{where}.profile.url_on': with prefix_cache off, both sides send their requests to 'url' ({', '.join(a)}), "
             f"so the flag-on side would never reach {', '.join(on.profile.replicas('on'))}; 'url_on' is the prefix "

@@ -17,11 +17,11 @@ from urllib.parse import quote
 
 import jinja2
 
-from .nunjucks_operators import NAN, JSUndefined, number, plain, printed
+from .nunjucks_operators import NAN, UNDEFINED, JSUndefined, number, plain, printed
 from .value import SAFE_INT, JSONError, code_units, js_lower, js_ordered, js_string, js_trim, parse_json, truthy
 
 
-def _default(value: Any, default: Any = JSUndefined(), boolean: bool = False) -> Any:
+def _default(value: Any, default: Any = UNDEFINED, boolean: bool = False) -> Any:
     """nunjucks' ``default``: replaces only undefined (null stays), or any falsy value with ``boolean``."""
     if boolean:
         return value if truthy(value) and not isinstance(value, jinja2.Undefined) else default
@@ -242,7 +242,7 @@ def _js_parse(value: Any, pattern: str) -> float:
     return float(m.group()) if m else NAN
 
 
-def _int(value: Any, default: Any = JSUndefined(), base: Any = 10) -> Any:
+def _int(value: Any, default: Any = UNDEFINED, base: Any = 10) -> Any:
     """parseInt(value, base): the digits at the start, else the default."""
     text = js_trim(js_string(plain(value)))
     base = int(number(base)) or 10
@@ -253,7 +253,7 @@ def _int(value: Any, default: Any = JSUndefined(), base: Any = 10) -> Any:
     return int(m.group(), base) if m else default
 
 
-def _float(value: Any, default: Any = JSUndefined()) -> Any:
+def _float(value: Any, default: Any = UNDEFINED) -> Any:
     x = _js_parse(value, r"[+-]?(Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)")
     return default if math.isnan(x) else x
 
@@ -266,7 +266,8 @@ def _striptags(value: Any, preserve_linebreaks: Any = False) -> str:
     return re.sub(r"\s+", " ", text)
 
 
-_OWN = {"capitalize": _capitalize, "title": _title, "truncate": _truncate, "indent": _indent, "center": _center,
+_OWN: dict[str, Callable[..., Any]] = {
+        "capitalize": _capitalize, "title": _title, "truncate": _truncate, "indent": _indent, "center": _center,
         "escape": _escape, "e": _escape, "forceescape": _escape, "trim": _trim, "replace": _replace, "round": _round,
         "wordcount": _wordcount, "string": lambda v: js_string(plain(v)), "list": _list, "urlencode": _urlencode, "random": _random,
         "abs": lambda v: _js_abs(number(v)), "reverse": _reverse, "groupby": _groupby, "length": _length, "dump": _dump,

@@ -50,13 +50,14 @@ class JSUndefined(jinja2.Undefined):
     def _nan(self, *_: Any) -> float:
         return NAN
 
-    __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _nan
-    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _nan
+    # jinja2 types Undefined's operators as its failing method (-> NoReturn); undefined's give NaN instead
+    __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _nan  # type: ignore[assignment]
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _nan  # type: ignore[assignment]
 
     def _false(self, _: Any) -> bool:  # undefined < x, > x, ... compare NaN: always false
         return False
 
-    __lt__ = __le__ = __gt__ = __ge__ = _false
+    __lt__ = __le__ = __gt__ = __ge__ = _false  # type: ignore[assignment]  # jinja2: -> NoReturn, as above
 
     def __eq__(self, other: Any) -> bool:  # nunjucks' == is JavaScript's loose ==: undefined == null
         return other is None or isinstance(other, jinja2.Undefined)
@@ -68,6 +69,9 @@ class JSUndefined(jinja2.Undefined):
 
     def __contains__(self, item: Any) -> bool:  # nunjucks: "cannot use 'in' operator ... unexpected types"
         self._fail_with_undefined_error()
+
+
+UNDEFINED = JSUndefined()  # the default of arguments JavaScript leaves undefined
 
 
 def plain(v: Any) -> Any:
@@ -285,7 +289,7 @@ def _iterable(value: Any, targets: int) -> Any:
     return value
 
 
-def js_range(start: Any, stop: Any = JSUndefined(), step: Any = None) -> list:
+def js_range(start: Any, stop: Any = UNDEFINED, step: Any = None) -> list:
     """nunjucks' range global, counting as its JavaScript loop counts (at most 100,000 items, as Jinja2's sandbox)."""
     if isinstance(stop, jinja2.Undefined):
         start, stop, step = 0, start, 1
@@ -300,7 +304,7 @@ def js_range(start: Any, stop: Any = JSUndefined(), step: Any = None) -> list:
 
 
 # the filters with_js_operators' calls reach: names no template can write
-OPERATOR_FILTERS = {"js:binop": _binop, "js:unop": _unop, "js:compare": _compare,
+OPERATOR_FILTERS: dict[str, Callable[..., Any]] = {"js:binop": _binop, "js:unop": _unop, "js:compare": _compare,
                     "js:truthy": _js_truthy,
                     "js:concat": lambda items: "".join(_to_text(x) for x in items), "js:iterable": _iterable}
 _BINOPS = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "FloorDiv": "//", "Mod": "%", "Pow": "**"}
@@ -314,7 +318,7 @@ def _call(name: str, value: nodes.Expr, *args: nodes.Expr) -> nodes.Filter:
 class _JavaScript(NodeTransformer):
     """The parsed template with each operator, test and loop made a call that keeps JavaScript's meaning."""
 
-    def generic_visit(self, node: nodes.Node, *args: Any, **kwargs: Any) -> Any:
+    def generic_visit(self, node: Any, *args: Any, **kwargs: Any) -> Any:  # Any: each kind of node has its own fields
         node = super().generic_visit(node, *args, **kwargs)
         kind = type(node).__name__
         if kind in _BINOPS:

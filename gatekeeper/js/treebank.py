@@ -22,8 +22,8 @@ def _replace(pattern: str, flags: str, text: str, repl: str | Replacement) -> st
     or a function of (groups, index of the match)."""
     data = text.encode("utf-8")  # regress reports UTF-8 byte ranges
     out, last, count = [], 0, _capturing(pattern)
-    for m in regress.Regex(pattern, flags).find_iter(text):
-        whole = m.group(0)
+    for m in regress.Regex(pattern, flags).find_iter(text):  # type: ignore[union-attr]  # regress's stub wrongly allows None
+        whole = m.range()  # group 0: the whole match
         groups: list[str | None] = [data[whole].decode("utf-8")]
         for k in range(1, count + 1):
             g = m.group(k)
@@ -91,7 +91,7 @@ def _character(text: str, i: int) -> str:
 def _match_end(pattern: str, text: str) -> str | None:
     """``text.match(/(pattern)$/u)?.[0]``."""
     m = regress.Regex(f"(?:{pattern})$", "u").find(text)
-    return None if m is None else text.encode("utf-8")[m.group(0)].decode("utf-8")
+    return None if m is None else text.encode("utf-8")[m.range()].decode("utf-8")
 
 
 def _alphabetic_footnote(text: str, i: int) -> bool:
@@ -158,4 +158,4 @@ def tokenize(text: str) -> list[str]:
 
 def _first_quote(text: str) -> str | None:
     m = regress.Regex("``|''|\"").find(text)
-    return None if m is None else text.encode("utf-8")[m.group(0)].decode("utf-8")
+    return None if m is None else text.encode("utf-8")[m.range()].decode("utf-8")

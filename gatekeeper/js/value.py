@@ -134,11 +134,19 @@ class JSONError(ValueError):
     pass
 
 
+def _skip_ws(s: str, i: int) -> int:
+    """The index after the JSON whitespace at ``i`` (``_WS`` matches the empty string, so it always matches)."""
+    m = _WS.match(s, i)
+    assert m is not None
+    return m.end()
+
+
 def _string(s: str, i: int) -> tuple[str, int]:
     """A JSON string starting after its opening quote at ``i``; returns (text, index after the quote)."""
     parts = []
     while True:
         m = _STRING_CHUNK.match(s, i)
+        assert m is not None  # the pattern matches the empty string
         parts.append(m.group())
         i = m.end()
         if i >= len(s):
@@ -163,7 +171,7 @@ def parse_json(s: str) -> Any:
     """``JSON.parse(s)`` without recursion: numbers are doubles, only JSON whitespace, NaN is no JSON."""
     root: list = []
     stack: list[tuple[Any, str | None]] = [(root, None)]  # (container, pending key)
-    i = _WS.match(s, 0).end()
+    i = _skip_ws(s, 0)
     expect_value = True
     while True:
         container, _ = stack[-1]
@@ -173,7 +181,7 @@ def parse_json(s: str) -> Any:
             ch = s[i]
             if ch in "[{":
                 stack.append(([] if ch == "[" else {}, None))
-                i = _WS.match(s, i + 1).end()
+                i = _skip_ws(s, i + 1)
                 close = "]" if ch == "[" else "}"
                 if s[i: i + 1] == close:
                     value, _ = stack.pop()
@@ -196,7 +204,7 @@ def parse_json(s: str) -> Any:
                 value, i = _LITERALS[word], i + len(word)
             _put(stack, value)
         # after a value: a separator, a closer, or the end
-        i = _WS.match(s, i).end()
+        i = _skip_ws(s, i)
         container, _ = stack[-1]
         if container is root:
             if i != len(s):
@@ -205,7 +213,7 @@ def parse_json(s: str) -> Any:
         ch = s[i: i + 1]
         close = "]" if isinstance(container, list) else "}"
         if ch == ",":
-            i = _WS.match(s, i + 1).end()
+            i = _skip_ws(s, i + 1)
             if isinstance(container, dict):
                 i = _key(s, i, stack)
             expect_value = True
@@ -222,11 +230,11 @@ def _key(s: str, i: int, stack: list) -> int:
     if s[i: i + 1] != '"':
         raise JSONError(f"expected a key at {i}")
     key, i = _string(s, i + 1)
-    i = _WS.match(s, i).end()
+    i = _skip_ws(s, i)
     if s[i: i + 1] != ":":
         raise JSONError(f"expected ':' at {i}")
     stack[-1] = (stack[-1][0], key)
-    return _WS.match(s, i + 1).end()
+    return _skip_ws(s, i + 1)
 
 
 def _put(stack: list, value: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .value import js_string, parse_json, JSONError
+from .value import JSONError, js_string, parse_json
 
 
 class Loader(yaml.SafeLoader):
@@ -84,16 +84,31 @@ def _mapping(loader: Loader, node: yaml.MappingNode) -> dict:
     return out
 
 
+def _bool(loader: Loader, node: yaml.ScalarNode) -> bool:
+    return loader.construct_scalar(node) in ("true", "True", "TRUE")
+
+
+def _omap(loader: Loader, node: yaml.SequenceNode) -> list:
+    return loader.construct_sequence(node, deep=True)
+
+
+def _pairs(loader: Loader, node: yaml.SequenceNode) -> list:
+    return [[k, v] for item in loader.construct_sequence(node, deep=True) for k, v in item.items()]
+
+
+def _set(loader: Loader, node: yaml.MappingNode) -> dict:
+    return {k: None for k in _mapping(loader, node)}
+
+
 Loader.add_constructor("tag:yaml.org,2002:null", lambda loader, node: None)
-Loader.add_constructor("tag:yaml.org,2002:bool", lambda loader, node: loader.construct_scalar(node) in ("true", "True", "TRUE"))
+Loader.add_constructor("tag:yaml.org,2002:bool", _bool)
 Loader.add_constructor("tag:yaml.org,2002:int", _int)
 Loader.add_constructor("tag:yaml.org,2002:float", _float)
 Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
 Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
-Loader.add_constructor("tag:yaml.org,2002:omap", lambda loader, node: loader.construct_sequence(node, deep=True))
-Loader.add_constructor("tag:yaml.org,2002:pairs", lambda loader, node: [
-    [k, v] for item in loader.construct_sequence(node, deep=True) for k, v in item.items()])
-Loader.add_constructor("tag:yaml.org,2002:set", lambda loader, node: {k: None for k in _mapping(loader, node)})
+Loader.add_constructor("tag:yaml.org,2002:omap", _omap)
+Loader.add_constructor("tag:yaml.org,2002:pairs", _pairs)
+Loader.add_constructor("tag:yaml.org,2002:set", _set)
 
 
 def load(text: str) -> Any:

@@ -44,7 +44,9 @@ def append(conn: Connection, kind: str, values: dict[str, Any]) -> int:
         conn.exec_driver_sql("LOCK TABLE entry IN SHARE ROW EXCLUSIVE MODE")
 
     table = KINDS[kind].__table__  # type: ignore[attr-defined]
-    record_id = conn.execute(insert(table).values(**stored)).inserted_primary_key[0]
+    key = conn.execute(insert(table).values(**stored)).inserted_primary_key
+    assert key is not None  # a single-row insert always reports its primary key
+    record_id = key[0]
     # The payload is read back, so it is exactly what the row holds (defaults included).
     payload = decode(kind, fetch_row(conn, kind, record_id) or {})
 

@@ -35,7 +35,7 @@ def location(url: str, root: Path | None = None) -> str:
     """Where the ledger lives, in words that survive moving the workspace: a SQLite file inside the
     workspace is named relative to it; any other URL is kept without its driver and password."""
     u = make_url(url)
-    if u.get_backend_name() == "sqlite" and u.database not in (None, "", ":memory:"):
+    if u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:":
         path = Path(u.database).expanduser().resolve()
         if root is not None:
             try:

@@ -17,11 +17,13 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from ..cache.trie import common_prefix
 from ..engines.base import plus
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
-from ..cache.trie import common_prefix
 from ..identity import flatten
 from . import junit
+
+PROBE = "probe:"  # the case ids of the gate's cache probes (gate/probes.py)
 
 FORMATS = ("md", "html", "json", "junit")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -32,9 +34,9 @@ MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be st
 
 def _stages(case_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per stage (a case id's suite part) and configuration: first run of each, so off and on compare like for like."""
-    totals: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    totals: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: defaultdict(float))  # cached_tokens: int | None
     for r in case_results:
-        if r["repeat"] != 0:
+        if r["repeat"] != 0 or r["case_id"].startswith(PROBE):  # the cache probes are no stage: their own section
             continue
         row = totals[(r["case_id"].split("/", 1)[0], r["config"])]
         for t in r["result"]["turns"]:
@@ -139,6 +141,7 @@ def view(record: dict[str, Any]) -> dict[str, Any]:
         "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
         "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
+        "probes": summary.get("probes") or {}, "probe_seconds": summary.get("probe_seconds"),
     }
 
 
@@ -254,6 +257,9 @@ def markdown(v: dict[str, Any]) -> str:
     lines.append(_block("\n".join(bars)))
 
     lines += ["", "## Strength (off#0~on#0)", ""] + _strength_md(v["strength"])
+    lines += ["", "## Cache probes", ""] + (["| probe | outcome |", "|---|---|"] + [
+        f"| {name} | {_md(status)} |" for name, status in v["probes"].items()] + ["", f"{v['probe_seconds']} s in all"]
+        if v["probes"] else ["None ran."])
     lines += ["", f"## Near-ties in the flag-off baseline (top-2 margin at or below {v['near_tie_threshold']:g})", ""]
     if v["near_ties"]:
         lines += ["| suite | decode steps | near-ties | smallest margin | without top-2 |", "|---|---:|---:|---:|---:|"]
@@ -474,6 +480,9 @@ def page(v: dict[str, Any]) -> str:
                     for s in v["stages"]]),
             "<h2>Prompt tokens per stage: off vs computed on</h2>", chart_svg(v["chart"]),
             "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),
+            "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]
+                                                                   for k, st in v["probes"].items()])
+                                      if v["probes"] else "<p>None ran.</p>"),
             f"<h2>Near-ties in the flag-off baseline <small>(top-2 margin at or below {v['near_tie_threshold']:g})</small></h2>",
             _near_ties_html(v["near_ties"]),
             f"<h2>Calibrations ({len(v['calibrations'])})</h2>",

@@ -56,7 +56,7 @@ def subjects(predicate: dict[str, Any]) -> list[dict[str, Any]]:
     identity = predicate["identity"]
     out = []
     for part in ("model", "adapter"):
-        picked = {}
+        picked: dict[str, dict[str, str]] = {}
         for side, name in (("on", part), ("off", f"baseline-{part}")):
             if not isinstance(identity.get(side), dict):
                 continue
@@ -202,6 +202,7 @@ def _shape(statement: Any) -> str | None:
         for name, kind in fields.items():
             if not isinstance(value.get(name), kind) or isinstance(value.get(name), bool):
                 return f"field '{where}.{name}' is missing or not {_KINDS[kind]}"
+    assert isinstance(pred, dict)  # checked in the loop above
     if not isinstance(pred["evaluation"].get("id"), int) or not isinstance(pred["evaluation"].get("flag"), str):
         return "field 'predicate.evaluation' lacks its id or flag"
     if not all(isinstance(r, dict) and isinstance(r.get("id"), int) for r in pred["approvals"] + pred["flips"]):
@@ -248,6 +249,7 @@ def verify(envelope: dsse.Envelope, file: str, allowed: AllowedSigners, ledger=N
         out.problems.append(f"unknown_signer: {file}: key {dsse.keyid(blob)} may not sign for {claimed['principal']} at "
                             f"{claimed['at']} by {allowed.path}")
     else:
+        assert out.signer is not None  # _signature sets it with the good signature
         out.signer["principal"] = claimed["principal"]
     if claimed["keyid"] != dsse.keyid(blob) or _embedded_key(envelope.payload) != blob:
         out.problems.append(f"mismatch: {file}: predicate.signer names another key than the one that signed")

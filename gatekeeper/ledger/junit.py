@@ -14,7 +14,6 @@ from typing import Any
 
 from .outcomes import DIFFERS, CaseOutcome, case_outcomes, divergence_text
 
-
 # What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 

@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gatekeeper.errors import LedgerReadError
-from gatekeeper.ledger.records import (BUSY_TIMEOUT_S, CURRENT_VERSION, JSON_FIELDS, MIGRATIONS_TABLE, decode,
-                                       evaluation_record, latest_flips)
+from gatekeeper.ledger.records import (
+    BUSY_TIMEOUT_S,
+    CURRENT_VERSION,
+    JSON_FIELDS,
+    MIGRATIONS_TABLE,
+    decode,
+    evaluation_record,
+    latest_flips,
+)
 
 
 def sqlite_file(url: str) -> Path | None:

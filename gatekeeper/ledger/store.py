@@ -6,7 +6,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
@@ -254,6 +254,10 @@ def _seal(seal: dict[str, str] | None) -> dict[str, str]:
     return dict(seal)
 
 
+@overload
+def open_ledger(url: str, *, create: Literal[True]) -> Ledger: ...
+@overload
+def open_ledger(url: str, *, create: bool) -> Ledger | None: ...
 def open_ledger(url: str, *, create: bool) -> Ledger | None:
     """The ledger at ``url``; with ``create=False`` a missing SQLite file gives None instead of a new database."""
     if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():

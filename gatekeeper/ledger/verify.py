@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy import Boolean, Connection, Integer, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -23,6 +23,7 @@ from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.chain import GENESIS, entry_hash
 from gatekeeper.ledger.records import encode
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
+
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -159,7 +160,8 @@ def layout(conn: Connection) -> dict[str, Any]:
     tables: dict[str, tuple[str, ...]] = {}
     indexes: dict[str, tuple[str, ...]] = {}
     triggers: dict[str, tuple[str, str]] = {}
-    master = conn.exec_driver_sql("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").fetchall()
+    sql_master = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
+    master: Sequence[Any] = conn.exec_driver_sql(sql_master).fetchall()  # rows of four values
     for kind, name, table, sql in master:
         if str(name).startswith("sqlite_"):
             continue
@@ -167,7 +169,7 @@ def layout(conn: Connection) -> dict[str, Any]:
             tables[name] = tuple(str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})"))
         elif kind == "trigger":
             triggers[name] = (table, sql)
-    for kind, name, table, sql in master:
+    for kind, name, table, _sql in master:
         if kind == "index" and not str(name).startswith("sqlite_"):
             indexes[table] = (*indexes.get(table, ()), name)
     return {"tables": tables, "indexes": indexes, "triggers": triggers}
@@ -182,10 +184,11 @@ def tables(conn: Connection) -> dict[str, tuple[str, ...]]:
 def _pg_tables(conn: Connection) -> dict[str, tuple[str, ...]]:
     """A PostgreSQL database's tables in the current schema, each with its column names in order."""
     tables: dict[str, tuple[str, ...]] = {}
-    for table, column in conn.execute(text(
-            "SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
-            "WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
-            "AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped ORDER BY c.relname, a.attnum")):
+    rows: Iterable[Any] = conn.execute(text(
+        "SELECT c.relname, a.attname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+        "WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) "
+        "AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped ORDER BY c.relname, a.attnum"))
+    for table, column in rows:
         tables[table] = (*tables.get(table, ()), column)
     return tables
 
@@ -193,8 +196,7 @@ def _pg_tables(conn: Connection) -> dict[str, tuple[str, ...]]:
 def _pg_schema_problems(conn: Connection) -> list[str]:
     """PostgreSQL: the append-only function unaltered; on ``entry`` and every record table its three triggers,
     present, enabled and unaltered, and no other; and every table with the columns the migrations gave it."""
-    from gatekeeper.ledger.migrations import (PG_APPEND_ONLY_BODY, PG_APPEND_ONLY_EVENTS, PG_APPEND_ONLY_FUNCTION,
-                                              pg_trigger_sql)
+    from gatekeeper.ledger.migrations import PG_APPEND_ONLY_BODY, PG_APPEND_ONLY_EVENTS, PG_APPEND_ONLY_FUNCTION, pg_trigger_sql
 
     schema = conn.scalar(text("SELECT quote_ident(current_schema())"))
     out = []
@@ -298,13 +300,13 @@ def migration_problems(conn: Connection, upto: int | None = None) -> list[str]:
             continue
         by_version[v] = r
     known = {v: name for v, name, _ in MIGRATIONS if upto is None or v <= upto}
-    names = {name: v for v, name, _ in MIGRATIONS}
+    names: dict[str | None, int] = {name: v for v, name, _ in MIGRATIONS}  # looked up by a stored name, maybe missing
     previous: datetime | None = None
     for v, name in sorted(known.items()):
-        r = by_version.get(v)
-        if r is None:
+        if v not in by_version:
             out.append(f"migrations: version {v} ({name}) is not recorded, yet the schema is past it (its row was deleted or changed)")
             continue
+        r = by_version[v]
         if r.get("name") != name:
             out.append(f"migrations: version {v} is recorded as {r.get('name')!r}, not {name!r}")
         at = _timestamp(r.get("applied_at"))
@@ -355,8 +357,8 @@ def verify(conn: Connection) -> VerifyReport:
         rows[kind] = {}
         try:
             stored = _select(conn, kind)
-        except (LookupError, SQLAlchemyError) as e:
-            found.append((math.inf, f"table {kind}: cannot be read ({_why(e)})"))
+        except (LookupError, SQLAlchemyError) as err:
+            found.append((math.inf, f"table {kind}: cannot be read ({_why(err)})"))
             continue
         for r in stored:
             key = r.get("id") if type(r.get("id")) is int else r.get("__rowid")
@@ -366,8 +368,8 @@ def verify(conn: Connection) -> VerifyReport:
 
     try:
         stored_entries = _select(conn, "entry")
-    except (LookupError, SQLAlchemyError) as e:
-        found.append((0, f"table entry: cannot be read ({_why(e)})"))
+    except (LookupError, SQLAlchemyError) as err:
+        found.append((0, f"table entry: cannot be read ({_why(err)})"))
         stored_entries = []
     entries = []
     for e in stored_entries:
@@ -378,11 +380,12 @@ def verify(conn: Connection) -> VerifyReport:
     entries.sort(key=lambda e: e["seq"])
 
     seen: set[tuple[str, Any]] = set()
-    expected, prev, count = 1, GENESIS, len(stored_entries)
+    expected, count = 1, len(stored_entries)
+    prev: object = GENESIS  # the hash the entry before holds, as stored
     for e in entries:
         seq = e["seq"]
 
-        def bad(msg: str) -> None:
+        def bad(msg: str, seq=seq) -> None:  # bound now: called in this iteration
             found.append((seq, f"seq {seq}: {msg}"))
 
         if seq > expected:

@@ -28,16 +28,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..engines.registry import identity, resolve_profile
 from ..errors import GatekeeperError
-from ..gate import attestation, flags as flag_states, pipeline
+from ..gate import attestation, pipeline
+from ..gate import flags as flag_states
 from ..identity import digest
 from ..ledger import CURRENT_VERSION, Ledger
 from ..ledger import checkpoint as checkpoints
 from ..ledger.store import shown
 from ..workspace import ASSERTIONS, ENGINES, POLICIES, EngineProfile, Workspace, find_root
+
+if TYPE_CHECKING:
+    import sqlalchemy
 
 # OpenFeature's reasons, as the spec defines them.
 DEFAULT = "DEFAULT"  # never flipped: the policy's default (off), "a pre-configured value"
@@ -100,7 +104,7 @@ class Resolver:
         self.root = find_root(workspace)
         ws = Workspace(self.root)
         # A workspace that cannot be read is an error here, before anything is served.
-        ws.policies
+        _ = ws.policies
         ws.engine(engine)
         self.url = ledger or f"sqlite:///{ws.ledger_path}"
         self.engine = engine
@@ -275,7 +279,7 @@ class _Probe:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._file: tuple[int, int] | None = None
-        self._engine = None
+        self._engine: sqlalchemy.Engine | None = None
 
     def stamp(self) -> tuple:
         with self._lock:
@@ -286,6 +290,7 @@ class _Probe:
                 return ("unreadable", type(e).__name__, str(e))
 
     def _sqlite(self) -> tuple:
+        assert self.path is not None  # stamp reads the file only for a SQLite ledger
         try:
             st = self.path.stat()
         except FileNotFoundError:

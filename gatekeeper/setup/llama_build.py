@@ -27,8 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import llama_smoke
 from ..errors import GatekeeperError
+from . import llama_smoke
 from .llama_libs import DEFAULT_VERSION, LIBRARY, import_llama_cpp, lib_dir, root, use_built_libraries, version, version_dir  # noqa: F401
 from .llama_target import cmake_flags
 

@@ -67,8 +67,9 @@ def prepare_default_model() -> tuple[Path, bool]:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # transformers marks GGUF-loaded models as quantized, but the weights are already
         # dequantized to float32: drop the mark so save_pretrained writes plain safetensors.
-        model.hf_quantizer = None
-        model.is_quantized = False
+        # (transformers sets both without declaring them, so mypy goes by torch's Module.__setattr__ stub)
+        model.hf_quantizer = None  # type: ignore[assignment]
+        model.is_quantized = False  # type: ignore[assignment]
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(tmp)

@@ -70,7 +70,8 @@ def build(path: Path, *, seed: int = 0, hidden: int = 64, init_std: float = 0.25
         bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"), eos_token_id=eos, pad_token_id=eos,
     )
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()
+    # transformers wraps ``to`` with functools.wraps, whose typeshed stub does not bind ``self``
+    model = Qwen3_5ForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
     # Random init draws decay rates up to 16 per token, so the recurrent state forgets within a few
     # tokens; slow decays (as trained models learn) make it carry the prefix, as a real one does.
     with torch.no_grad():

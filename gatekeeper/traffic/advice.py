@@ -40,7 +40,7 @@ SPACING = (4, 16)  # in units
 UNBOUNDED = 1 << 62
 
 
-def _run(prompts: Sequence[tuple[int, ...]], spec: str, *, slots: int = 1, entries: int = UNBOUNDED,
+def _run(prompts: Sequence[Sequence[int]], spec: str, *, slots: int = 1, entries: int = UNBOUNDED,
          nbytes: int = UNBOUNDED, unit: int, state: tuple[int, int], boundaries: Sequence[int] | None = None) -> tuple[int, int]:
     """(tokens re-used, peak snapshot bytes held) of one setting over the prompts."""
     profile = EngineProfile(adapter="sim", prefill="aligned", chunk=unit, snapshots=spec,
@@ -49,7 +49,7 @@ def _run(prompts: Sequence[tuple[int, ...]], spec: str, *, slots: int = 1, entri
     reused = peak = 0
     with ExitStack() as stack:
         sessions = [stack.enter_context(model.session(cache=True)) for _ in range(slots)]
-        last: list[tuple[int, ...]] = [()] * slots
+        last: list[Sequence[int]] = [()] * slots
         used = list(range(slots))  # least recently used first
         for i, tokens in enumerate(prompts):
             shares = [lcp(t, tokens) for t in last]
@@ -66,10 +66,10 @@ def _run(prompts: Sequence[tuple[int, ...]], spec: str, *, slots: int = 1, entri
     return reused, peak
 
 
-def stage_prefixes(prompts: Sequence[tuple[int, ...]], stages: Sequence[str], unit: int) -> list[int]:
+def stage_prefixes(prompts: Sequence[Sequence[int]], stages: Sequence[str], unit: int) -> list[int]:
     """Per request, its stage's prefix: what all the stage's requests share (a pipeline declares it
     before its first request); 0 for a stage of one request, or below a unit."""
-    common: dict[str, tuple[int, ...]] = {}
+    common: dict[str, Sequence[int]] = {}
     for tokens, stage in zip(prompts, stages):
         prev = common.get(stage)
         common[stage] = tokens if prev is None else tokens[: lcp(prev, tokens)]
@@ -77,7 +77,7 @@ def stage_prefixes(prompts: Sequence[tuple[int, ...]], stages: Sequence[str], un
     return [len(common[s]) if count[s] > 1 and len(common[s]) >= unit else 0 for s in stages]
 
 
-def advise(prompts: Sequence[tuple[int, ...]], stages: Sequence[str], possible: int, server: dict[str, Any],
+def advise(prompts: Sequence[Sequence[int]], stages: Sequence[str], possible: int, server: dict[str, Any],
            checkpoint_mib: float | None, *, unit: int = UNIT, cache_ram: Sequence[int] = CACHE_RAM) -> dict[str, Any]:
     """One line per setting: the setting, tokens re-used, share of the possible, memory in MiB; the
     first line is the configuration the log shows the server ran with."""

@@ -23,23 +23,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
+from ..cache.trie import common_prefix
 from .capture import BLOCK, TELEMETRY, Request
 from .load import load
-from ..cache.trie import common_prefix
 
 SHORT, LONG = 512, 4096  # a shared prefix under SHORT is barely worth a lookup; LONG is a large win
 PERCENTILES = (("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90))
+_N = TypeVar("_N", int, float)
 
 
-def percentile(ordered: Sequence[int], p: float) -> int:
+def percentile(ordered: Sequence[_N], p: float) -> _N:
     """Nearest-rank percentile of already sorted values."""
     rank = max(1, math.ceil(p / 100 * len(ordered)))
     return ordered[rank - 1]
 
 
-def distribution(values: Sequence[int]) -> dict[str, int] | None:
+def distribution(values: Sequence[_N]) -> dict[str, _N] | None:
     if not values:
         return None
     ordered = sorted(values)
@@ -154,7 +155,7 @@ def _prefix(a: Request, b: Request, unit: str) -> int:
 def consecutive(groups: Sequence[Sequence[Request]], unit: str) -> dict[str, Any]:
     """Each request's common prefix with the one before it in its group; the first of a group reuses nothing."""
     lcps = [_prefix(a, b, unit) for g in groups for a, b in zip(g, g[1:])]
-    total = sum(len(r.tokens) if unit == "tokens" else _nbytes(r) for g in groups for r in g)  # type: ignore[arg-type]
+    total = sum(r.length if unit == "tokens" else _nbytes(r) for g in groups for r in g)  # unit tokens: every request has them
     return {
         "pairs": len(lcps),
         "common_prefix": distribution(lcps),

@@ -22,11 +22,11 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeGuard
 
-from ..errors import GatekeeperError
 from ..battery.partition import Piece, Rendered
 from ..engines.telemetry import Telemetry
+from ..errors import GatekeeperError
 
 BLOCK = 64  # bytes per prefix digest on metadata-only lines
 TELEMETRY = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
@@ -189,7 +189,7 @@ def _utf8(s: str) -> bool:
         return False
 
 
-def _int(v: Any) -> bool:
+def _int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from . import capture
 from ..cache.trie import common_prefix
 from ..errors import GatekeeperError
 from ..workspace import Assertion, Suite, read_yaml
+from . import capture
 
 REST = "rest"  # the var holding each case's dynamic text
 NEAR_DUPLICATE = 0.9  # word-shingle overlap at which a call's rest counts as one already taken
@@ -61,19 +61,20 @@ def stages(path: Path) -> list[Stage]:
         by_stage.setdefault(r.stage, []).append(r)
     out = []
     for name, calls in by_stage.items():
-        shared = min(common_prefix(calls[0].text, c.text) for c in calls) if len(calls) > 1 else 0
+        texts = [c.text for c in calls if c.text is not None]  # every call's: the blind ones are refused above
+        shared = min(common_prefix(texts[0], t) for t in texts) if len(texts) > 1 else 0
         # A call that is nothing but the shared prefix leaves no dynamic text: cut the prefix before its end.
-        shared = min([shared, *(len(c.text) - 1 for c in calls)])
+        shared = min([shared, *(len(t) - 1 for t in texts)])
         taken: list[set[str]] = []
         cases = []
-        for c in calls:
-            rest = c.text[shared:]
+        for c, text in zip(calls, texts):
+            rest = text[shared:]
             words = _shingles(rest)
             if any(_overlap(words, t) >= NEAR_DUPLICATE for t in taken):
                 continue
             taken.append(words)
             cases.append({"id": f"line-{c.line}", "vars": {REST: rest}, "source": f"{path.name}:{c.line}"})
-        out.append(Stage(name, calls[0].text[:shared], cases))
+        out.append(Stage(name, texts[0][:shared], cases))
     return out
 
 

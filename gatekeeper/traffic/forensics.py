@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..errors import GatekeeperError
 from . import advice, reuse
 from .analyze import distribution
-from ..errors import GatekeeperError
 
 MAX_LINE = 1 << 20  # a "line" longer than this (binary garbage, no newline) is read in pieces
 EXAMPLES = 20  # unparsed lines quoted in the report
@@ -285,9 +285,9 @@ class Reader:
                file: str, n: int) -> None:
         if name == "restart":
             self.starts += 1
-            for call in self.current.values():
-                if not call.ended:
-                    self.problems.append(f"incomplete: task {call.task} on slot {call.slot} ({call.file}:{call.line}) "
+            for c in self.current.values():
+                if not c.ended:
+                    self.problems.append(f"incomplete: task {c.task} on slot {c.slot} ({c.file}:{c.line}) "
                                          f"never finished: the server restarted at {file}:{n}")
             self.slots, self.current, self.last, self.selecting = {}, {}, None, None
             values = _fields(msg)
@@ -424,7 +424,7 @@ def _share(part: float | None, whole: float | None) -> float | None:
 
 
 def _dist(values: Sequence[float | None]) -> dict[str, float] | None:
-    return distribution([v for v in values if v is not None])  # type: ignore[arg-type]
+    return distribution([v for v in values if v is not None])
 
 
 def summary(calls: Sequence[Call], unit: int, saved: int | None = None) -> dict[str, Any]:
@@ -492,11 +492,11 @@ def read(paths: Sequence[str | Path], capture: str | Path | None = None, *, unit
     if capture is not None:
         matched = reuse.prompts(capture, reader.calls)
         cross = reuse.measure(reader.calls, [m.tokens if m else None for m in matched], unit)
-    if capture is not None and advise:
-        found = [m for m in matched if m is not None]
-        tips = advice.advise([m.tokens for m in found], [m.stage for m in found], cross["possible"], reader.server,
-                             advice.checkpoint_size([v.get("size_mib") for c in reader.calls for v in c.created]),
-                             unit=unit, cache_ram=cache_ram)
+        if advise:
+            found = [m for m in matched if m is not None]
+            tips = advice.advise([m.tokens for m in found], [m.stage for m in found], cross["possible"], reader.server,
+                                 advice.checkpoint_size([v.get("size_mib") for c in reader.calls for v in c.created]),
+                                 unit=unit, cache_ram=cache_ram)
     report = reader.report(unit)
     report.update(reuse=cross, advice=tips, cannot_report=[] if capture is not None else [reuse.NEEDS])
     return report

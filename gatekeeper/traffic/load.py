@@ -9,7 +9,7 @@ calls in flight for at least half of the busy time. Percentiles are nearest-rank
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any, Sequence
 
 from .capture import Request
@@ -28,7 +28,7 @@ def duration(r: Request) -> tuple[float | None, str | None]:
 def in_flight(spans: Sequence[tuple[float, float]]) -> dict[str, Any] | None:
     """The time-weighted distribution of how many of these (start, end) calls were in flight, over busy time."""
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
-    time_at: Counter[int] = Counter()
+    time_at: defaultdict[int, float] = defaultdict(int)  # seconds spent at each level
     level, last = 0, None
     for t, step in events:
         if last is not None and level > 0 and t > last:

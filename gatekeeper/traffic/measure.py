@@ -134,7 +134,8 @@ def run(p: Plan, state: str, ledger_url: str | None, capture: Path | None = None
         for item in p.items:
             progress(f"{result.flag_state} {item.case_id}")
             figures = result.stages.setdefault(item.suite.stage, Figures())
-            values, history = dict(item.case.vars), []
+            values = dict(item.case.vars)
+            history: list[dict[str, str]] = []
             for turn in item.case.turns or [{}]:
                 values.update(turn)
                 t_call = time.perf_counter()

@@ -27,12 +27,16 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit
 
-from .capture import CaptureWriter, check_path, metadata
+from ..engines.telemetry import Telemetry
+from ..engines.telemetry import read as read_telemetry
 from ..errors import GatekeeperError
-from ..engines.telemetry import Telemetry, read as read_telemetry
+from .capture import CaptureWriter, check_path, metadata
+
+if TYPE_CHECKING:
+    import aiohttp
 
 COMPLETIONS = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion"}
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
@@ -140,7 +144,7 @@ class Proxy:
         self.salt = os.urandom(16)  # digests on --no-text lines cannot be looked up against known prompts
         self.can = {"/apply-template": True, "/tokenize": True, "/detokenize": True}
         self.pending: set[asyncio.Task] = set()
-        self.session = None
+        self.session: aiohttp.ClientSession | None = None  # opened on the app's startup
 
     def app(self):
         from aiohttp import web
@@ -162,6 +166,7 @@ class Proxy:
     async def _close(self, app) -> None:
         if self.pending:
             await asyncio.wait(self.pending, timeout=30)
+        assert self.session is not None  # _open ran on startup
         await self.session.close()
         self.writer.close()
 
@@ -228,6 +233,7 @@ class Proxy:
         if not self.can[path]:
             return None
         try:
+            assert self.session is not None  # _open ran on startup
             async with self.session.post(self.upstream + path, json=body) as r:
                 if r.status == 404:
                     self.can[path] = False

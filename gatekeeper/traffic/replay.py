@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import capture
 from ..cache.snapshots import parse
-from ..cache.trie import TokenTrie
+from ..cache.trie import TokenTrie, common_prefix
 from ..errors import GatekeeperError
-from ..cache.trie import common_prefix
+from . import capture
 
 SCENARIOS = ("interleave", "synthetic")
 DEFAULT_POLICIES = ("tail+erase", "interval:1024+erase", "boundaries+erase", "tail", "interval:1024", "boundaries")

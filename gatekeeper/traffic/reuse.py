@@ -26,10 +26,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from . import capture
 from ..cache.trie import TokenTrie, packed
 from ..errors import GatekeeperError
-
+from . import capture
 
 UNIT = 256  # tokens: the granularity reuse is counted in, and the advice's checkpoint spacing
 WINDOW = 256  # capture lines looked ahead for a request's match (concurrent requests finish out of order)
@@ -98,7 +97,7 @@ def lcp(a: Sequence[int], b: Sequence[int]) -> int:
 def measure(calls: Sequence[Any], ids: Sequence[Sequence[int] | None], unit: int = UNIT) -> dict[str, Any]:
     """Sets each matched call's ``shared``, ``possible`` and ``lost_to``; the totals."""
     seen: TokenTrie[bool] = TokenTrie()
-    held: dict[int, tuple[int, ...]] = {}  # each slot's last prompt
+    held: dict[int, Sequence[int]] = {}  # each slot's last prompt
     epoch = 0
     lost: Counter = Counter()
     reasons: Counter = Counter()
@@ -122,7 +121,7 @@ def measure(calls: Sequence[Any], ids: Sequence[Sequence[int] | None], unit: int
         here = call.lcp if call.lcp is not None else (lcp(mine, tokens) if mine else 0)
         here = min(here, call.possible) if here >= unit else 0
         others = min(others, call.possible) if others >= unit else 0
-        parts = Counter()
+        parts: Counter[str] = Counter()
         if here > call.reused:
             cause = "forced" if call.forced else "checkpoint_spacing" if call.restored is not None else "unexplained"
             parts[cause] = here - call.reused

@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import checks
 from ...errors import GatekeeperError
-from ...js import nunjucks, yaml as jsyaml
+from ...js import nunjucks
+from ...js import yaml as jsyaml
 from ...js.value import js_trim
 from ...workspace import Assertion, read_text, read_yaml
+from .. import checks
 from .config import GRADING_OPTIONS, OUTPUT_TRANSFORMS
 from .files import _file
 
@@ -63,8 +64,9 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
             value[len("file://"):].split(":")[0]).suffix.lower() not in (".txt", ".json", ".yaml", ".yml")):
         return f"{kind}: its value comes from a script ({value})"
     if script:  # the script is the value: its path resolved against the config's folder, its function kept
-        path, colon, function = value[len("file://"):].partition(":")
-        value = f"file://{_file('file://' + path, config.parent, config)}{colon}{function}"
+        assert isinstance(value, str)  # script: a str value
+        script_path, colon, function = value[len("file://"):].partition(":")
+        value = f"file://{_file('file://' + script_path, config.parent, config)}{colon}{function}"
     elif isinstance(value, str) and value.startswith("file://"):  # promptfoo's processFileReference: not templated
         path = _file(value, config.parent, config)
         value = js_trim(read_text(path)) if path.suffix.lower() == ".txt" else read_yaml(path, jsyaml.load)
@@ -83,7 +85,7 @@ def _assertion(raw: Any, vars: dict, config: Path, where: str, grading: dict | N
         rubric = options.get("rubricPrompt")
         if isinstance(rubric, str) and rubric.startswith("file://") and Path(rubric).suffix.lower() not in (".js", ".cjs", ".mjs", ".ts", ".py"):
             options["rubricPrompt"] = read_text(_file(rubric, config.parent, config))  # its text enters the battery digest
-    test_transform = next((grading[k] for k in OUTPUT_TRANSFORMS if (grading or {}).get(k)), None)
+    test_transform = next(((grading or {})[k] for k in OUTPUT_TRANSFORMS if (grading or {}).get(k)), None)
     for key, ref in (("output_transform", test_transform), ("transform", raw.get("transform"))):
         if ref is not None:
             options[key] = _transform(ref, config, where)

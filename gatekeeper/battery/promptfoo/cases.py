@@ -11,12 +11,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import checks
 from ...errors import GatekeeperError
 from ...js import nunjucks
 from ...workspace import Case
+from .. import checks
 from .assertions import _assertion
-from .config import CHANGES_OUTPUT, GRADING_OPTIONS, OUTPUT_TRANSFORMS, RUN_OPTIONS, TEST_KEYS, _default_test, _mapping, _test_keys
+from .config import (
+    CHANGES_OUTPUT,
+    GRADING_OPTIONS,
+    OUTPUT_TRANSFORMS,
+    RUN_OPTIONS,
+    TEST_KEYS,
+    _default_test,
+    _mapping,
+    _test_keys,
+)
 from .files import warn
 from .tests import _Test, _tests
 from .variables import _combinations, _prompt_var, _var_value

@@ -151,7 +151,8 @@ def referenced(path: Path, config: dict | None = None) -> set[Path]:
             add(node)
         elif isinstance(node, dict):
             for k, v in node.items():
-                walk(k, bare), walk(v, bare and k in ("id", "raw", "path"))
+                walk(k, bare)
+                walk(v, bare and k in ("id", "raw", "path"))
         elif isinstance(node, list):
             for v in node:
                 walk(v, bare)

@@ -62,7 +62,7 @@ def _prompt_entries(config: dict, path: Path) -> list[tuple[str, dict]]:
         return [(f"prompts.{raw}", {"raw": raw, "label": label}) for raw, label in prompts.items()]
     if not isinstance(prompts, list) or not prompts:
         raise GatekeeperError(f"{path}: field 'prompts': a prompt, a list of prompts or a mapping of file to label; fix it")
-    out = []
+    out: list[tuple[str, dict]] = []
     for n, entry in enumerate(prompts):
         if isinstance(entry, str):
             out.append((f"prompts.{n}", {"raw": entry}))
@@ -130,7 +130,8 @@ def _file_prompts(file: Path, label: str | None, config: Path, where: str, raw: 
     absolute = str(file.resolve())
     stem = _name(label) or _name(file.stem) or "prompt"
     if suffix == ".txt":  # promptfoo's processTxtFile: split at lines that are '---', each part trimmed
-        parts, buffer = [], []
+        parts: list[str] = []
+        buffer: list[str] = []
         for line in [*re.split(r"\r?\n", text), PROMPT_DELIMITER]:
             if js_trim(line) == PROMPT_DELIMITER:
                 part = js_trim("\n".join(buffer))

@@ -13,9 +13,9 @@ import json
 import re
 from pathlib import Path
 
-from . import templates
 from ...errors import GatekeeperError
 from ...workspace import Decoding, Suite
+from . import templates
 from .cases import _test_cases
 from .config import _default_test, _mapping, _read
 from .files import _at, warn
@@ -66,11 +66,11 @@ def load_suites(path: Path, name: str, shown: str | None = None, decoding: Decod
                                           "where promptfoo sees the value itself and gatekeeper its text; quote it so that it is "
                                           "text, or write a list or mapping as JSON text and read it with '| load' in the prompt")
             for case in t.cases:
-                var = templates.var_template(prompt, case.vars)
-                if var is not None:
-                    raise GatekeeperError(f"{test.where}: field 'vars.{var}' (case {case.id!r}) holds nunjucks, which promptfoo "
-                                          "renders before it fills the text prompt in, and gatekeeper does not; write out "
-                                          "the text the var should be")
+                nested = templates.var_template(prompt, case.vars)
+                if nested is not None:
+                    raise GatekeeperError(f"{test.where}: field 'vars.{nested}' (case {case.id!r}) holds nunjucks, which "
+                                          "promptfoo renders before it fills the text prompt in, and gatekeeper does not; "
+                                          "write out the text the var should be")
         suite = Suite(suite=suite_name, stage=suite_name, prompt=prompt.segments, promptfoo=shown or path.name, path=path,
                       decoding=decoding or Decoding(), filters=templates.prompt_filters(prompt, custom, config))
         suites.append(suite.model_copy(update={
@@ -91,6 +91,8 @@ def _unique(names: list[str]) -> list[str]:
 
 def with_cases(suite: Suite, root: Path) -> Suite:
     """A gatekeeper suite with its own prompt and ``promptfoo: FILE``: its cases are FILE's tests."""
+    if suite.promptfoo is None:
+        raise GatekeeperError(f"{suite.path}: field 'promptfoo': the path of a promptfoo config; fix it")
     file = config_file(suite.promptfoo, suite.path, root)
     per_test = _test_cases(_read(file), file)
     return suite.model_copy(update={"cases": [c for t in per_test for c in t.cases],

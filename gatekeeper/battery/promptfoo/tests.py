@@ -17,11 +17,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import checks
 from ...errors import GatekeeperError
 from ...js import yaml as jsyaml
 from ...js.value import js_trim
 from ...workspace import read_text, read_yaml
+from .. import checks
 from .assertions import PROMPTFOO_TYPES
 from .config import _deref
 from .files import SCRIPT_SUFFIXES, _at, _file, _remote, glob_files, has_magic

@@ -39,6 +39,8 @@ def function(request: dict):
     if folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(os.path.basename(path).rsplit(".", 1)[0], path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     name = request.get("fn") or "get_assert"
