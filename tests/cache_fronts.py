@@ -29,6 +29,7 @@ class History:
 
     def __init__(self):
         self.seen: list[tuple[list[int], list[int]]] = []
+        self.max_tokens: list[int] = []  # each request's
         self.planted = 0  # requests the fault changed
 
     def rewrite(self, mode: str, prompt: list[int], window: int) -> list[int]:
@@ -98,6 +99,7 @@ def cache_front(upstream: str, mode: str, window: int = 512):
             request = json.loads(body)
             with lock:  # one request at a time: the history is the order the server saw
                 prompt = request["prompt"]
+                history.max_tokens.append(request["max_tokens"])
                 request["prompt"] = history.rewrite(mode, prompt, window)
                 answer = json.loads(self._forward(json.dumps(request).encode()) or b"{}")
                 steps = ((answer.get("choices") or [{}])[0].get("logprobs") or {}).get("content") or []

@@ -92,6 +92,9 @@ def test_unstable_baseline_is_inconclusive(run_cli, tiny_ws):
     code, out = evaluate(run_cli, tiny_ws, "unstable")
     assert code == 1 and out["verdict"] == "INCONCLUSIVE"
     assert all(r.startswith("baseline_unstable:") for r in out["reasons"]) and len(out["reasons"]) == 4
+    # each names where the runs part and the likeliest cause it can see (an in-process engine: no server state)
+    assert all("(off#0 vs off#1: turn " in r and "first divergent token at position" in r and "likeliest cause: " in r
+               and "server state: the flag-off server served" not in r for r in out["reasons"]), out["reasons"]
 
 
 def test_cases_run_side_by_side_up_to_the_engine_concurrency(run_cli, tiny_ws, tiny_llama):

@@ -133,3 +133,15 @@ def test_figures_a_server_gets_wrong_are_named(server, workspace, run_cli):
         code, out = cli(run_cli, ws, "prefix_cache")
     odd = [r for r in out["reasons"] if r.startswith("not_observable: top-2 logprobs")]
     assert odd and "dialect llamacpp" in odd[0] and front in odd[0], out["reasons"]
+
+
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_warm_ups_end_as_the_cases_do_or_are_left_out(server, workspace, run_cli, warm_up):
+    with cache_front(server, "none") as (front, history):
+        ws = served_ws(workspace, served=f"adapter: http\nurl: {server}\nurl_on: {front}\ncache_switch: cache_prompt\n"
+                                         f"timeout: 600\nwarm_up: {str(warm_up).lower()}\n")
+        code, out = cli(run_cli, ws, "prefix_cache")
+    assert code in (0, 1), out
+    turns = 1 + 1 + 1 + 3  # the tiny suite's cases: a, b, c, and loop's three turns
+    assert len(history.seen) == turns + (1 if warm_up else 0)  # one stage: one warm-up of its static prefix
+    assert set(history.max_tokens) == {12}  # the suite's max_tokens, the warm-up's too (never cut at one token)
