@@ -143,8 +143,9 @@ def test_monolithic_is_graded_by_its_records_and_aligned_is_bit_exact(run_cli, s
     assert mono["exercised_share"] == 1.0  # every hit served the whole system prefix
     _, r = case_runs(support_ws, mono["evaluation_id"])
     off, on = r[("off", 0)], r[("on", 0)]
-    parted = sorted(cid for cid in off if tokens(off[cid]) != tokens(on[cid]))
-    moved = any(top2(off[cid]) != top2(on[cid]) for cid in off)
+    cases = [cid for cid in off if not cid.startswith("probe:")]  # the battery; the cache probes are judged below
+    parted = sorted(cid for cid in cases if tokens(off[cid]) != tokens(on[cid]))
+    moved = any(top2(off[cid]) != top2(on[cid]) for cid in cases)
     record_property("monolithic_bf16", f"{mono['verdict']} {s['grade']} max drift {s['max_drift']}, parted: {parted}")
     if parted:  # a hit flipped a greedy choice (seen on an AMD EPYC with AVX-512 BF16)
         assert (code, mono["verdict"]) == (1, "FAIL") and sorted(mono["differing_cases"]) == parted, mono["reasons"]
@@ -153,7 +154,8 @@ def test_monolithic_is_graded_by_its_records_and_aligned_is_bit_exact(run_cli, s
             (reason,) = [x for x in mono["reasons"] if x.startswith(f"differs: {cid} ")]
             assert "margin" in reason, reason
     elif moved:  # equal outputs, moved logits (seen on an Intel Xeon with AMX): never graded bit_exact
-        assert (code, mono["verdict"]) == (0, "PASS"), mono["reasons"]
+        probed = "differs" in mono["probes"].values()  # a cache probe's new shapes may part where the battery did not
+        assert (code, mono["verdict"]) == ((1, "FAIL") if probed else (0, "PASS")), mono["reasons"]
         assert s["grade"] == "equal_outputs" and s["max_drift"] > 0 and s["where"] is not None, s
         assert not any(x.startswith("bit_exact:") for x in mono["reasons"])
     else:  # kernels that round the hit's shapes like the cold run's (not seen so far)

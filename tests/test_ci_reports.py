@@ -29,6 +29,8 @@ def reports(tmp_path_factory, tiny_llama):
     root = tmp_path_factory.mktemp("ci")
     ws = root / "ws"
     init_workspace(ws)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "probes: off\n")  # these reports are about the battery's cases
     (ws / "assertions" / "assistant.yaml").unlink()
     (ws / "assertions" / "tiny.yaml").write_text(SUITE)
     for name, adapter in [("tiny", "torch"), ("short", "fault_engines:ShortRestore"), ("unstable", "fault_engines:Unstable")]:

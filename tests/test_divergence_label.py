@@ -1,5 +1,5 @@
 """How a first divergence is labelled: "near-tie" only when both sides' top-2 margins are near a tie
-(a few ULPs can flip either), "one-sided collapse" when only one side's is (the other's above NEAR_TIE
+(a few ULPs can flip either), "one-sided collapse" when only one side's is (the other's above twice NEAR_TIE
 and at least COLLAPSE times it: rounding cannot explain that), neither otherwise or where a side has no
 top-2 logits. The gate's reasons, ``ledger diff``/JUnit (``divergence_text``) and ``ledger export``
 print it in one wording (``kinds.divergence``)."""
@@ -112,8 +112,11 @@ def test_the_collapse_rule_at_its_edges():
     # at NEAR_TIE exactly on one side, ten times that on the other: a collapse
     d = token_diff(*pair(1.0, 0.1), detok)
     assert d["collapse"] == "b" and d["near_tie"] is False
-    # a side at an exact tie, the other just above NEAR_TIE: a collapse
-    d = token_diff(*pair(0.0, 0.11), detok)
+    # a side at an exact tie, the other at 0.125 (a bfloat16 monolithic hit did this): within rounding, neither
+    d = token_diff(*pair(0.0, 0.125), detok)
+    assert d["collapse"] is None and d["near_tie"] is False
+    # the other clear of twice NEAR_TIE: a collapse
+    d = token_diff(*pair(0.0, 0.21), detok)
     assert d["collapse"] == "a"
 
 

@@ -170,12 +170,12 @@ def test_the_policy_margin_is_applied_and_recorded(lora_ws, tiny_llama, tmp_path
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
     assert code == 0 and out["verdict"] == "PASS"  # 1 of 5 passing assertions lost; 0.25 allows 1
     summary = "1 regressions (margin 0.25 allows 1); passes 5 with the current weights, 4 with the candidate"
-    assert out["reasons"][-1] == f"non_inferior: {summary}"
+    assert f"non_inferior: {summary}" in out["reasons"]
     with ledger(lora_ws) as lg:
-        assert lg.evaluation(out["evaluation_id"])["verdict_record"]["reasons"][-1].endswith(summary)
+        assert f"non_inferior: {summary}" in lg.evaluation(out["evaluation_id"])["verdict_record"]["reasons"]
     (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.1\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
-    assert code == 1 and out["verdict"] == "FAIL" and "margin 0.1 allows 0" in out["reasons"][-1]
+    assert code == 1 and out["verdict"] == "FAIL" and any("margin 0.1 allows 0" in r for r in out["reasons"])
 
 
 def test_candidate_is_required_for_the_adapter_flag_and_refused_elsewhere(lora_ws, run_cli, tmp_path):

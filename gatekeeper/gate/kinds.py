@@ -15,7 +15,9 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator
 from ..workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
-COLLAPSE = 10  # one side's margin a near-tie, the other's above NEAR_TIE and at least this many times it
+# one side's margin a near-tie, the other's above twice NEAR_TIE (clear of bfloat16's rounding near a tie) and at
+# least this many times it
+COLLAPSE = 10
 AT_RISK = 10  # a step whose top-2 margin is within this many times the largest drift could flip under it
 
 Decision = tuple[str, list[str]]
@@ -191,12 +193,12 @@ def _diff(a: Any, b: Any) -> dict[str, Any]:
 
 def _collapse(ma: float | None, mb: float | None) -> str | None:
     """Which side's margin alone collapsed ("a" or "b"), else None: its margin is at or below NEAR_TIE
-    while the other's is known, above NEAR_TIE and at least COLLAPSE times it. Both near a tie is a
+    while the other's is known, above twice NEAR_TIE and at least COLLAPSE times it. Both near a tie is a
     near-tie (rounding may flip either), not a collapse; a side without top-2 logits shows nothing."""
     if ma is None or mb is None:
         return None
     for name, low, high in (("a", ma, mb), ("b", mb, ma)):
-        if low <= NEAR_TIE < high and high >= COLLAPSE * low:
+        if low <= NEAR_TIE and high > 2 * NEAR_TIE and high >= COLLAPSE * low:
             return name
     return None
 

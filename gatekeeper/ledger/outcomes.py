@@ -24,11 +24,11 @@ class CaseOutcome:
 
     @property
     def suite(self) -> str:
-        return self.case_id.split("/", 1)[0]
+        return "probes" if self.case_id.startswith("probe:") else self.case_id.split("/", 1)[0]  # gate/probes.py
 
     @property
     def name(self) -> str:
-        return self.case_id.split("/", 1)[-1]
+        return self.case_id.removeprefix("probe:").split("/", 1)[-1]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
