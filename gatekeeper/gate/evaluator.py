@@ -301,6 +301,7 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
     """Every configuration and repeat, each on a fresh session; each case recorded as it finishes.
     Under a load, each run but the one alone keeps the load's background traffic in flight beside it."""
     runs = Runs({config: [] for config, _ in p.schedule}, {config: 0.0 for config, _ in p.schedule}, 0.0)
+    probing = probes_.why_not(p) is None
     for config, repeat in p.schedule:
         c = p.configs["off" if config == ALONE else config]
         model = models["off" if config == ALONE else config]
@@ -315,7 +316,7 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
                 ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
                 results[item.case_id] = result
             runs.seconds[config] += time.perf_counter() - t0
-            if config != ALONE and probes_.why_not(p) is None:  # after the battery, in every run, in one order
+            if config != ALONE and probing:  # after the battery, in every run, in one order
                 progress(f"{config}#{repeat} cache probes")
                 probed = probes_.run(session, p, c.render)
                 for pid, result in probed.results.items():
@@ -353,7 +354,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
             if diff is None:
                 equal["baseline"] += 1
             elif cid not in unstable:
-                unstable[cid] = _unstable(p, models, item, runs.results["off"], r, diff)
+                unstable[cid] = _unstable(p, item, runs.results["off"], r, diff)
         diff = p.kind.compare(reference[cid], on[cid], detok)
         ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": "off#0~on#0", **(diff or {})})
         if diff is None:
@@ -425,7 +426,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     )
 
 
-def _unstable(p: Plan, models: dict[str, Engine], item: battery.Item, off: list[dict[str, dict]], r: int,
+def _unstable(p: Plan, item: battery.Item, off: list[dict[str, dict]], r: int,
               d: dict[str, Any]) -> str:
     """A baseline_unstable: reason naming where the flag-off runs part and the likeliest cause it can see."""
     cid = item.case_id
