@@ -96,6 +96,8 @@ class TorchKV:
                             tensors[f"{i}.{kind}.{j}"] = getattr(layer, kind)[j].contiguous()
                 tensors[f"{i}.has_previous_state"] = torch.tensor(
                     [layer.has_previous_state[j] for j in range(layer.number_of_states)])
+                if isinstance(count := getattr(layer, "cumulative_length_linear", None), torch.Tensor):
+                    tensors[f"{i}.cumulative_length_linear"] = count.clone()  # its token count (transformers >= 5.25)
         save_file(tensors, str(path))
 
     def load(self, path: Path) -> DynamicCache:
@@ -129,12 +131,14 @@ class TorchKV:
                         assert conv is not None  # initialized: it holds a tensor
                         layer.conv_kernel_size[j] = conv.shape[-1]
                     layer.has_previous_state[j] = bool(previous[j])
+                if (count := tensors.get(f"{i}.cumulative_length_linear")) is not None:
+                    layer.cumulative_length_linear = count
         return state
 
 
 # Layer fields ``TorchKV.save`` writes (or that the config rebuilds: a sliding window's size).
 _SAVED = frozenset({"keys", "values", "indexer_keys", "indexer_position_ids", "conv_states", "recurrent_states",
-                    "_sliding_window_tensor"})
+                    "_sliding_window_tensor", "cumulative_length_linear"})
 
 
 def _noisy(t: torch.Tensor, size: float, g: torch.Generator) -> torch.Tensor:
