@@ -51,7 +51,7 @@ def grow(ws: Path, entries: int) -> int:
     """Append records until the ledger holds ``entries`` (one transaction: this is set-up, not the bench)."""
     from gatekeeper.ledger import Ledger
     from gatekeeper.ledger.chain import append
-    from gatekeeper.ledger.engine import write
+    from gatekeeper.ledger.database import write
 
     with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
         have = (ledger.head() or {"entries": 0})["entries"]

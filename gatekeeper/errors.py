@@ -1,5 +1,9 @@
 """The kinds of failure the CLI maps to exit codes."""
 
+from __future__ import annotations
+
+from .evidence import CrashRecord
+
 
 class GatekeeperError(Exception):
     """Bad input or configuration: the CLI prints the message and exits 2, having written nothing."""
@@ -27,5 +31,5 @@ class EngineCrash(GatekeeperError):
         super().__init__(message)
         self.url, self.said, self.request = url, said, request or {}
 
-    def record(self) -> dict:
-        return {"url": self.url, "said": self.said, "request": self.request, "message": str(self)}
+    def record(self) -> CrashRecord:
+        return CrashRecord(url=self.url, said=self.said, request=self.request, message=str(self))

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
+from .battery import types  # plain data that imports nothing of gatekeeper's: no circle, nothing heavy
 from .errors import GatekeeperError
 
 ENGINES, ASSERTIONS, POLICIES, LEDGER = "engines", "assertions", "policies", "ledger"
@@ -135,28 +136,6 @@ class EngineProfile(Strict):
 
 # --- the battery -------------------------------------------------------------------------------
 
-ASSERTION_TYPES: tuple[str, ...] = (
-    "equals", "contains", "icontains", "not-contains", "not-icontains", "starts-with", "regex",
-    "not-regex", "one-of", "is-json", "contains-json", "max-length", "min-length",
-    "contains-any", "contains-all", "icontains-any", "icontains-all",
-)
-# promptfoo's not- prefix inverts any type it shares with gatekeeper (checks.SHARED)
-ASSERTION_TYPES += tuple(f"not-{t}" for t in (
-    "equals", "starts-with", "is-json", "contains-json", "contains-any", "contains-all", "icontains-any", "icontains-all"))
-# judged by the policy's grader (battery/graded.py, battery/similar.py); promptfoo ignores not- on factuality and closedqa
-ASSERTION_TYPES += (
-    "llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval", "answer-relevance",
-    "context-faithfulness", "context-recall", "context-relevance", "similar", "similar:cosine", "similar:dot", "similar:euclidean")
-ASSERTION_TYPES += tuple(f"not-{t}" for t in (
-    "llm-rubric", "g-eval", "answer-relevance", "context-faithfulness", "context-recall", "context-relevance",
-    "similar", "similar:cosine", "similar:dot", "similar:euclidean"))
-
-# the suite's own code judges the output (battery/scripted.py)
-ASSERTION_TYPES += ("javascript", "not-javascript", "python", "not-python")
-# promptfoo's scored text metrics (battery/scored.py)
-ASSERTION_TYPES += tuple(t for kind in ("levenshtein", "bleu", "gleu", "rouge-n", "word-count", "is-refusal", "contains-html")
-                         for t in (kind, f"not-{kind}"))
-
 RAW = "prompt"  # a segment role: text the model sees as it is (a captured, already rendered prompt)
 JS_SUFFIXES = (".js", ".cjs", ".mjs", ".ts", ".cts", ".mts")  # JavaScript modules node loads (types stripped)
 
@@ -195,9 +174,7 @@ class Assertion(Strict):
     @field_validator("type")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in ASSERTION_TYPES:
-            raise ValueError(f"unknown assertion type {v!r}; use one of: {', '.join(ASSERTION_TYPES)}")
-        return v
+        return types.check(v)  # the registry of every family's types (battery/types.py)
 
 
 class Provenance(Strict):
@@ -339,10 +316,13 @@ class Approvals(Strict):
         return data
 
 
-KNOWN_GATES = {"prefix_cache": "byte_equivalence", "static_first": "assertion_equivalence", "adapter": "non_inferiority"}
-# What each built-in flag changes; any other flag declares its change in its policy.
-BUILTIN_CHANGES = {"prefix_cache": "the engine's prefix cache", "static_first": "how prompts render",
-                   "adapter": "the LoRA adapter installed (evaluate --candidate DIR)"}
+# The built-in flags: the one gate kind that tests each, and what it changes (gate/switches.py gives each its
+# configurations); any other flag declares its change in its policy.
+BUILTIN_FLAGS: dict[str, tuple[str, str]] = {
+    "prefix_cache": ("byte_equivalence", "the engine's prefix cache"),
+    "static_first": ("assertion_equivalence", "how prompts render"),
+    "adapter": ("non_inferiority", "the LoRA adapter installed (evaluate --candidate DIR)"),
+}
 
 
 class Change(Strict):
@@ -421,11 +401,11 @@ class Policy(Strict):
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":
         # These flags change the pipeline in one way each, so only one gate kind tests them.
-        want = KNOWN_GATES.get(self.flag)
+        want, changes = BUILTIN_FLAGS.get(self.flag, (None, None))
         if want and self.gate != want:
             raise ValueError(f"gate: {self.flag} is gated by {want}, not {self.gate}; set gate: {want}")
         if want and self.change is not None:
-            raise ValueError(f"change: {self.flag} is built in (it changes {BUILTIN_CHANGES[self.flag]}); remove 'change'")
+            raise ValueError(f"change: {self.flag} is built in (it changes {changes}); remove 'change'")
         if (self.require or self.max_drift) and self.gate != "byte_equivalence":
             field = "require" if self.require else "max_drift"
             raise ValueError(f"{field}: only a byte_equivalence gate compares top-2 logits; remove it or set gate: byte_equivalence")

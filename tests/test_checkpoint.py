@@ -31,7 +31,7 @@ from trust import (  # noqa: F401
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger import checkpoint as cp
 from gatekeeper.ledger.chain import append
-from gatekeeper.ledger.engine import make_engine, write
+from gatekeeper.ledger.database import make_engine, write
 from gatekeeper.ledger.tables import KINDS
 
 pytest_plugins = ["postgres"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from gatekeeper.gate.kinds import COLLAPSE, NEAR_TIE, ByteEquivalence, Evidence, divergence, token_diff
-from gatekeeper.ledger.export import _differences, _labels
-from gatekeeper.ledger.outcomes import divergence_text
+from gatekeeper.reports.export import _differences, _labels
+from gatekeeper.reports.outcomes import divergence_text
 from gatekeeper.workspace import Policy
 
 PIECES = {5: "cat", 7: "dog", 1: "the"}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from gatekeeper.cli import app
 from gatekeeper.ledger import Ledger
-from gatekeeper.ledger.export import CSP, render
+from gatekeeper.reports.export import CSP, render
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

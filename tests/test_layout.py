@@ -117,3 +117,44 @@ def test_each_subpackage_imports_only_what_it_declares():
             if there != here and there not in allowed(here):
                 problems.append(f"{name} imports {dep}, but gatekeeper/{here}/ declares 'Imports: {', '.join(sorted(allowed(here)))}'")
     assert problems == []
+
+
+# --- the layers: reports above the gate and the ledger, the ledger beneath the gate -------------------
+
+
+def reaches(graph: dict[str, set[str]], below: str, above: tuple[str, ...]) -> list[str]:
+    """Each import by a module of the layer ``below`` of a module of any of the layers ``above``."""
+    return sorted(f"{name} imports {dep}" for name, deps in graph.items() if part(name) == below
+                  for dep in deps if part(dep) in above)
+
+
+def ledger_reaches_up(graph: dict[str, set[str]]) -> list[str]:
+    """The ledger stores and checks the evidence: what decides (gate, engines) and what reads it (reports) sit above."""
+    return reaches(graph, "ledger", ("gate", "engines", "reports"))
+
+
+def reports_reached(graph: dict[str, set[str]]) -> list[str]:
+    """The reports read what the gate decided and the ledger holds: neither imports them."""
+    return reaches(graph, "gate", ("reports",)) + reaches(graph, "ledger", ("reports",))
+
+
+def test_the_ledger_imports_nothing_of_the_gate_the_engines_or_the_reports():
+    assert ledger_reaches_up(GRAPH) == []
+
+
+def test_neither_the_gate_nor_the_ledger_imports_the_reports():
+    assert reports_reached(GRAPH) == []
+
+
+def planted(below: str, above: str) -> dict[str, set[str]]:
+    return {**GRAPH, below: GRAPH[below] | {above}}
+
+
+def test_the_layer_checks_find_a_planted_edge():
+    for below, above in (("gatekeeper.ledger.chain", "gatekeeper.gate.kinds"),
+                         ("gatekeeper.ledger.store", "gatekeeper.engines.base"),
+                         ("gatekeeper.ledger.verify", "gatekeeper.reports.outcomes")):
+        assert ledger_reaches_up(planted(below, above)) == [f"{below} imports {above}"]
+    for below, above in (("gatekeeper.gate.kinds", "gatekeeper.reports.diff"),
+                         ("gatekeeper.ledger.store", "gatekeeper.reports.export")):
+        assert reports_reached(planted(below, above)) == [f"{below} imports {above}"]

@@ -427,7 +427,7 @@ def test_postgresql_appends_wait_for_the_write_lock(pg_url: str) -> None:
     """A writer holding the ledger's write transaction blocks another's append until it commits."""
     import threading
 
-    from gatekeeper.ledger.engine import write
+    from gatekeeper.ledger.database import write
 
     with Ledger(pg_url) as first, Ledger(pg_url) as second:
         done = threading.Event()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gatekeeper
 from gatekeeper.ledger import CURRENT_VERSION, Ledger
-from gatekeeper.ledger.engine import read
+from gatekeeper.ledger.database import read
 
 pytest_plugins = ["postgres"]
 

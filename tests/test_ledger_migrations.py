@@ -10,7 +10,7 @@ from sqlalchemy import inspect
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger import CURRENT_VERSION, Ledger, migrate
 from gatekeeper.ledger.chain import append
-from gatekeeper.ledger.engine import make_engine, write
+from gatekeeper.ledger.database import make_engine, write
 from gatekeeper.ledger.migrations import schema_version
 
 pytest_plugins = ["postgres"]

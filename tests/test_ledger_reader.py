@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.ledger import CURRENT_VERSION, Ledger, migrate, records
-from gatekeeper.ledger.engine import make_engine
+from gatekeeper.ledger.database import make_engine
 from gatekeeper.ledger.migrations import MIGRATIONS
 from gatekeeper.ledger.reader import SQLiteReader, open_reader, sqlite_file
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS

@@ -265,7 +265,7 @@ def test_an_edit_of_the_migrations_table_is_named(run_cli, workspace, filled, ba
 @pytest.mark.parametrize("edit, named", MIGRATION_EDITS)
 def test_preflight_names_an_edit_of_the_migrations_table(filled, edit, named):
     """What the command judges before opening the ledger (which would migrate it), on both backends."""
-    from gatekeeper.ledger.engine import make_engine, read
+    from gatekeeper.ledger.database import make_engine, read
     from gatekeeper.ledger.verify import preflight
 
     with Raw(filled) as raw:
@@ -288,7 +288,7 @@ def test_a_ledger_from_a_newer_gatekeeper_is_exit_2_not_tampered(run_cli, worksp
 
 def test_an_older_ledger_still_upgrades_and_verifies(run_cli, workspace):
     from gatekeeper.ledger import migrate
-    from gatekeeper.ledger.engine import make_engine
+    from gatekeeper.ledger.database import make_engine
 
     engine = make_engine(f"sqlite:///{db_of(workspace)}")
     migrate(engine, target=2)

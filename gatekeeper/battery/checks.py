@@ -13,12 +13,18 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
+from ..evidence import AssertionOutcome
 from ..js import regex
 from ..js import yaml as jsyaml
 from ..js.value import JSONError, code_units, deep_equal, is_js_space, is_json, js_lower, js_string, js_trim, parse_json, truthy
+from ..js.value import stringify as stringify  # JSON.stringify, for gate/ (whose layer imports battery, not js)
 from ..workspace import Assertion, Suite
+from . import types
+from .types import base_type
+
+FAMILY = types.CHECKS  # this module's types, declared in the registry
 
 
 class Refused(ValueError):
@@ -215,19 +221,12 @@ GATEKEEPER_ONLY: dict[str, tuple[Callable[[Any], Any], Callable[[str, Any], bool
 }
 CHECKS = {**SHARED, **{f"not-{t}": SHARED[t] for t in SHARED}, **GATEKEEPER_ONLY}
 
-# promptfoo types that are more than a function of the output text, each evaluated by a module of this
-# package (imported when first used, so the CLI never loads a grader or a subprocess runner it does not need).
-# A module exposes ``prepare(assertion) -> Any`` (raises Refused at load) and
-# ``evaluate(assertion, output, context) -> dict`` (``{"pass": bool, ...}``; raises Refused when it cannot decide).
-EVALUATED_BY: dict[str, str] = {}
-EVALUATED_BY["javascript"] = EVALUATED_BY["python"] = "scripted"  # the suite's own code, in a worker process
-EVALUATED_BY.update(dict.fromkeys(("llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval",
-                                    "answer-relevance", "context-faithfulness", "context-recall", "context-relevance"),
-                                   "graded"))  # judged by the policy's grader (an engine profile, greedy)
-EVALUATED_BY.update(dict.fromkeys(("similar", "similar:cosine", "similar:dot", "similar:euclidean"), "similar"))  # local embeddings
-# promptfoo's scored text metrics, computed as promptfoo computes them
-EVALUATED_BY.update(dict.fromkeys(("levenshtein", "bleu", "gleu", "rouge-n", "word-count", "is-refusal", "contains-html"),
-                                   "scored"))
+# promptfoo types that are more than a function of the output text: base type -> the module of this package
+# that evaluates it, as the registry declares (battery/types.py). Each is imported when first used, so the CLI
+# never loads a grader or a subprocess runner it does not need. A module exposes ``prepare(assertion) -> Any``
+# (raises Refused at load) and ``evaluate(assertion, output, context) -> dict`` (``{"pass": bool, ...}``; raises
+# Refused when it cannot decide).
+EVALUATED_BY: dict[str, str] = {t: f.module for f in types.FAMILIES.values() if f is not FAMILY for t in f.types}
 
 
 @dataclass(frozen=True)
@@ -239,10 +238,6 @@ class Context:
     prompt: str = ""
     graders: Any = None
     response: Any = None  # providerResponse.output when a test's transform changed it (None: the output)
-
-
-def base_type(kind: str) -> str:
-    return kind[4:] if kind.startswith("not-") else kind
 
 
 def evaluable(kind: str) -> bool:
@@ -314,6 +309,6 @@ def validate_suite(suite: Suite) -> list[str]:
     return problems
 
 
-def outcomes(assertions: list[Assertion], output: str, context: Context = Context()) -> list[dict[str, Any]]:
+def outcomes(assertions: list[Assertion], output: str, context: Context = Context()) -> list[AssertionOutcome]:
     """Each assertion's outcome, in order, as recorded in the ledger."""
-    return [{"type": a.type, "name": a.name, **evaluate(a, output, context)} for a in assertions]
+    return [cast(AssertionOutcome, {"type": a.type, "name": a.name, **evaluate(a, output, context)}) for a in assertions]

@@ -26,13 +26,12 @@ from ..errors import GatekeeperError
 from ..identity import sha256_hex
 from ..js import nunjucks
 from ..js import yaml as jsyaml
-from ..js.value import JS_SPACE, JSONError, js_string, js_trim, number_string, parse_json, truthy
+from ..js.value import JS_SPACE, JSONError, js_number, js_string, js_trim, number_string, parse_json, stringify, truthy
 from ..workspace import Assertion
-from . import checks
+from . import checks, types
 
-TYPES = ("llm-rubric", "model-graded-closedqa", "factuality", "model-graded-factuality", "g-eval",
-         "answer-relevance", "context-faithfulness", "context-recall", "context-relevance")
-INVERTIBLE = ("llm-rubric", "g-eval", "answer-relevance", "context-faithfulness", "context-recall", "context-relevance")
+FAMILY = types.GRADED  # this module's types, declared in the registry (JUDGES judges each)
+TYPES, INVERTIBLE = FAMILY.types, FAMILY.invertible
 PROMPTS = ("llm-rubric.json", "factuality.json", "model-graded-closedqa.json", "g-eval-steps.txt", "g-eval-evaluate.txt",
            "answer-relevance.txt", "context-recall.txt", "context-relevance.txt", "context-faithfulness-longform.txt",
            "context-faithfulness-nli.txt")
@@ -54,49 +53,7 @@ def prompts_digest() -> str:
     return sha256_hex("\x00".join(f"{n}\x00{default_prompt(n)}" for n in PROMPTS).encode())
 
 
-# --- JavaScript's JSON.stringify and Number ------------------------------------------------------------
-
-
-def stringify(v: Any) -> str:
-    """``JSON.stringify(v)`` for JSON values: compact, numbers as JavaScript prints them."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return number_string(float(v)) if math.isfinite(v) else "null"
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ",".join(stringify(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{stringify(x)}" for k, x in v.items()) + "}"
-    return json.dumps(js_string(v), ensure_ascii=False)
-
-
-_JS_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|Infinity)")
-
-
-def js_number(v: Any) -> float:
-    """``Number(v)`` for values read from JSON or YAML."""
-    if isinstance(v, bool):
-        return float(v)
-    if v is None:
-        return 0.0
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, list):
-        return 0.0 if not v else js_number(js_string(v[0])) if len(v) == 1 else math.nan
-    if not isinstance(v, str):
-        return math.nan
-    s = js_trim(v)
-    if not s:
-        return 0.0
-    if re.fullmatch(r"0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+", s):
-        return float(int(s, 0))
-    if _JS_NUMBER.fullmatch(s):
-        return float(s.replace("Infinity", "inf"))
-    return math.nan
+# --- reading a reply ----------------------------------------------------------------------------------
 
 
 def try_parse(text: str) -> Any:

@@ -16,11 +16,13 @@ import re
 from typing import Any, Callable
 
 from ..js import regex, treebank
-from ..js.value import JS_SPACE, code_units, js_lower, js_trim
+from ..js.value import JS_SPACE, code_units, js_lower, js_number, js_trim
 from ..workspace import Assertion
+from . import types
 from .checks import Context, Refused, base_type
 
-TYPES = ("levenshtein", "bleu", "gleu", "rouge-n", "word-count", "is-refusal", "contains-html")
+FAMILY = types.SCORED  # this module's types, declared in the registry (_SCORED computes each)
+TYPES = FAMILY.types
 
 _SPACES = re.compile(f"[{re.escape(JS_SPACE)}]+")
 
@@ -154,28 +156,6 @@ def _references(kind: str) -> Callable[[Any], list[str]]:
 
 
 # --- word-count ------------------------------------------------------------------------------------
-
-_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_RADIX = {"0x": 16, "0o": 8, "0b": 2}
-
-
-def js_number(s: str) -> float:
-    """JavaScript's ``Number(string)``: trimmed; empty is 0; decimal, Infinity or 0x/0o/0b; else NaN."""
-    s = js_trim(s)
-    if s == "":
-        return 0.0
-    if _DECIMAL.fullmatch(s):
-        return float(s)
-    if s.lstrip("+-") == "Infinity":
-        return -math.inf if s.startswith("-") else math.inf
-    base = _RADIX.get(s[:2].lower())
-    if base:
-        try:
-            return float(int(s[2:], base))
-        except ValueError:
-            pass
-    return math.nan
-
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)

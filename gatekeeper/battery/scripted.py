@@ -19,7 +19,6 @@ import atexit
 import json
 import math
 import os
-import re
 import select
 import subprocess
 import sys
@@ -30,11 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GatekeeperError
-from ..js.value import JSONError, js_string, js_trim, number_string, parse_json
+from ..js.value import JSONError, js_string, js_trim, number_string, parse_float, parse_json, stringify
 from ..setup import promptfoo as promptfoo_setup
 from ..workspace import Assertion
+from . import types
 from .checks import Context, Refused, base_type
 
+FAMILY = types.SCRIPTED  # this module's types, declared in the registry: the languages SUFFIXES runs
 SCRIPTS = Path(__file__).with_name("scripts")
 TIMEOUT_ENV = "GATEKEEPER_SCRIPT_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
@@ -117,7 +118,7 @@ def call(script: Script, args: list, what: str, text: bool = False) -> Any:
         return value
     if "text" in reply or value is UNDEFINED:  # JavaScript says how JSON.stringify writes it
         return value, reply.get("text")
-    return value, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return value, value if isinstance(value, str) else stringify(value)
 
 
 def schema_valid(schema: Any, values: list) -> list[bool]:
@@ -194,7 +195,7 @@ def _python(value: Any, threshold: float | None) -> tuple[str, Any]:
             says = f"Python score {number_string(result['score'])} is less than threshold {number_string(threshold)}"
             result = {**result, "pass": False, "reason": f"{says}: {result['reason']}" if result["reason"] else says}
         return "grading", result
-    score = _parse_float(js_string(value))
+    score = parse_float(js_string(value))
     if math.isnan(score):
         raise ValueError(f"{failed}; got {js_string(value)[:120]}")
     return "number", score
@@ -218,15 +219,6 @@ def _is_grading_result(r: dict) -> bool:
             and obj("namedScores") and obj("namedScoreWeights") and obj("tokensUsed") and obj("assertion")
             and ("componentResults" not in r or isinstance(r["componentResults"], list))
             and ("comment" not in r or isinstance(r["comment"], str)))
-
-
-_FLOAT = re.compile(r"[+-]?(?:Infinity|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)")
-
-
-def _parse_float(s: str) -> float:
-    """JavaScript's parseFloat: the longest number at the start, NaN when there is none."""
-    m = _FLOAT.match(js_trim(s))
-    return float(m.group()) if m else math.nan
 
 
 def _score(x: float) -> float | None:

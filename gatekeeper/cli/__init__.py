@@ -5,7 +5,7 @@ A command's module is imported, and its click command built, only when that comm
 lists them all), so ``status`` never pays for ``evaluate``'s imports. Heavy imports (torch, transformers,
 mlx) happen only inside command bodies, never at start-up.
 
-Imports: errors, signing, workspace, battery, engines, gate, ledger, traffic, runtime, setup, openfeature.
+Imports: errors, evidence, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def evaluate(
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
     import getpass
 
-    from ..gate import evaluator, pipeline
+    from ..gate import evaluator, pipeline, runs
     from ..gate import load as load_
     from ..traffic import capture
 
@@ -68,7 +68,7 @@ def evaluate(
     replayed = load_.source(ws, production) if production else None
     plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
                           load=production, captured=capture.prompts(replayed) if replayed else None)
-    models = evaluator.open_engines(plan)
+    models = runs.open_engines(plan)
     total = len(plan.items) * len(plan.schedule)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
           sigterm_as_interrupt()):
@@ -78,7 +78,7 @@ def evaluate(
             typer.echo("interrupted: the evaluation is recorded as aborted (no verdict); the ledger is intact", err=True)
             raise typer.Exit(130) from None
         finally:
-            evaluator.close_engines(models)
+            runs.close_engines(models)
     if junit is not None or os.environ.get("GITHUB_STEP_SUMMARY"):
         _report_to_ci(settings, ws, outcome.evaluation_id, junit)
     emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
@@ -88,7 +88,7 @@ def evaluate(
 
 def _report_to_ci(settings: Settings, ws, evaluation_id: int, junit: Optional[Path]) -> None:
     """The recorded evaluation as CI reads it: a JUnit file, and a summary on the job's page."""
-    from ..ledger import junit as junit_
+    from ..reports import junit as junit_
 
     with settings.opened_ledger(ws, create=False) as ledger:
         record = ledger.evaluation(evaluation_id)
@@ -121,7 +121,7 @@ def calibrate(
     import getpass
 
     from ..gate import calibrate as calibration
-    from ..gate import evaluator, pipeline
+    from ..gate import pipeline, runs
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -134,7 +134,7 @@ def calibrate(
                                 skip_unsupported=skip_unsupported)
     # A twin's flag-off run is its own: the server's numerics are not the twin's.
     reference = calibration.reference(record) if record is not None and twin is None else None
-    models = evaluator.open_engines(plan)
+    models = runs.open_engines(plan)
     try:
         twinned = None
         if twin is not None:
@@ -144,7 +144,7 @@ def calibrate(
         with progress(cases, enabled=not json_) as advance:
             result = calibration.run(plan, models, reference, advance, full=full)
     finally:
-        evaluator.close_engines(models)
+        runs.close_engines(models)
     result.evaluation_id, result.twin = evaluation, twinned
     with settings.opened_ledger(ws, create=True) as ledger:  # written once every fault has run
         result.calibration_id = ledger.add_calibration(

@@ -28,10 +28,9 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
         for flag, st in flags.states(ws, ledger).items():
             row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
             if st["state"] == "on" and st["evaluation_id"] is not None:
-                from ..gate import evaluator  # the battery and engines: only to check the evidence of a flag that is on
+                from ..gate import current  # the battery and engines: only to check the evidence of a flag that is on
 
-                evaluation = ledger.evaluation(st["evaluation_id"])
-                problems = flags.evidence_problems(ws, flag, evaluation, lambda ev: evaluator.identity_now(ws, ev, ledger))
+                problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
                 row.update(evidence_current=not problems, evidence_problems=problems)
             rows.append(row)
     emit(json_, {"workspace": str(ws.root), "flags": rows}, lambda: tables.print_status(rows))
@@ -58,9 +57,11 @@ def flip(
     """Turn a flag on (one approval per distinct operator, on current passing evidence) or off."""
     import getpass
     import os
+    from functools import partial
 
     from .. import signing
-    from ..gate import attestation, evaluator, flags
+    from ..gate import attestation
+    from ..gate import flip as flip_
     from ..ledger import checkpoint
 
     settings: Settings = ctx.obj
@@ -87,9 +88,8 @@ def flip(
         for path in (checkpoint.log_path(ws), ws.checkpoint_path):
             _writable(path)
     with settings.opened_ledger(ws, create=True) as ledger:
-        result = flags.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
-                            identity_now=lambda ev: evaluator.identity_now(ws, ev, ledger), attestation=attest,
-                            record_checkpoint=lambda key: checkpoint.after_flip(ws, ledger, key))
+        result = flip_.flip(ws, ledger, flag, state, evaluation_id=evaluation, operator=operator, reason=reason,
+                            attestation=attest, record_checkpoint=partial(checkpoint.after_flip, ws, ledger))
     emit(json_, result.to_dict(), lambda: tables.print_flip(flag, result, result.checkpoint))
     if result.action == "refused" or "error" in (result.checkpoint or {}):
         raise typer.Exit(1)

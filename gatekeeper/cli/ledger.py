@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ..errors import GatekeeperError
 from . import tables
 from .common import Json, Settings, emit, reporting, writable_file
+
+if TYPE_CHECKING:
+    from ..evidence import EvaluationRecord
 
 ledger_app = typer.Typer(help="Read, verify and export the evidence ledger.", no_args_is_help=True)
 
@@ -27,7 +30,7 @@ def ledger_list(ctx: typer.Context, limit: Annotated[Optional[int], typer.Option
     emit(json_, {"evaluations": evaluations}, lambda: tables.print_evaluations(evaluations))
 
 
-def _evaluation(settings: Settings, ws, evaluation_id: int) -> dict:
+def _evaluation(settings: Settings, ws, evaluation_id: int) -> EvaluationRecord:
     """One evaluation's record, or the error that points at ``gatekeeper ledger list``."""
     with settings.opened_ledger(ws, create=False) as ledger:
         record = ledger.evaluation(evaluation_id) if ledger else None
@@ -58,123 +61,19 @@ def ledger_verify(
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
     extends every checkpoint the workspace records and each one given; exit 1 naming the first problem."""
     from ..gate import attestation
-    from ..ledger import checkpoint as cp
+    from ..ledger.audit import audit_ledger
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    # a file or line that is no checkpoint: exit 2, before anything else
-    given = [(str(f), cp.load(f)) for f in checkpoint or []]
-    own = [(name, c) for name, c in cp.recorded(ws) if all(c != g for _, g in given)]
-    loaded = given + own
-    source = {"workspace": len(own), "given": len(given)}
-    url = settings.ledger_url(ws)
-    try:
-        early, unopened = _preflight(url)  # before opening, which would migrate a ledger whose migrations were edited
-        if early:
-            _report_verify(json_, [], early, entries=unopened.entries if unopened else None,
-                           first_bad=unopened.first_bad_seq if unopened else None, signatures=None, source=source)
-        with settings.opened_ledger(ws, create=False) as ledger:
-            if ledger is None:
-                raise GatekeeperError(f"no ledger at {url}; nothing has been recorded yet")
-            report = ledger.verify()
-            # On a damaged ledger these read rows verify has already named; what they cannot read is one more problem.
-            audit = _reached(report, "signatures", lambda: attestation.audit_signatures(ws, ledger))
-            where = cp.location(ledger.url, ws.root)
-            checked = [_reached(report, f"checkpoint {name}", lambda c=c, name=name: cp.check(
-                c, name, ledger, where, ws.allowed_signers)) for name, c in loaded]
-            fresh = _reached(report, "checkpoint_after_flip", lambda: cp.uncovered_flips(
-                ws, ledger, [c for c in checked if not isinstance(c, str) and c.ok]))
-    except typer.Exit:
-        raise
-    except Exception as e:  # noqa: BLE001 - only a database error is turned into one line; anything else re-raised
-        _unreadable(url, e, json_)
-        raise
-    unreached = [x for x in (audit, *checked, fresh) if isinstance(x, str)]
-    audit = None if isinstance(audit, str) else audit
-    checked = [c for c in checked if not isinstance(c, str)]
-    fresh = [] if isinstance(fresh, str) else fresh
-    problems = [*report.problems, *(p for _, p in (audit.problems if audit else [])),
-                *(p for c in checked for p in c.problems), *fresh, *unreached]
-    first_bad = report.first_bad_seq if not report.ok else next(
-        (s for s, _ in (audit.problems if audit else []) if s is not None), None)
-    signatures = {"checked": audit.checked, "problems": [p for _, p in audit.problems]} if audit else None
-    _report_verify(json_, checked, problems, entries=report.entries, first_bad=first_bad, signatures=signatures,
-                   source=source)
-
-
-def _report_verify(json_: bool, checked: list, problems: list[str], *, entries, first_bad, signatures, source) -> None:
-    # checkpoint_sources: how many checkpoints the workspace recorded and --checkpoint gave (none: a cut-off or
-    # forged tail cannot show)
-    data = {"ok": not problems, "entries": entries, "first_bad_seq": first_bad,
-            "problem": problems[0] if problems else "", "problems": problems,
-            "signatures": signatures or {"checked": 0, "problems": []},
-            "checkpoints": [c.to_dict() for c in checked], "checkpoint_sources": source}
-    emit(json_, data, lambda: tables.print_verify(data))
-    if problems:
+    result = audit_ledger(settings.ledger_url(ws), ws, checkpoint or [],
+                          lambda ledger: attestation.audit_signatures(ws, ledger))
+    data = result.to_dict()
+    if result.unreadable is not None:
+        emit(json_, data, lambda: typer.echo(f"ledger DAMAGED: {result.unreadable}"))
+    else:
+        emit(json_, data, lambda: tables.print_verify(data))
+    if not result.ok:
         raise typer.Exit(1)
-
-
-def _reached(report, what: str, check):
-    """``check()``; on a ledger verify found damaged, an error reading it is the line saying what went unchecked."""
-    try:
-        return check()
-    except GatekeeperError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        if report.ok:
-            raise  # an intact ledger: a bug, exit 3
-        return f"{what}: not checked, the damaged ledger cannot be read for it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-
-
-def _preflight(url: str):
-    """Problems in a ledger's ``migrations`` table and layout, read without opening (migrating) it, with
-    everything else verify finds where the tables are the current ones; and that report, if made."""
-    from sqlalchemy.exc import OperationalError
-
-    from ..ledger.engine import make_engine, read
-    from ..ledger.verify import preflight, reference, tables, verify
-
-    sqlite = url.startswith("sqlite:///")
-    if sqlite and not Path(url[len("sqlite:///"):]).is_file() or not (sqlite or url.startswith("postgresql")):
-        return [], None  # none there, or another database: opening it says what there is
-    engine = make_engine(url)
-    try:
-        with read(engine) as conn:
-            early = preflight(conn)
-            if early and tables(conn) == reference()["tables"]:  # the rest can be checked unopened too
-                report = verify(conn)
-                return list(dict.fromkeys([*report.problems, *early])), report
-            return early, None
-    except OperationalError:
-        return [], None  # a server that cannot be reached: opening the ledger says so
-    finally:
-        engine.dispose()
-
-
-def _unreadable(url: str, e: Exception, json_: bool) -> None:
-    """A SQLite ledger that cannot be read at all: one line. Exit 2 when the file is not an SQLite database
-    (or cannot be opened), exit 1 when it is one but damaged. Anything else: returns, and the caller re-raises."""
-    import sqlite3
-
-    from sqlalchemy.exc import DBAPIError
-
-    cause = e if isinstance(e, DBAPIError) else e.__cause__
-    orig = getattr(cause, "orig", None)
-    if isinstance(e, UnicodeDecodeError) and url.startswith("sqlite:"):
-        why = "its schema holds bytes that are not UTF-8"  # pysqlite failed to decode SQLite's own message
-    elif not url.startswith("sqlite:") or not isinstance(orig, sqlite3.DatabaseError):
-        return
-    else:
-        why = (str(orig).splitlines() or [type(orig).__name__])[0]
-    where = url[len("sqlite:///"):] if url.startswith("sqlite:///") else url
-    if "file is not a database" in why or "unable to open" in why:
-        raise GatekeeperError(f"{where}: not a ledger: SQLite cannot open it as a database ({why})") from None
-    line = f"{where}: the ledger is damaged and SQLite cannot read it ({why})"
-    if json_:
-        typer.echo(json.dumps({"ok": False, "error": line, "problem": line, "problems": [line]}, indent=2))
-    else:
-        typer.echo(f"ledger DAMAGED: {line}")
-    raise typer.Exit(1) from None
 
 
 @ledger_app.command("checkpoint")
@@ -275,7 +174,7 @@ def ledger_export(
     json_: Json = False,
 ) -> None:
     """Export one evaluation for a reviewer: verdict, identities, per-stage figures, differing cases."""
-    from ..ledger.export import FORMATS, render
+    from ..reports.export import FORMATS, render
 
     if format_ not in FORMATS:
         raise GatekeeperError(f"--format must be one of {', '.join(FORMATS)}, not {format_!r}")
@@ -307,7 +206,7 @@ def ledger_diff(
 ) -> None:
     """Compare two evaluations case by case: outcome changes, first divergence, drift, timing, and the identity
     fields that differ."""
-    from ..ledger.diff import diff, markdown
+    from ..reports.diff import diff, markdown
 
     if format_ not in ("table", "md"):
         raise GatekeeperError(f"--format must be table or md, not {format_!r} (--json prints JSON)")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from ..evidence import EvaluationRecord
 
 
 def _share(x: Optional[float]) -> str:
@@ -17,7 +20,7 @@ def print_diff(d: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..ledger.diff import num, status_text
+    from ..reports.diff import num, status_text
 
     a, b = d["a"], d["b"]
     console = Console()
@@ -254,7 +257,7 @@ def print_evaluations(evaluations: list[dict[str, Any]]) -> None:
     Console().print(table)
 
 
-def print_evaluation(ev: dict) -> None:
+def print_evaluation(ev: EvaluationRecord) -> None:
     typer.echo(f"evaluation {ev['id']}  flag {ev['flag']}  status {ev['status']}")
     typer.echo(f"  operator {ev['operator']}  started {ev['started_at']}  gate {ev['gate']}")
     for reason in ev.get("reasons") or []:

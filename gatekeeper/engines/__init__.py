@@ -3,5 +3,5 @@ registered by name (``registry``): ``torch``, ``mlx``, ``llamacpp``, ``http`` wi
 and ``telemetry``; plugins by import path. The prefill plan (``plan``) and planted faults (``faults``)
 are session options.
 
-Imports: gatekeeper (the version), errors, identity, workspace, cache, setup.
+Imports: gatekeeper (the version), errors, identity, evidence, workspace, cache, setup.
 """

@@ -14,9 +14,10 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence, cast
 
 from ..errors import GatekeeperError
+from ..evidence import Generated
 from ..workspace import EngineProfile
 from .faults import Fault
 
@@ -41,11 +42,11 @@ class Generation:
     top2: list[list[list[float]]] | None = None
     replica: str | None = None  # the server that answered, where a side has several
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Generated:
         d = asdict(self)
         if d["replica"] is None:
             del d["replica"]
-        return d
+        return cast(Generated, d)
 
 
 @dataclass

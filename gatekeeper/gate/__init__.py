@@ -6,5 +6,5 @@ calibration (``calibrate``), the pipeline in force and its version hash (``pipel
 (``flags``) and their signed records (``attestation``).
 It is handed a ledger and never opens one.
 
-Imports: errors, identity, signing, workspace, battery, engines.
+Imports: errors, identity, evidence, signing, workspace, battery, engines.
 """

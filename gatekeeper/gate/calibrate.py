@@ -22,8 +22,9 @@ from typing import Any, Callable
 from ..engines.faults import graded
 from ..engines.registry import check_profile
 from ..errors import GatekeeperError
+from ..evidence import CaseResult, EvaluationRecord, Run
 from ..workspace import Workspace
-from . import evaluator, flags, kinds, twin
+from . import current, evaluator, kinds, runs, twin
 from . import graders as graders_
 
 
@@ -45,7 +46,7 @@ class Calibration:
 
 
 def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit: int | None, *, force,
-         evaluation: dict[str, Any] | None, ledger, twin: str | None = None, skip_unsupported: bool = False) -> evaluator.Plan:
+         evaluation: EvaluationRecord | None, ledger, twin: str | None = None, skip_unsupported: bool = False) -> evaluator.Plan:
     """The evaluation's plan (its engine, suites and limit when one is named), checked to be current; with
     ``twin``, the served evaluation's suites and limit on the twin engine. ``skip_unsupported``: leave out
     promptfoo assertions gatekeeper cannot evaluate (a named evaluation that left them out does too)."""
@@ -61,8 +62,8 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
         if twin is not None and not evaluation["identity"]["on"]["engine"].get("servers"):
             raise GatekeeperError(f"evaluation {evaluation['id']} ran on an in-process engine ({config['engine']}): "
                                   "calibrate it directly (drop --twin)")
-        stale = [p for p in flags.evidence_problems(ws, flag, {**evaluation, "status": "PASS"},
-                                                    lambda ev: evaluator.identity_now(ws, ev, ledger)) if p.startswith("stale:")]
+        stale = [p for p in current.evidence_problems(ws, ledger, flag, {**evaluation, "status": "PASS"})
+                 if p.startswith("stale:")]
         if stale:
             raise GatekeeperError(f"{stale[0]}; calibrate a current evaluation (gatekeeper evaluate --flag {flag})")
     p = evaluator.plan(ws, flag, engine, suites, limit, force=force, skip_unsupported=skip_unsupported)
@@ -78,14 +79,14 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
     return p
 
 
-def twin_of(evaluation: dict[str, Any], model, name: str) -> dict[str, Any]:
+def twin_of(evaluation: EvaluationRecord, model, name: str) -> dict[str, Any]:
     """The twin's weights checked against those the served evaluation reported (``twin.check``)."""
     if model.weights is None:
         raise GatekeeperError(f"--twin {name}: a twin loads weights in this process (torch, mlx or llamacpp), not a server's")
     return twin.check(evaluation["identity"]["on"]["engine"], model.weights, name)
 
 
-def reference(evaluation: dict[str, Any]) -> dict[str, dict]:
+def reference(evaluation: EvaluationRecord) -> Run:
     """The evaluation's first flag-off run, case by case."""
     return {r["case_id"]: r["result"] for r in evaluation["case_results"] if r["config"] == "off" and r["repeat"] == 0}
 
@@ -126,13 +127,13 @@ class Watch:
     """Stops a case of a fault run at its first flag (a flagged case needs no more): a token that departs
     from the reference, or a step whose drift the rule flags (outputs only without a rule). Records which one it was."""
 
-    def __init__(self, ref: dict[str, Any], unfaulted: dict[tuple[int, int], float], rule: DriftRule | None):
+    def __init__(self, ref: CaseResult, unfaulted: dict[tuple[int, int], float], rule: DriftRule | None):
         self.ref, self.unfaulted, self.rule = ref, unfaulted, rule
         self.fired: str | None = None  # outputs | drift
 
     def turn(self, n: int):
-        ref = self.ref["turns"][n] if n < len(self.ref["turns"]) else {"tokens": [], "top2": []}
-        want, top2 = ref["tokens"], ref.get("top2") or []
+        turns = self.ref["turns"]
+        want, top2 = (turns[n]["tokens"], turns[n]["top2"] or []) if n < len(turns) else ([], [])
 
         def until(tokens: list[int], margins: list | None) -> bool:
             s = len(tokens) - 1
@@ -147,7 +148,7 @@ class Watch:
         return until
 
 
-def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
+def run(p: evaluator.Plan, models: dict, ref: Run | None,
         progress: Callable[[str], None] = lambda label: None, *, full: bool = False) -> Calibration:
     """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such.
     The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
@@ -170,7 +171,7 @@ def run(p: evaluator.Plan, models: dict, ref: dict[str, dict] | None,
     return _summary(p, rows, seconds, early)
 
 
-def _faults(p: evaluator.Plan, model, ref: dict[str, dict], progress, early: bool, layer: Path,
+def _faults(p: evaluator.Plan, model, ref: Run, progress, early: bool, layer: Path,
             graders=None) -> list[dict[str, Any]]:
     on, rows = p.configs["on"], []
     rule = DriftRule.of(p.policy)
@@ -224,11 +225,11 @@ def _summary(p: evaluator.Plan, rows: list[dict[str, Any]], seconds: dict[str, f
 
 
 def _run(session, p: evaluator.Plan, render, label: str, progress: Callable[[str], None],
-         watches: dict[str, Watch] | None = None, graders=None) -> dict[str, dict]:
+         watches: dict[str, Watch] | None = None, graders=None) -> Run:
     with session:
-        evaluator._pin_stage_prefixes(session, p, render)
-        out = {}
+        runs.pin_stage_prefixes(session, p, render)
+        out: Run = {}
         for item in p.items:
             progress(f"{label} {item.case_id}")
-            out[item.case_id] = evaluator.run_case(session, p.ws, item, render, (watches or {}).get(item.case_id), graders)
+            out[item.case_id] = runs.run_case(session, p.ws, item, render, (watches or {}).get(item.case_id), graders)
         return out

@@ -13,8 +13,10 @@ Never PASS: a case without an answer was not compared.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Iterable
 
+from ..evidence import Crash as Record
+from ..evidence import Run
 from .kinds import Decision
 
 SHOWN = 5  # reasons name this many crashes; the ledger keeps every one with its case
@@ -25,13 +27,13 @@ class Crash:
     side: str  # off | on | alone
     run: int
     case: str
-    record: dict[str, Any]  # turn, url, said, request, message
+    record: Record
 
 
-def found(runs: dict[str, list[dict[str, dict[str, Any]]]]) -> list[Crash]:
+def found(runs: dict[str, list[Run]]) -> list[Crash]:
     """Every crashed case of every run (config -> one {case id: result} per repeat)."""
     return [Crash(side, r, cid, res["crash"]) for side, repeats in runs.items() for r, results in enumerate(repeats)
-            for cid, res in results.items() if res.get("crash")]
+            for cid, res in results.items() if "crash" in res]
 
 
 def decide(crashes: Iterable[Crash]) -> Decision | None:

@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from weakref import WeakKeyDictionary
 
-from ..battery import checks, graded, partition
 from ..battery import load as battery
-from ..engines.base import Engine, Session, labelled, plus
-from ..errors import EngineCrash, GatekeeperError
-from ..identity import digest, directory_digest, sha256_hex
+from ..battery import partition
+from ..engines.base import Engine, plus
+from ..errors import GatekeeperError
+from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
+from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
 from . import graders as graders_
-from . import kinds, pipeline, sides
+from . import kinds, pipeline, sides, switches
 from . import load as load_
 from . import probes as probes_
+from . import runs as runs_
 from .plans import ALONE, Config, Plan
 
 
@@ -46,18 +48,17 @@ class Outcome:
     assertions: int
     differing_cases: list[str]
     equal: dict[str, int]
-    tokens: dict[str, int | None]  # computed_on, cached_on: None where the flag-on engine reports no cached tokens
+    tokens: Tokens
     seconds: dict[str, float]
     cacheable_share: dict[str, float]
     exercised_share: float
     passes: dict[str, int]  # assertions passed, flag off (first run) and on
     model_seconds: float
     overhead_seconds: float
-    telemetry: dict[str, Any]  # per side and stage: calls, prompt/cached tokens, prefill/decode seconds
+    telemetry: dict[str, dict[str, StageTelemetry]]  # per side, per stage
     # byte equivalence: the top-2 logit drift off#0~on#0 (kinds.Strength as a dict), None for other kinds
     strength: dict[str, Any] | None = None
-    # per suite, the flag-off baseline's decode steps: {steps, near_ties, min_margin, unknown}
-    near_ties: dict[str, dict[str, Any]] = field(default_factory=dict)
+    near_ties: dict[str, SuiteCensus] = field(default_factory=dict)  # per suite, the flag-off baseline's
     # the cache probes: per probe, equal | differs | baseline_unstable | crashed | skipped (why); and their seconds
     probes: dict[str, str] = field(default_factory=dict)
     probe_seconds: float = 0.0
@@ -68,7 +69,7 @@ class Outcome:
 
 
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
-         limit: int | None = None, *, force: pipeline.InForce, candidate: str | Path | None = None,
+         limit: int | None = None, *, force: switches.InForce, candidate: str | Path | None = None,
          skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None,
          grading: bool = True) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
@@ -76,53 +77,43 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     load (``load.in_force``), ``captured`` its capture's prompts."""
     from ..engines.registry import check_profile
 
-    policy = ws.policy(flag)
-    rest = force.without(flag)
+    policy, switch = ws.policy(flag), switches.of(flag)
+    rest = switch.without(force)
     base = pipeline.engine_profile(ws, engine, rest)  # validates the profile before anything is loaded
-    if candidate is not None and flag != "adapter":
-        raise GatekeeperError(f"--candidate is for the adapter flag (a candidate LoRA, gated by non_inferiority); "
-                              f"{flag} does not take one: drop --candidate")
-    cand, names = None, ("with the flag off", "with the flag on")
-    if flag == "adapter":
-        if candidate is None:
-            raise GatekeeperError(f"{flag} compares the current weights with a candidate LoRA adapter: "
-                                  "add --candidate PATH (the adapter directory)")
-        path = Path(candidate).expanduser().resolve()
-        if not path.is_dir():
-            raise GatekeeperError(f"--candidate {path}: not a directory; point it at a LoRA adapter directory")
-        cand = {"path": str(path), "digest": directory_digest(path)}
-        configs = {"off": Config(base, False, rest.render),
-                   "on": Config(base.model_copy(update={"adapter_path": str(path)}), False, rest.render)}
-        names = ("with the current weights", "with the candidate")
-    elif flag == "static_first":
-        configs = {"off": Config(base, False, "as_written"), "on": Config(base, False, "partitioned")}
-        names = ("as written", "partitioned")
-    elif flag == "prefix_cache":
-        configs = {"off": Config(base, False, rest.render), "on": Config(base, True, rest.render)}
-    else:  # a declared change, on top of everything else in force (the cache as it is)
-        assert policy.change is not None  # a flag that is not built in declares its change (Policy validates it)
-        changed = pipeline.apply(ws, ws.engine(engine), {**rest.changes, flag: policy.change})
-        if force.adapter is not None:
-            changed = changed.model_copy(update={"adapter_path": base.adapter_path})
-        configs = {"off": Config(base, rest.cache, rest.render), "on": Config(changed, rest.cache, rest.render)}
-        names = (f"without {flag}", f"with {flag}")
+    cand = switch.candidate(candidate)
+    configs = switch.configs(ws, engine, rest, base, cand)
     for c in configs.values():
         cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
         if load is not None:
             _check_load(cls, c.profile, load)
-    items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+    items, digest_ = _battery(ws, suites, limit, skip_unsupported)
     # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
     grader_spec = graders_.spec(ws, policy, items) if grading else None
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
-    digest_ = battery.battery_digest(ws, items)
-    p = Plan(ws, flag, policy, items, engine, digest_, configs,
-             kinds.KINDS[policy.gate](policy, names), flag == "prefix_cache", cand,
-             {"engine": engine, "suites": suites, "limit": limit,
-              "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
-              **({"skip_unsupported": True} if skip_unsupported else {}),
-              **({"load": load_.identity(ws, load, digest_)} if load else {})}, load, captured, grader_spec)
+    p = Plan(ws=ws, flag=flag, policy=policy, items=items, engine_name=engine, battery_digest=digest_, configs=configs,
+             kind=kinds.KINDS[policy.gate](policy, switch.labels), exercises_cache=switch.exercises_cache,
+             candidate=cand, load=load, captured=captured, grading=grader_spec,
+             config={"engine": engine, "suites": suites, "limit": limit,
+                     "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
+                     **({"skip_unsupported": True} if skip_unsupported else {}),
+                     **({"load": load_.identity(ws, load, digest_)} if load else {})})
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
     return p
+
+
+# Workspace object -> (suites, limit, skip_unsupported) -> the battery's items and digest. A workspace object
+# reads its files once (the OpenFeature resolver opens a new one per resolution), so neither can go stale.
+_batteries: WeakKeyDictionary[Workspace, dict[tuple[Any, ...], tuple[list[battery.Item], str]]] = WeakKeyDictionary()
+
+
+def _battery(ws: Workspace, suites: list[str] | None, limit: int | None,
+             skip_unsupported: bool) -> tuple[list[battery.Item], str]:
+    key = (tuple(suites) if suites else None, limit, skip_unsupported)
+    memo = _batteries.setdefault(ws, {})
+    if key not in memo:
+        items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+        memo[key] = items, battery.battery_digest(ws, items)
+    return memo[key]
 
 
 def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
@@ -135,25 +126,6 @@ def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
                               f"{profile.concurrency} cases {profile.where} runs at once; raise the load's concurrency")
 
 
-def open_engines(p: Plan) -> dict[str, Engine]:
-    """A loaded model per configuration; one shared model when both run the same profile."""
-    from ..engines.registry import build_engine
-
-    off = build_engine(p.configs["off"].profile, workspace_root=p.ws.root)
-    if p.configs["on"].profile == p.configs["off"].profile:
-        return {"off": off, "on": off}
-    try:
-        return {"off": off, "on": build_engine(p.configs["on"].profile, workspace_root=p.ws.root)}
-    except BaseException:
-        off.close()
-        raise
-
-
-def close_engines(models: dict[str, Engine]) -> None:
-    for model in {id(m): m for m in models.values()}.values():
-        model.close()
-
-
 def _actors(p: Plan, models: dict[str, Engine]):
     """``executor: ray``: the Ray actors that run the cases (``ray_executor.Actors``); None runs them here.
     Read from the named profile: a declared change in force rebuilds the profile without it."""
@@ -162,47 +134,7 @@ def _actors(p: Plan, models: dict[str, Engine]):
         return None
     from . import ray_executor
 
-    return ray_executor.Actors(p, models, profile, ray_executor.Steps(open_engines, _pin_stage_prefixes, run_case, _open_graders))
-
-
-def _open_graders(p: Plan, loaded=()) -> graders_.Graders | None:
-    return graders_.open(p.grading, p.ws.root, loaded)
-
-
-def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch=None,
-             graders: graders_.Graders | None = None) -> dict[str, Any]:
-    """One case, every turn of it, greedy; each later turn extends the transcript so far. A ``watch``
-    (calibration's) may stop the case early: its ``turn(n)`` is the turn's ``until``, its ``fired`` the stop.
-    ``graders``: the evaluation's (model-graded and similar assertions)."""
-    suite, case, model = item.suite, item.case, session.model
-    values = dict(case.vars)
-    history: list[dict[str, str]] = []
-    turns: list[dict[str, Any]] = []
-    for n, turn_vars in enumerate(case.turns or [{}]):
-        values.update(turn_vars)
-        early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
-        try:
-            rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
-            with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
-                g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
-                                     top2=True, **early)
-        except EngineCrash as e:  # evidence about this side: recorded with the case (gate/crashes.py)
-            return {"turns": turns, "text": "", "outcomes": [], "crash": {"turn": n + 1, **e.record()}}
-        turns.append({**g.to_dict(), "static_tokens": rendered.static_tokens, "prompt_digest": sha256_hex(rendered.text.encode())})
-        history = [*rendered.messages, {"role": "assistant", "content": g.text}]
-        if watch and watch.fired:
-            break
-    text = turns[-1]["text"]
-    context = checks.Context(vars=values, prompt=promptfoo_prompt(rendered.messages), graders=graders)
-    return {"turns": turns, "text": text, "outcomes": checks.outcomes(list(case.assert_), text, context)}
-
-
-def promptfoo_prompt(messages: list[dict[str, str]]) -> str:
-    """The prompt as promptfoo hands it to assertions and graders: a lone user message's text, else the chat
-    messages as JSON text (what a promptfoo chat prompt renders to)."""
-    if len(messages) == 1 and messages[0]["role"] == "user":
-        return messages[0]["content"]
-    return graded.stringify([{"role": m["role"], "content": m["content"]} for m in messages])
+    return ray_executor.Actors(p, models, profile)
 
 
 def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
@@ -216,20 +148,6 @@ def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
             totals[mode][0] += r.static_tokens
             totals[mode][1] += len(r.tokens)
     return {m: round(s / t, 4) if t else 0.0 for m, (s, t) in totals.items()}
-
-
-def _pin_stage_prefixes(session: Session, p: Plan, mode: partition.Mode) -> int:
-    """Register each suite's static prefix (identical across its cases) with the session."""
-    pinned = 0
-    for suite in {i.suite.suite: i.suite for i in p.items}.values():
-        case = suite.cases[0]
-        values = {**case.vars, **(case.turns[0] if case.turns else {})}
-        r = partition.render(session.model, partition.pieces(p.ws, suite, values), mode)
-        if r.static_tokens:
-            with labelled(stage=suite.stage):
-                session.pin(r.tokens[: r.static_tokens])
-            pinned += 1
-    return pinned
 
 
 def _identity(p: Plan, config: str, engine_identity: dict[str, Any], grader: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -290,7 +208,7 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
 
 @dataclass
 class Runs:
-    results: dict[str, list[dict[str, dict]]]  # config -> one {case id: result} per repeat
+    results: dict[str, list[Run]]  # config -> one per repeat
     seconds: dict[str, float]
     model_s: float
     probes: dict[str, list[probes_.Probed]] = field(default_factory=dict)  # config -> one per repeat
@@ -307,10 +225,10 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
         model = models["off" if config == ALONE else config]
         with model.session(cache=c.cache) as session, _background(p, model, c, config):
             # Registered in both configurations: an aligned prefill plan splits at these boundaries either way.
-            _pin_stage_prefixes(session, p, c.render)
-            results: dict[str, dict] = {}
+            runs_.pin_stage_prefixes(session, p, c.render)
+            results: Run = {}
             t0 = time.perf_counter()
-            for item, result in _cases(session, p, c.render, workers=1 if config == ALONE else None, graders=graders):
+            for item, result in runs_.cases(session, p, c.render, workers=1 if config == ALONE else None, graders=graders):
                 progress(f"{config}#{repeat} {item.case_id}")
                 runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
                 ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
@@ -426,8 +344,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     )
 
 
-def _unstable(p: Plan, item: battery.Item, off: list[dict[str, dict]], r: int,
-              d: dict[str, Any]) -> str:
+def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> str:
     """A baseline_unstable: reason naming where the flag-off runs part and the likeliest cause it can see."""
     cid = item.case_id
     where = ("assertion outcomes differ" if d.get("turn") is None else
@@ -484,12 +401,12 @@ def _mined_elsewhere(p: Plan, model: Engine) -> list[str]:
             for name, m in mined.items() if m.identity != here]
 
 
-def _telemetry(p: Plan, results: dict[str, dict]) -> dict[str, dict[str, Any]]:
+def _telemetry(p: Plan, results: Run) -> dict[str, StageTelemetry]:
     """Per stage, what one side's calls cost, as its engine reports it."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, StageTelemetry] = {}
     for item in p.items:
-        row = out.setdefault(item.suite.stage, {"calls": 0, "prompt_tokens": 0, "cached_tokens": 0,
-                                                "prefill_s": 0.0, "decode_s": 0.0})
+        row = out.setdefault(item.suite.stage, StageTelemetry(calls=0, prompt_tokens=0, cached_tokens=0,
+                                                              prefill_s=0.0, decode_s=0.0))
         for t in results[item.case_id]["turns"]:
             row["calls"] += 1
             for k in ("prompt_tokens", "prefill_s", "decode_s"):
@@ -497,8 +414,8 @@ def _telemetry(p: Plan, results: dict[str, dict]) -> dict[str, dict[str, Any]]:
             row["cached_tokens"] = plus(row["cached_tokens"], t["cached_tokens"])
     for row in out.values():
         model_s = row["prefill_s"] + row["decode_s"]
-        row.update(prefill_s=round(row["prefill_s"], 6), decode_s=round(row["decode_s"], 6),
-                   prefill_share=round(row["prefill_s"] / model_s, 4) if model_s else None)
+        row["prefill_share"] = round(row["prefill_s"] / model_s, 4) if model_s else None
+        row["prefill_s"], row["decode_s"] = round(row["prefill_s"], 6), round(row["decode_s"], 6)
     return out
 
 
@@ -514,22 +431,6 @@ def _blind(p: Plan, models: dict[str, Engine]) -> list[str]:
     return out
 
 
-def _cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None,
-           graders: graders_.Graders | None = None) -> Iterator[tuple[battery.Item, dict[str, Any]]]:
-    """Each case with its result, in battery order; up to ``workers`` (the engine's concurrency) run at once."""
-    workers = max(1, workers or session.model.concurrency)
-    if workers == 1:
-        yield from ((item, run_case(session, p.ws, item, mode, graders=graders)) for item in p.items)
-        return
-    pool = ThreadPoolExecutor(workers)
-    try:
-        futures = [pool.submit(run_case, session, p.ws, item, mode, graders=graders) for item in p.items]
-        for item, future in zip(p.items, futures):
-            yield item, future.result()
-    finally:
-        pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
-
-
 def _sum(values: Iterator[int | None]) -> int | None:
     """A total, or None when any part was not reported."""
     total: int | None = 0
@@ -538,13 +439,14 @@ def _sum(values: Iterator[int | None]) -> int | None:
     return total
 
 
-def _passes(results: dict[str, dict]) -> int:
+def _passes(results: Run) -> int:
     return sum(o["pass"] for r in results.values() for o in r["outcomes"])
 
 
-def identity_now(ws: Workspace, evaluation: dict[str, Any], ledger) -> dict[str, Any]:
+def identity_now(ws: Workspace, evaluation: EvaluationRecord, ledger) -> dict[str, Any]:
     """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit, candidate)
-    has today, with the pipeline in force as the ledger says, the evaluated flag taken as off."""
+    has today, with the pipeline in force as the ledger says, the evaluated flag taken as off. Asked for
+    every flag (``status``, ``flip``): the battery is read once per workspace object (``_battery``)."""
     from ..engines import registry
 
     config = evaluation["config"]

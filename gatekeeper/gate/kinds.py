@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar, Iterable, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
+from ..evidence import CaseResult, Change, Comparison, DivergentSide, Step, SuiteCensus, Top2
 from ..workspace import Policy
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
@@ -33,11 +34,11 @@ class Strength:
 
     grade: str | None  # bit_exact | equal_outputs; None when the outputs differ
     max_drift: float | None  # None when no step had top-2 logits on both sides
-    where: dict[str, Any] | None  # the largest drift's step; None when there is none
+    where: Step | None  # the largest drift's step; None when there is none
     steps_at_risk: int  # shared steps whose top-2 margin is within AT_RISK × max_drift
     steps: int  # shared steps compared
     unknown: int  # of those, steps where a side gave no top-2 logits: drift unknown there
-    unknown_where: dict[str, Any] | None  # the first such step
+    unknown_where: Step | None  # the first such step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,11 +75,11 @@ class Strength:
                 f"steps (no top-2 logits, first at {_at(self.unknown_where)})")
 
 
-def _at(where: dict[str, Any] | None) -> str:
+def _at(where: Step | None) -> str:
     return "-" if where is None else f"{where['case']} turn {where['turn']} step {where['step']}"
 
 
-def _shared_steps(a: dict[str, Any], b: dict[str, Any]) -> Iterator[tuple[int, int, list | None, list | None]]:
+def _shared_steps(a: CaseResult, b: CaseResult) -> Iterator[tuple[int, int, Top2 | None, Top2 | None]]:
     """(turn, step, top-2 of a, top-2 of b) at each generated step before the two results part;
     a turn that parts ends it (later turns extend different transcripts)."""
     for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
@@ -91,7 +92,7 @@ def _shared_steps(a: dict[str, Any], b: dict[str, Any]) -> Iterator[tuple[int, i
             return
 
 
-def step_drift(x: list | None, y: list | None) -> float | None:
+def step_drift(x: Top2 | None, y: Top2 | None) -> float | None:
     """How far two steps' top-2 logits moved ([[id, logit], [id, logit]] each); None where a side has none."""
     if not x or not y or len(x) < 2 or len(y) < 2:
         return None
@@ -100,15 +101,15 @@ def step_drift(x: list | None, y: list | None) -> float | None:
     return max(abs(float(x[0][1]) - float(y[0][1])), abs(float(x[1][1]) - float(y[1][1])))
 
 
-def drifts(a: dict[str, Any], b: dict[str, Any]) -> dict[tuple[int, int], float]:
+def drifts(a: CaseResult, b: CaseResult) -> dict[tuple[int, int], float]:
     """The drift at each shared generated step (turn, step) where both sides have top-2 logits."""
     return {(turn, step): d for turn, step, x, y in _shared_steps(a, b) if (d := step_drift(x, y)) is not None}
 
 
-def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], outputs_differ: bool) -> Strength:
+def strength(pairs: Iterable[tuple[str, CaseResult, CaseResult]], outputs_differ: bool) -> Strength:
     """The drift over (case id, flag-off result, flag-on result) pairs."""
     steps, unknown, unknown_where = 0, 0, None
-    worst: tuple[float, dict[str, Any]] | None = None  # the largest drift (the first, on a tie) and where
+    worst: tuple[float, Step] | None = None  # the largest drift (the first, on a tie) and where
     margins: list[float] = []
     for cid, a, b in pairs:
         for turn, step, x, y in _shared_steps(a, b):
@@ -116,14 +117,14 @@ def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], output
             drift = step_drift(x, y)
             if drift is None:
                 unknown += 1
-                unknown_where = unknown_where or {"case": cid, "turn": turn, "step": step}
+                unknown_where = unknown_where or Step(case=cid, turn=turn, step=step)
                 continue
             assert x is not None and y is not None  # a known drift means both sides have top-2 logits
             margins.append(min(x[0][1] - x[1][1], y[0][1] - y[1][1]))
             if x == y:
                 continue
             if worst is None or drift > worst[0]:
-                worst = (drift, {"case": cid, "turn": turn, "step": step})
+                worst = (drift, Step(case=cid, turn=turn, step=step))
     known = steps - unknown
     max_drift = worst[0] if worst else (0.0 if known else None)
     at_risk = sum(m <= AT_RISK * worst[0] for m in margins) if worst else 0
@@ -131,12 +132,12 @@ def strength(pairs: Iterable[tuple[str, dict[str, Any], dict[str, Any]]], output
     return Strength(grade, max_drift, worst[1] if worst else None, at_risk, steps, unknown, unknown_where)
 
 
-def near_ties(results: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def near_ties(results: Iterable[tuple[str, CaseResult]]) -> dict[str, SuiteCensus]:
     """Per suite, over (suite, result) pairs of the flag-off baseline: decode steps with a known top-2
     margin, how many are near-ties (margin at or below NEAR_TIE), the smallest margin, steps without one."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, SuiteCensus] = {}
     for suite, result in results:
-        row = out.setdefault(suite, {"steps": 0, "near_ties": 0, "min_margin": None, "unknown": 0})
+        row = out.setdefault(suite, SuiteCensus(steps=0, near_ties=0, min_margin=None, unknown=0))
         for t in result["turns"]:
             top2 = t.get("top2") or []
             for s in range(len(t["tokens"])):
@@ -150,7 +151,7 @@ def near_ties(results: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, dict[s
     return out
 
 
-def insensitive(census: dict[str, dict[str, Any]]) -> list[str]:
+def insensitive(census: dict[str, SuiteCensus]) -> list[str]:
     """Advice (never a failure) for each suite whose baseline never came near a tie."""
     return [f"insensitive: suite {suite}: none of its {row['steps']} flag-off decode steps has a top-2 margin at or "
             f"below {NEAR_TIE:g} (smallest {row['min_margin']:.3g}), so a drift of a few ULPs cannot flip any of "
@@ -163,7 +164,7 @@ class Evidence:
     """What a kind decides on: the cases that differ and the figures of both sides."""
 
     cases: int
-    differing: list[tuple[str, dict[str, Any]]]  # case id, its comparison
+    differing: list[tuple[str, Comparison]]  # case id, its comparison
     passes: dict[str, int]  # assertions passed, flag off (first run) and on
     cached: int | None  # prompt tokens the flag-on side served from cache; None: the engine did not say
     bound: int  # the stable-prefix bound of the flag-on side's prompts, in whole units of the cache's granularity
@@ -176,7 +177,7 @@ class Evidence:
         return min(1.0, self.cached / self.bound) if self.bound and self.cached else 0.0
 
 
-def _margin(step: list[list[float]] | None) -> float | None:
+def _margin(step: Top2 | None) -> float | None:
     return None if not step else float(step[0][1] - step[1][1])
 
 
@@ -191,13 +192,14 @@ def _diff(a: Any, b: Any) -> dict[str, Any]:
     return DeepDiff(a, b).to_dict()
 
 
-def _collapse(ma: float | None, mb: float | None) -> str | None:
+def _collapse(ma: float | None, mb: float | None) -> Literal["a", "b"] | None:
     """Which side's margin alone collapsed ("a" or "b"), else None: its margin is at or below NEAR_TIE
     while the other's is known, above twice NEAR_TIE and at least COLLAPSE times it. Both near a tie is a
     near-tie (rounding may flip either), not a collapse; a side without top-2 logits shows nothing."""
     if ma is None or mb is None:
         return None
-    for name, low, high in (("a", ma, mb), ("b", mb, ma)):
+    sides: tuple[tuple[Literal["a", "b"], float, float], ...] = (("a", ma, mb), ("b", mb, ma))
+    for name, low, high in sides:
         if low <= NEAR_TIE and high > 2 * NEAR_TIE and high >= COLLAPSE * low:
             return name
     return None
@@ -207,13 +209,17 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def divergence(d: dict[str, Any], sides: tuple[str, str] = ("flag-off", "flag-on"), pieces: bool = False) -> str:
+def divergence(d: Comparison, sides: tuple[str, str] = ("flag-off", "flag-on"), pieces: bool = False) -> str:
     """The parenthesised account of a first divergence that reasons and ledger views print: both tokens
     (with their pieces if ``pieces``), both top-2 margins, and "near-tie" (both sides near a tie: a few
     ULPs can flip it) or "one-sided collapse" (only one side near a tie: rounding cannot explain it).
     ``sides`` names sides a and b. Entries recorded before ``collapse`` existed lack it: read with .get."""
-    a, b = d.get("a") or {}, d.get("b") or {}
-    token = (lambda s: f"{s.get('token')} {s.get('piece')!r}") if pieces else (lambda s: f"{s.get('token')}")
+    none = DivergentSide(token=None, piece=None, margin=None)
+    a, b = d.get("a") or none, d.get("b") or none
+
+    def token(s: DivergentSide) -> str:
+        return f"{s.get('token')} {s.get('piece')!r}" if pieces else f"{s.get('token')}"
+
     label = ""
     if d.get("near_tie"):
         label = ", near-tie"
@@ -225,36 +231,36 @@ def divergence(d: dict[str, Any], sides: tuple[str, str] = ("flag-off", "flag-on
     return f"({token(a)} vs {token(b)}, margin {_num(a.get('margin'))} vs {_num(b.get('margin'))}{label})"
 
 
-def token_diff(a: dict[str, Any], b: dict[str, Any], detok: Callable[[list[int]], str]) -> dict[str, Any] | None:
+def token_diff(a: CaseResult, b: CaseResult, detok: Callable[[list[int]], str]) -> Comparison | None:
     """None when token ids, text bytes and outcomes are identical; else where and how they part."""
     for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"])):
         if ta["tokens"] == tb["tokens"] and ta["text"] == tb["text"]:
             continue
         pos = first_divergence(ta["tokens"], tb["tokens"])
-        side: dict[str, dict[str, Any]] = {}
+        side: dict[str, DivergentSide] = {}
         for name, t in (("a", ta), ("b", tb)):
             token = t["tokens"][pos] if pos < len(t["tokens"]) else None
             top2 = t.get("top2") or []
-            side[name] = {"token": token, "piece": detok([token]) if token is not None else None,
-                          "margin": _margin(top2[pos] if pos < len(top2) else None)}
+            side[name] = DivergentSide(token=token, piece=detok([token]) if token is not None else None,
+                                       margin=_margin(top2[pos] if pos < len(top2) else None))
         ma, mb = side["a"]["margin"], side["b"]["margin"]
-        return {
-            "turn": n + 1,
-            "first_divergent_position": pos,
-            "a": side["a"], "b": side["b"],
-            "near_tie": ma is not None and mb is not None and max(ma, mb) <= NEAR_TIE,
-            "collapse": _collapse(ma, mb),
-            "text_a": ta["text"], "text_b": tb["text"],
-            "outcomes_diff": _diff(a["outcomes"], b["outcomes"]) if a["outcomes"] != b["outcomes"] else {},
-        }
+        return Comparison(
+            turn=n + 1,
+            first_divergent_position=pos,
+            a=side["a"], b=side["b"],
+            near_tie=ma is not None and mb is not None and max(ma, mb) <= NEAR_TIE,
+            collapse=_collapse(ma, mb),
+            text_a=ta["text"], text_b=tb["text"],
+            outcomes_diff=_diff(a["outcomes"], b["outcomes"]) if a["outcomes"] != b["outcomes"] else {},
+        )
     if a["outcomes"] != b["outcomes"]:
-        return {"turn": None, "outcomes_diff": _diff(a["outcomes"], b["outcomes"])}
+        return Comparison(turn=None, outcomes_diff=_diff(a["outcomes"], b["outcomes"]))
     return None
 
 
-def outcome_diff(off: dict[str, Any], on: dict[str, Any]) -> dict[str, Any] | None:
+def outcome_diff(off: CaseResult, on: CaseResult) -> Comparison | None:
     """None when every assertion has the same outcome; else which changed, and both texts."""
-    changed = [{"assertion": a.get("name") or f"#{n + 1} {a['type']}", "off": a["pass"], "on": b["pass"]}
+    changed = [Change(assertion=a.get("name") or f"#{n + 1} {a['type']}", off=a["pass"], on=b["pass"])
                for n, (a, b) in enumerate(zip(off["outcomes"], on["outcomes"])) if a["pass"] != b["pass"]]
     if not changed:
         return None
@@ -272,7 +278,7 @@ class GateKind:
         self.policy = policy
         self.sides = sides  # how the reasons name the two configurations
 
-    def compare(self, off: dict[str, Any], on: dict[str, Any], detok: Callable[[list[int]], str]) -> dict[str, Any] | None:
+    def compare(self, off: CaseResult, on: CaseResult, detok: Callable[[list[int]], str]) -> Comparison | None:
         return outcome_diff(off, on)
 
     def decide(self, e: Evidence) -> Decision:
@@ -283,7 +289,7 @@ class ByteEquivalence(GateKind):
     name = "byte_equivalence"
     numeric = True
 
-    def compare(self, off, on, detok):
+    def compare(self, off: CaseResult, on: CaseResult, detok: Callable[[list[int]], str]) -> Comparison | None:
         return token_diff(off, on, detok)
 
     def decide(self, e: Evidence) -> Decision:

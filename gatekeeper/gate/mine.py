@@ -29,9 +29,10 @@ from ..battery.load import Item
 from ..battery.partition import pieces, render
 from ..engines.faults import Fault
 from ..errors import GatekeeperError
+from ..evidence import CaseResult, Turn
 from ..identity import digest
 from ..workspace import Decoding, Suite, Workspace
-from . import evaluator
+from . import evaluator, runs
 from .kinds import NEAR_TIE, first_divergence
 
 STEP = 16  # max_tokens is chosen among multiples of this (and each suite's own)
@@ -79,7 +80,7 @@ class Scored:
                 **({"catches": self.catches(upto)} if self.departs else {})}
 
 
-def rates(turns: list[dict[str, Any]]) -> tuple[float, float]:
+def rates(turns: list[Turn]) -> tuple[float, float]:
     """Model seconds per prompt token and per generated token, over every measured call of the run."""
     prompt = sum(t["prompt_tokens"] for t in turns)
     generated = sum(len(t["tokens"]) for t in turns)
@@ -135,7 +136,7 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
     return scored, identity
 
 
-def probe(model, ws: Workspace, mode, scored: list[Scored], items: list[Item], refs: list[dict[str, Any]],
+def probe(model, ws: Workspace, mode, scored: list[Scored], items: list[Item], refs: list[CaseResult],
           faults: Sequence[Fault], progress: Callable[[str], None]) -> None:
     """Each candidate flag on under each fault, every case stopped at its first token that departs from
     its flag-off run: records where (``Scored.departs``). The stage prefixes are computed once for all."""
@@ -150,7 +151,7 @@ def probe(model, ws: Workspace, mode, scored: list[Scored], items: list[Item], r
                     s.departs[fault.spec] = departure(ref, result)
 
 
-def departure(ref: dict[str, Any], result: dict[str, Any]) -> tuple[int, int] | None:
+def departure(ref: CaseResult, result: CaseResult) -> tuple[int, int] | None:
     """The turn and step where ``result``'s tokens first part from ``ref``'s; None where they never do."""
     for n, (a, b) in enumerate(zip(ref["turns"], result["turns"])):
         if a["tokens"] != b["tokens"]:
@@ -167,7 +168,7 @@ def _each(session, ws: Workspace, candidates: list[Candidate], items: list[Item]
             _pin(session, ws, item, mode)
             pinned.add(item.suite.suite)
         progress(label + c.source)
-        yield c, item, evaluator.run_case(session, ws, item, mode, watches[n] if watches else None)
+        yield c, item, runs.run_case(session, ws, item, mode, watches[n] if watches else None)
 
 
 def check_budget(cases: int | None, seconds: float | None) -> None:
@@ -264,7 +265,7 @@ def _ratio(group: list[Scored], n: int) -> float:
     return sum(s.score(n) for s in group) / seconds if seconds else 0.0
 
 
-def _margins(turn: dict[str, Any]) -> list[float]:
+def _margins(turn: Turn) -> list[float]:
     return [float(s[0][1] - s[1][1]) for s in (turn.get("top2") or []) if len(s) >= 2]
 
 

@@ -24,7 +24,7 @@ class Config:
     render: partition.Mode
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     """An evaluation, fully validated before the ledger is touched."""
 

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..battery import partition
 from ..engines.base import Generation, Session, labelled
 from ..errors import EngineCrash
+from ..evidence import CaseResult, Crash, Run, Turn
 from ..identity import sha256_hex
 from . import kinds
 from .plans import Plan
@@ -51,7 +52,7 @@ class Base:
 class Probed:
     """One run's probes: results by probe id, the probes skipped and why, the seconds they took."""
 
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: Run = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -147,25 +148,28 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         nxt = first + g.tokens[:-1] + b.follow
         return [(first, g), (nxt, gen(nxt))]
 
-    steps = {"repeat": repeat, "continuation": continuation, "inside": inside, "block": block, "window": window}
+    steps: dict[str, Callable[[], list[tuple[list[int], Generation]]]] = {
+        "repeat": repeat, "continuation": continuation, "inside": inside, "block": block, "window": window}
     for name in spec.kinds:
-        turns: list[dict[str, Any]] = []
-        crash = None
+        turns: list[Turn] = []
+        crash: Crash | None = None
         try:
             for prompt, g in steps[name]():
-                turns.append({**g.to_dict(), "static_tokens": 0, "prompt_digest": sha256_hex(str(prompt).encode())})
+                turns.append(Turn(**g.to_dict(), static_tokens=0, prompt_digest=sha256_hex(str(prompt).encode())))
         except _Skip as e:
             out.skipped[name] = str(e)
             continue
         except EngineCrash as e:
-            crash = {"turn": len(turns) + 1, **e.record()}
-        result: dict[str, Any] = {"turns": turns, "text": turns[-1]["text"] if turns else "", "outcomes": []}
-        out.results[PREFIX + name] = {**result, "crash": crash} if crash else result
+            crash = Crash(**e.record(), turn=len(turns) + 1)
+        result = CaseResult(turns=turns, text=turns[-1]["text"] if turns else "", outcomes=[])
+        if crash:
+            result["crash"] = crash
+        out.results[PREFIX + name] = result
     out.seconds = time.perf_counter() - t0
     return out
 
 
-def self_check(result: dict[str, Any]) -> bool:
+def self_check(result: CaseResult) -> bool:
     """A side's repeat answered as it answered the same prompt just before."""
     turns = result["turns"]
     return len(turns) < 2 or turns[0]["tokens"] == turns[1]["tokens"]

@@ -17,7 +17,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, cast
 
 from ..errors import GatekeeperError
@@ -31,7 +30,10 @@ except ImportError:  # an optional extra
 from ..battery import load as battery
 from ..battery import partition
 from ..engines.base import Engine, Session
+from ..evidence import CaseResult
 from ..workspace import EngineProfile
+from . import runs
+from .plans import Plan
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
@@ -40,25 +42,14 @@ WAIT_S = 0.5  # the driver never blocks longer than this in Ray, so Ctrl-C and S
 GPU_DEVICES = ("cuda", "gpu")  # identity devices that take one accelerator per actor
 
 
-@dataclass(frozen=True)
-class Steps:
-    """What an actor does, as a run in this process does it. The evaluator hands its own functions in: it
-    imports this module, so this module cannot import it."""
-
-    open_engines: Callable[[Any], dict[str, Engine]]  # plan -> a loaded model per configuration
-    pin: Callable[..., int]  # (session, plan, mode): each stage's static prefix pinned
-    run_case: Callable[..., dict[str, Any]]  # (session, workspace, item, mode) -> the case's result
-    open_graders: Callable[..., Any] = lambda plan, loaded=(): None  # (plan, models) -> its model-graded assertions' graders
-
-
 @ray.remote
 class Worker:
     """One actor: the plan's models, loaded once; a fresh session per run."""
 
-    def __init__(self, plan: Any, steps: Steps):
-        self.plan, self.steps = plan, steps
-        self.models = steps.open_engines(plan)
-        self.graders = steps.open_graders(plan, self.models.values())  # here too, once: each actor grades its shard
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.models = runs.open_engines(plan)
+        self.graders = runs.open_graders(plan, self.models.values())  # here too, once: each actor grades its shard
         self.session: Session | None = None
         self.mode: partition.Mode | None = None
 
@@ -73,10 +64,11 @@ class Worker:
         self.end()
         c = self.plan.configs[config]
         self.session, self.mode = self.models[config].session(cache=c.cache), c.render
-        self.steps.pin(self.session, self.plan, c.render)
+        runs.pin_stage_prefixes(self.session, self.plan, c.render)
 
-    def case(self, index: int) -> dict[str, Any]:
-        return self.steps.run_case(self.session, self.plan.ws, self.plan.items[index], self.mode, graders=self.graders)
+    def case(self, index: int) -> CaseResult:
+        assert self.session is not None and self.mode is not None  # begin() came first
+        return runs.run_case(self.session, self.plan.ws, self.plan.items[index], self.mode, graders=self.graders)
 
     def end(self) -> None:
         if self.session is not None:
@@ -99,7 +91,7 @@ class Actors:
     """The Ray actors of one evaluation: started, loaded and checked against the driver's own models before
     anything is written; ``run`` runs every configuration and repeat on them, then shuts them down."""
 
-    def __init__(self, p: Any, models: dict[str, Engine], profile: EngineProfile, steps: Steps):
+    def __init__(self, p: Plan, models: dict[str, Engine], profile: EngineProfile):
         self.where, self.count = profile.where, profile.ray.actors
         for config, c in p.configs.items():
             if c.profile.adapter == "http":
@@ -117,7 +109,7 @@ class Actors:
             options = {"num_cpus": self.cpus, "num_gpus": gpus, "runtime_env": {"env_vars": {"PYTHONPATH": path}}}
             plan = ray.put(p)
             worker = cast("ActorClass[Worker]", Worker)  # what @ray.remote made of the class
-            self.actors = [worker.options(**options).remote(plan, steps) for _ in range(self.count)]
+            self.actors = [worker.options(**options).remote(plan) for _ in range(self.count)]
             reports = dict(self._stream({a.report.remote(): i for i, a in enumerate(self.actors)}, "while loading"))
             self.names = [f"Ray actor {i} of {self.count} (node {reports[i]['node']}, pid {reports[i]['pid']})"
                           for i in range(self.count)]

@@ -9,7 +9,6 @@ they are errors as in nunjucks. promptfoo adds ``load`` (``JSON.parse``).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any, Callable, Mapping
@@ -18,7 +17,19 @@ from urllib.parse import quote
 import jinja2
 
 from .nunjucks_operators import NAN, UNDEFINED, JSUndefined, number, plain, printed
-from .value import SAFE_INT, JSONError, code_units, js_lower, js_ordered, js_string, js_trim, parse_json, truthy
+from .value import (
+    SAFE_INT,
+    JSONError,
+    code_units,
+    js_lower,
+    js_ordered,
+    js_string,
+    js_trim,
+    parse_float,
+    parse_json,
+    stringify,
+    truthy,
+)
 
 
 def _default(value: Any, default: Any = UNDEFINED, boolean: bool = False) -> Any:
@@ -198,19 +209,18 @@ def _length(value: Any) -> int:
 
 
 def _json_ready(v: Any) -> Any:
-    """A value as JSON.stringify writes it: whole numbers without '.0', NaN and infinities as null."""
-    if isinstance(v, float):
-        return None if not math.isfinite(v) else int(v) if v.is_integer() and abs(v) < SAFE_INT else v
+    """A template's value as JSON.stringify sees it: an undefined member left out, an undefined item null (numbers
+    and key order are value.stringify's)."""
     if isinstance(v, dict):
-        return {k: _json_ready(x) for k, x in js_ordered(v).items() if not isinstance(x, jinja2.Undefined)}
+        return {k: _json_ready(x) for k, x in v.items() if not isinstance(x, jinja2.Undefined)}
     if isinstance(v, (list, tuple)) or hasattr(v, "__next__"):  # a list, or what batch and slice give
         return [None if isinstance(x, jinja2.Undefined) else _json_ready(x) for x in v]
     return v
 
 
 def _dump(value: Any, spaces: Any = None) -> str:
-    indent = int(min(10, number(spaces))) if isinstance(spaces, (int, float)) and not isinstance(spaces, bool) and spaces >= 1 else None
-    return json.dumps(_json_ready(value), ensure_ascii=False, indent=indent, separators=None if indent else (",", ":"))
+    indent = int(min(10, number(spaces))) if isinstance(spaces, (int, float)) and not isinstance(spaces, bool) and spaces >= 1 else 0
+    return stringify(_json_ready(value), indent)
 
 
 def _uri_component(value: Any) -> str:
@@ -237,11 +247,6 @@ def _nl2br(value: Any) -> str:
     return re.sub(r"\r\n|\n", "<br />\n", js_string(plain(value)))
 
 
-def _js_parse(value: Any, pattern: str) -> float:
-    m = re.match(pattern, js_trim(js_string(plain(value))))
-    return float(m.group()) if m else NAN
-
-
 def _int(value: Any, default: Any = UNDEFINED, base: Any = 10) -> Any:
     """parseInt(value, base): the digits at the start, else the default."""
     text = js_trim(js_string(plain(value)))
@@ -254,7 +259,7 @@ def _int(value: Any, default: Any = UNDEFINED, base: Any = 10) -> Any:
 
 
 def _float(value: Any, default: Any = UNDEFINED) -> Any:
-    x = _js_parse(value, r"[+-]?(Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)")
+    x = parse_float(js_string(plain(value)))  # parseFloat
     return default if math.isnan(x) else x
 
 

@@ -12,7 +12,6 @@ them. ``printed`` and ``number`` are how a value prints and JavaScript's ``Numbe
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable
 
 import jinja2
@@ -20,7 +19,7 @@ from jinja2 import nodes
 from jinja2.visitor import NodeTransformer
 from markupsafe import Markup
 
-from .value import SAFE_INT, code_units, js_lower, js_ordered, js_string, js_trim, truthy
+from .value import SAFE_INT, code_units, js_lower, js_number, js_ordered, js_string, truthy
 
 NAN = float("nan")
 
@@ -88,20 +87,8 @@ def printed(v: Any) -> str:
 
 
 def number(v: Any) -> float:
-    """JavaScript's Number(v) for the values a template holds."""
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        t = js_trim(v)
-        if not t:
-            return 0.0
-        try:
-            return float(t) if re.fullmatch(r"[+-]?(Infinity|(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)", t) else NAN
-        except ValueError:
-            return NAN
-    return NAN
+    """JavaScript's Number(v) for the values a template holds (value.js_number; undefined is NaN)."""
+    return NAN if isinstance(v, jinja2.Undefined) else js_number(plain(v))
 
 
 # --- JavaScript's operators: nunjucks compiles ``+``, ``==``, ``if``, ``for`` ... to JavaScript's -----------
@@ -115,19 +102,7 @@ def _to_primitive(v: Any) -> Any:
 
 def _to_number(v: Any) -> float:
     """JavaScript's ToNumber: null 0, undefined NaN, text as Number() reads it (hex, binary, octal too)."""
-    v = _to_primitive(v)
-    if v is None:
-        return 0.0
-    if isinstance(v, jinja2.Undefined):
-        return NAN
-    if isinstance(v, str):
-        m = re.fullmatch(r"0([xXbBoO])([0-9a-fA-F]+)", js_trim(v))
-        if m:
-            try:
-                return float(int(m.group(2), {"x": 16, "b": 2, "o": 8}[m.group(1).lower()]))
-            except ValueError:
-                return NAN
-    return number(v)
+    return number(_to_primitive(v))
 
 
 def _to_text(v: Any) -> str:

@@ -2,8 +2,11 @@
 
 promptfoo turns a numeric `value` into text with `String(v)`, parses output with `JSON.parse` and compares
 JSON with `util.isDeepStrictEqual`; Python's `str`, `json.loads` and `==` differ on each (`4.0`, `NaN`,
-`True == 1`) and recurse on deep JSON. These are iterative re-statements of the JavaScript rules.
-JavaScript strings are UTF-16 code units: `code_units` and `js_lower` give Python strings the same meaning.
+`True == 1`) and recurse on deep JSON. These are iterative re-statements of the JavaScript rules, each
+written once here for battery/, js/ and gate/: `String()` (`js_string`), `Number()` (`js_number`),
+`parseFloat` (`parse_float`), truthiness (`truthy`), `JSON.parse` (`parse_json`), `JSON.stringify`
+(`stringify`) and `util.isDeepStrictEqual` (`deep_equal`). JavaScript strings are UTF-16 code units:
+`code_units` and `js_lower` give Python strings the same meaning.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def number_string(x: float) -> str:
 def js_ordered(d: dict) -> dict:
     """A mapping in JavaScript's property order: array-index keys ("0", "7", ...) ascending, then the rest as
     inserted (how an object from JSON.parse or a literal walks and prints)."""
-    index = sorted((k for k in d if isinstance(k, str) and re.fullmatch(r"0|[1-9]\d*", k) and int(k) < 2**32 - 1), key=int)
+    index = sorted((k for k in d if isinstance(k, str) and re.fullmatch(r"0|[1-9][0-9]*", k) and int(k) < 2**32 - 1), key=int)
     return {k: d[k] for k in [*index, *(k for k in d if k not in index)]} if index else d
 
 
@@ -110,6 +113,47 @@ def js_string(v: Any) -> str:
     if isinstance(v, dict):
         return "[object Object]"
     return str(v)
+
+
+# --- Number() and parseFloat ------------------------------------------------------------------
+
+_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")  # ASCII digits only
+_RADIX = re.compile(r"0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+")  # no sign, no '_'
+
+
+def _double(x: int | float) -> float:
+    """A number as JavaScript holds it: a double (an int too large for one is an infinity)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def js_number(v: Any) -> float:
+    """``Number(v)`` for a value read from YAML or JSON: true 1, null 0, a list as its text (``[5]`` 5,
+    ``[]`` 0), an object NaN; text trimmed, empty 0, else decimal, Infinity or 0x/0o/0b digits, else NaN."""
+    if isinstance(v, bool):
+        return float(v)
+    if v is None:
+        return 0.0
+    if isinstance(v, (int, float)):
+        return _double(v)
+    if isinstance(v, list):
+        return js_number(js_string(v))
+    if not isinstance(v, str):
+        return math.nan
+    s = js_trim(v)
+    if not s:
+        return 0.0
+    if _RADIX.fullmatch(s):
+        return _double(int(s, 0))
+    return float(s) if _DECIMAL.fullmatch(s) else math.nan
+
+
+def parse_float(s: str) -> float:
+    """``parseFloat(s)``: the longest decimal number (or Infinity) at the start of the trimmed text, else NaN."""
+    m = _DECIMAL.match(js_trim(s))
+    return float(m.group()) if m else math.nan
 
 
 def truthy(v: Any) -> bool:
@@ -251,6 +295,64 @@ def is_json(s: str) -> bool:
         return True
     except JSONError:
         return False
+
+
+# --- JSON.stringify ----------------------------------------------------------------------------
+
+_JSON_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_TO_ESCAPE = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+
+
+def _quoted(s: str) -> str:
+    """A string as JSON.stringify writes it: a surrogate pair is one character, a lone surrogate is escaped."""
+    if not s.isascii():
+        s = _PAIR.sub(_join, s)
+    return '"' + _TO_ESCAPE.sub(lambda m: _JSON_ESCAPES.get(m.group()) or f"\\u{ord(m.group()):04x}", s) + '"'
+
+
+def _scalar_json(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        x = _double(v)
+        return number_string(x) if math.isfinite(x) else "null"
+    if isinstance(v, str):
+        return _quoted(v)
+    return _quoted(js_string(v))  # a YAML date or !!binary: its text
+
+
+def stringify(v: Any, indent: int = 0) -> str:
+    """``JSON.stringify(v, null, indent)`` for a value read from YAML or JSON, iteratively: numbers as
+    JavaScript prints them (NaN and the infinities as null), keys in JavaScript's property order."""
+    out: list[str] = []
+    todo: list[Any] = [(v, 0)]  # (value, depth) still to write, or text to write as it is
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        x, depth = item
+        if isinstance(x, dict):
+            ordered = js_ordered({k if isinstance(k, str) else js_string(k): y for k, y in x.items()})
+            pairs: list[tuple[str, Any]] = [(_quoted(k) + (": " if indent else ":"), y) for k, y in ordered.items()]
+            brackets = "{}"
+        elif isinstance(x, list):
+            pairs, brackets = [("", y) for y in x], "[]"
+        else:
+            out.append(_scalar_json(x))
+            continue
+        if not pairs:
+            out.append(brackets)
+            continue
+        inner, outer = ("\n" + " " * (indent * (depth + 1)), "\n" + " " * (indent * depth)) if indent else ("", "")
+        parts: list[Any] = []
+        for n, (key, y) in enumerate(pairs):
+            parts += [("," if n else "") + inner + key, (y, depth + 1)]
+        out.append(brackets[0])
+        todo += reversed([*parts, outer + brackets[1]])
+    return "".join(out)
 
 
 # --- util.isDeepStrictEqual ---------------------------------------------------------------------

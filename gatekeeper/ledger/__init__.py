@@ -1,9 +1,11 @@
 """The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL):
-tables, migrations, the chain, verify, signed checkpoints, in-toto attestations in DSSE envelopes (intoto, dsse),
-and the review export (which reads the gate's near-tie thresholds). What rows hold (``records``) and the
-SQLite reader that ``status`` and ``hash`` use (``reader``) import no SQLAlchemy.
+tables, migrations, the database connections (``database``), the chain, verify, signed checkpoints, everything
+``ledger verify`` checks as one result (``audit``), and in-toto attestations in DSSE envelopes (intoto, dsse).
+What rows hold (``records``) and the SQLite reader that ``status`` and ``hash`` use (``reader``) import no
+SQLAlchemy. It stores and checks the evidence and decides nothing; the reports that read it are
+``gatekeeper.reports``.
 
-Imports: errors, identity, signing, cache, engines, gate.
+Imports: errors, evidence, identity, signing.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gatekeeper.ledger.audit import LedgerAudit, audit_ledger
     from gatekeeper.ledger.migrations import migrate
     from gatekeeper.ledger.records import CURRENT_VERSION
     from gatekeeper.ledger.store import Ledger, copy_ledger, open_ledger
@@ -19,8 +22,8 @@ if TYPE_CHECKING:
 
 # Name -> the module that defines it, imported when the name is first used: importing the package
 # (for ``records`` or ``reader``) must not import SQLAlchemy, which alone takes about 0.2 s.
-_WHERE = {"CURRENT_VERSION": "records", "Ledger": "store", "VerifyReport": "verify", "copy_ledger": "store",
-          "migrate": "migrations", "open_ledger": "store"}
+_WHERE = {"CURRENT_VERSION": "records", "Ledger": "store", "LedgerAudit": "audit", "VerifyReport": "verify",
+          "audit_ledger": "audit", "copy_ledger": "store", "migrate": "migrations", "open_ledger": "store"}
 
 
 def __getattr__(name: str) -> Any:
@@ -29,4 +32,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
 
 
-__all__ = ["CURRENT_VERSION", "Ledger", "VerifyReport", "copy_ledger", "migrate", "open_ledger"]
+__all__ = ["CURRENT_VERSION", "Ledger", "LedgerAudit", "VerifyReport", "audit_ledger", "copy_ledger", "migrate",
+           "open_ledger"]

@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.ledger.engine import read, write
+from gatekeeper.ledger.database import read, write
 from gatekeeper.ledger.records import CURRENT_VERSION, MIGRATIONS_TABLE
 from gatekeeper.ledger.tables import utc_now
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gatekeeper.errors import LedgerReadError
+from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.ledger.records import (
     BUSY_TIMEOUT_S,
     CURRENT_VERSION,
@@ -116,6 +117,6 @@ class SQLiteReader:
     def flag_states(self) -> dict[str, dict[str, Any]]:
         return latest_flips(self.flips())
 
-    def evaluation(self, evaluation_id: int) -> dict[str, Any] | None:
+    def evaluation(self, evaluation_id: int) -> EvaluationRecord | None:
         with self._snapshot():
             return evaluation_record(self._rows, evaluation_id)

@@ -6,14 +6,15 @@ waits for another's lock.
 ``store.Ledger`` and the SQLite ``reader`` both read through these, so both return the same dicts; the
 table models (``tables``) and the migrations take their names and version from here.
 
-Imports: identity, ledger.status (the standard library only).
+Imports: evidence, identity, ledger.status (the standard library only).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
+from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.status import derive_status
 
@@ -68,14 +69,14 @@ def decode(kind: str, row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def evaluation_record(rows: Rows, evaluation_id: int) -> dict[str, Any] | None:
+def evaluation_record(rows: Rows, evaluation_id: int) -> EvaluationRecord | None:
     """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
     started = rows("evaluation", id=evaluation_id)
     if not started:
         return None
     verdict = next(iter(rows("verdict", evaluation_id=evaluation_id)), None)
     aborted = next(iter(rows("aborted", evaluation_id=evaluation_id)), None)
-    return {
+    return cast(EvaluationRecord, {
         **started[0],
         "status": derive_status(started[0], verdict, aborted),
         "verdict": verdict["verdict"] if verdict else None,
@@ -86,7 +87,7 @@ def evaluation_record(rows: Rows, evaluation_id: int) -> dict[str, Any] | None:
         "comparisons": rows("comparison", evaluation_id=evaluation_id),
         "approvals": rows("approval", evaluation_id=evaluation_id),
         "calibrations": rows("calibration", evaluation_id=evaluation_id),
-    }
+    })
 
 
 def latest_flips(flips: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -13,8 +13,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
+from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.ledger.chain import append
-from gatekeeper.ledger.engine import make_engine, read, write
+from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
 from gatekeeper.ledger.records import decode, evaluation_record, latest_flips
 from gatekeeper.ledger.status import derive_status
@@ -184,7 +185,7 @@ class Ledger:
         t = _table(kind)
         return dict(conn.execute(select(t.c.evaluation_id, func.count()).group_by(t.c.evaluation_id)).all())
 
-    def evaluation(self, evaluation_id: int) -> dict[str, Any] | None:
+    def evaluation(self, evaluation_id: int) -> EvaluationRecord | None:
         """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
         with read(self.engine) as conn:
             return evaluation_record(lambda kind, **equal: _rows(conn, kind, **equal), evaluation_id)

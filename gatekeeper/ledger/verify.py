@@ -143,7 +143,7 @@ def _mismatch(kind: str, row: dict[str, Any], payload: Any) -> str | None:
 def reference(version: int | None = None) -> dict[str, Any]:
     """The SQLite layout the migrations make, up to ``version`` (default: all): table -> column names,
     index names per table, and trigger name -> (table, sql). Built once, on a blank in-memory database."""
-    from gatekeeper.ledger.engine import make_engine, read
+    from gatekeeper.ledger.database import make_engine, read
     from gatekeeper.ledger.migrations import migrate
 
     engine = make_engine("sqlite://")

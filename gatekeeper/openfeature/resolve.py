@@ -197,7 +197,7 @@ class Resolver:
     def _opened(self) -> Iterator[Ledger | None]:
         """The ledger, opened without writing (None when its SQLite file does not exist): one this gatekeeper would
         have to migrate is an error, since opening it would upgrade it."""
-        from ..ledger.engine import make_engine
+        from ..ledger.database import make_engine
         from ..ledger.migrations import schema_version
 
         if self._probe.path is not None and not self._probe.path.is_file():
@@ -309,7 +309,7 @@ class _Probe:
     def _other(self) -> tuple:
         from sqlalchemy import text
 
-        from ..ledger.engine import make_engine
+        from ..ledger.database import make_engine
 
         if self._engine is None:
             self._engine = make_engine(self.url)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ...errors import GatekeeperError
 from ...js import yaml as jsyaml
-from ...js.value import JSONError, js_trim, parse_json
+from ...js.value import JSONError, js_trim, parse_json, stringify
 from ...workspace import Segment, read_text, read_yaml
 from .files import SCRIPT_SUFFIXES, glob_files, has_magic, warn
 from .segments import _chat, _segment
@@ -146,8 +146,7 @@ def _file_prompts(file: Path, label: str | None, config: Path, where: str, raw: 
         labels = [(f"{label}: {p}" if label else f"{absolute}: {p}") if len(parts) > 1 else label or absolute for p in parts]
     elif suffix in (".yaml", ".yml", ".json"):  # promptfoo keeps a YAML or JSON prompt as its JSON text
         try:
-            text = json.dumps(read_yaml(file, jsyaml.load) if suffix != ".json" else json.loads(text),
-                              ensure_ascii=False, separators=(",", ":"))
+            text = stringify(read_yaml(file, jsyaml.load) if suffix != ".json" else parse_json(text))
         except ValueError:
             pass  # promptfoo too keeps a file that does not parse as it is
         parts, labels = [text], [label or f"{absolute}: {text if suffix == '.json' else text[:80]}"]

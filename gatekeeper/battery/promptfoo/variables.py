@@ -9,12 +9,11 @@ script, YAML, PDF or image is refused: gatekeeper reads vars from text files.
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 from ...errors import GatekeeperError
-from ...js.value import js_string, js_trim
+from ...js.value import js_string, js_trim, stringify
 from ...workspace import read_text
 from .files import glob_files, has_magic
 
@@ -59,4 +58,4 @@ def _combinations(vars: dict, expand: bool) -> list[dict]:
 
 
 def _prompt_var(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":")) if isinstance(v, (dict, list)) else js_string(v)
+    return v if isinstance(v, str) else stringify(v) if isinstance(v, (dict, list)) else js_string(v)

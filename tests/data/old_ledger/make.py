@@ -2,12 +2,15 @@
 evidence records), from tests/ with PYTHONPATH=., into a scratch workspace; its ledger/ and the outputs of
 ``ledger verify``, ``ledger export`` (every format), ``ledger diff 1 2`` and ``ledger list`` were copied here
 (the database and JSON exports gzipped). tests/test_old_ledger.py reads them back with today's code."""
-import json, sys, shutil
+import shutil
+import sys
 from pathlib import Path
+
 sys.path.insert(0, "tests")
 from conftest import SUITE, profile
 from tiny_models import build_tiny_llama
 from typer.testing import CliRunner
+
 from gatekeeper.cli import app
 from gatekeeper.setup.scaffold import init_workspace
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Any
 
+from ..evidence import EvaluationRecord
 from .outcomes import DIFFERS, CaseOutcome, case_outcomes, divergence_text
 
 # What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
@@ -26,7 +26,7 @@ def _concerns(reason: str, case_id: str) -> bool:
     return re.search(rf"(?<![\w/.-]){re.escape(case_id)}(?![\w/.-])", reason) is not None
 
 
-def _verdict_of(record: dict[str, Any], case: CaseOutcome) -> tuple[str, str, str]:
+def _verdict_of(record: EvaluationRecord, case: CaseOutcome) -> tuple[str, str, str]:
     """(kind, message, detail): kind is pass, failure, skipped or error."""
     verdict, reasons = record.get("verdict"), record.get("reasons") or []
     own = [r for r in reasons if _concerns(r, case.case_id)]
@@ -44,7 +44,7 @@ def _verdict_of(record: dict[str, Any], case: CaseOutcome) -> tuple[str, str, st
     return "pass", "", ""
 
 
-def render(record: dict[str, Any]) -> str:
+def render(record: EvaluationRecord) -> str:
     """The evaluation as a JUnit XML document (testsuites > testsuite per suite > testcase per case)."""
     flag, eid = record["flag"], record["id"]
     root = ET.Element("testsuites", name=f"gatekeeper {flag} evaluation {eid}")
@@ -80,8 +80,8 @@ def render(record: dict[str, Any]) -> str:
         if kind != "pass":
             c["failures" if kind == "failure" else "errors" if kind == "error" else "skipped"] += 1
     for name, suite in suites.items():
-        for key, value in counts[name].items():
-            suite.set(key, f"{value:.3f}" if key == "time" else str(int(value)))
+        for key, count in counts[name].items():
+            suite.set(key, f"{count:.3f}" if key == "time" else str(int(count)))
     for key in ("tests", "failures", "errors", "skipped"):
         root.set(key, str(sum(int(c[key]) for c in counts.values())))
     root.set("time", f"{sum(c['time'] for c in counts.values()):.3f}")
@@ -89,7 +89,7 @@ def render(record: dict[str, Any]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def summary(record: dict[str, Any]) -> str:
+def summary(record: EvaluationRecord) -> str:
     """A few markdown lines for a CI job's summary page: the verdict, its reasons, the cases it blamed."""
     verdict = record.get("verdict") or record.get("status")
     lines = [f"### gatekeeper: {record['flag']} evaluation {record['id']}: **{verdict}**", ""]

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..cache.trie import common_prefix
 from ..engines.base import plus
+from ..evidence import CaseResultRow, Comparison, EvaluationRecord
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..identity import flatten
 from . import junit
@@ -32,7 +33,7 @@ MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be st
 # --- the view ----------------------------------------------------------------------------------
 
 
-def _stages(case_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _stages(case_results: list[CaseResultRow]) -> list[dict[str, Any]]:
     """Per stage (a case id's suite part) and configuration: first run of each, so off and on compare like for like."""
     totals: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: defaultdict(float))  # cached_tokens: int | None
     for r in case_results:
@@ -75,7 +76,7 @@ def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 
-def _texts(record: dict[str, Any], case_id: str, pair: str) -> tuple[str, str]:
+def _texts(record: EvaluationRecord, case_id: str, pair: str) -> tuple[str, str]:
     """The final outputs of a compared pair such as 'off#0~on#0', from the case results."""
     runs = {(r["config"], r["repeat"]): r["result"].get("text", "") for r in record["case_results"] if r["case_id"] == case_id}
     sides = []
@@ -85,12 +86,12 @@ def _texts(record: dict[str, Any], case_id: str, pair: str) -> tuple[str, str]:
     return (sides + ["", ""])[0], (sides + ["", ""])[1]
 
 
-def _differences(record: dict[str, Any]) -> list[dict[str, Any]]:
+def _differences(record: EvaluationRecord) -> list[dict[str, Any]]:
     out = []
     for c in record["comparisons"]:
         if c["equal"]:
             continue
-        d = dict(c["detail"])
+        d = Comparison(**c["detail"])
         pair = d.get("pair", "")
         if "text_a" not in d:  # outcome-only differences carry no texts: take them from the results
             d["text_a"], d["text_b"] = _texts(record, c["case_id"], pair)
@@ -117,18 +118,18 @@ def _census(summary: dict[str, Any]) -> list[dict[str, Any]]:
             for suite, row in (summary.get("near_ties") or {}).items()]
 
 
-def view(record: dict[str, Any]) -> dict[str, Any]:
+def view(record: EvaluationRecord) -> dict[str, Any]:
     """Everything an export shows, as plain JSON-able data."""
     identity = record.get("identity") or {}
     off, on = flatten(identity.get("off", {})), flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
-    verdict = record.get("verdict_record") or {}
-    summary = verdict.get("summary") or {}
+    verdict = record.get("verdict_record")
+    summary = (verdict["summary"] if verdict else None) or {}
     strength = summary.get("strength")
     return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
         "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
-        "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict.get("finished_at"),
+        "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict["finished_at"] if verdict else None,
         "aborted": (record.get("aborted_record") or {}).get("reason"),
         "config": record.get("config") or {},
         "identities": identity,
@@ -158,7 +159,7 @@ def _calibration(c: dict[str, Any]) -> dict[str, Any]:
                        for f in result["faults"]]}
 
 
-def render(record: dict[str, Any], fmt: str) -> str:
+def render(record: EvaluationRecord, fmt: str) -> str:
     if fmt == "junit":
         return junit.render(record)
     v = view(record)

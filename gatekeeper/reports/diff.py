@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..evidence import EvaluationRecord
 from ..identity import flatten
 from .outcomes import CaseOutcome, case_outcomes, divergence_text
 
 
-def _header(record: dict[str, Any]) -> dict[str, Any]:
-    summary = (record.get("verdict_record") or {}).get("summary") or {}
+def _header(record: EvaluationRecord) -> dict[str, Any]:
+    verdict = record.get("verdict_record")
+    summary = (verdict["summary"] if verdict else None) or {}
     return {"id": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
             "operator": record["operator"], "started_at": record["started_at"],
             "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or []}
@@ -20,10 +22,11 @@ def _side(case: CaseOutcome | None) -> dict[str, Any] | None:
     if case is None:
         return None
     d = case.divergence or case.unstable
+    a, b = (d or {}).get("a"), (d or {}).get("b")
     return {"status": case.status, "first_divergence": None if d is None else {
                 "turn": d.get("turn"), "position": d.get("first_divergent_position"),
-                "tokens": [(d.get("a") or {}).get("token"), (d.get("b") or {}).get("token")],
-                "margins": [(d.get("a") or {}).get("margin"), (d.get("b") or {}).get("margin")],
+                "tokens": [a.get("token") if a else None, b.get("token") if b else None],
+                "margins": [a.get("margin") if a else None, b.get("margin") if b else None],
                 "near_tie": d.get("near_tie"), "collapse": d.get("collapse"), "text": divergence_text(d)},
             "drift": case.drift, "seconds": case.seconds, "passed": case.passed}
 
@@ -38,7 +41,7 @@ def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"part": k, "a": fa.get(k), "b": fb.get(k)} for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
-def diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+def diff(a: EvaluationRecord, b: EvaluationRecord) -> dict[str, Any]:
     """Evaluation ``a`` against ``b``. A case *changed* when its status or its first divergence moved;
     drift and seconds are shown for every case but differ on every rerun, so they do not count."""
     cases_a = {c.case_id: c for c in case_outcomes(a)}

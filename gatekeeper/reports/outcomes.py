@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gatekeeper.evidence import CaseResult, Comparison, EvaluationRecord
 from gatekeeper.gate.kinds import divergence, drifts
 
 EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
@@ -16,8 +17,8 @@ EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
 class CaseOutcome:
     case_id: str  # suite/id
     status: str  # equal | differs | baseline_unstable (its baseline runs disagreed)
-    divergence: dict[str, Any] | None = None  # the flag-off vs flag-on comparison, when they differ
-    unstable: dict[str, Any] | None = None  # the baseline comparison that disagreed
+    divergence: Comparison | None = None  # the flag-off vs flag-on comparison, when they differ
+    unstable: Comparison | None = None  # the baseline comparison that disagreed
     drift: float | None = None  # largest top-2 logit drift, off vs on, over the steps they share; None: unknown
     seconds: dict[str, float] = field(default_factory=dict)  # configuration -> model seconds of its first run
     passed: dict[str, str] = field(default_factory=dict)  # configuration -> "k/n" assertions passed
@@ -34,9 +35,9 @@ class CaseOutcome:
         return asdict(self)
 
 
-def case_outcomes(record: dict[str, Any]) -> list[CaseOutcome]:
+def case_outcomes(record: EvaluationRecord) -> list[CaseOutcome]:
     """One outcome per case, in the order the cases ran."""
-    firsts: dict[str, dict[str, dict[str, Any]]] = {}  # case -> config -> its first run's result
+    firsts: dict[str, dict[str, CaseResult]] = {}  # case -> config -> its first run's result
     for r in record["case_results"]:
         if r["repeat"] == 0:
             firsts.setdefault(r["case_id"], {})[r["config"]] = r["result"]
@@ -63,7 +64,7 @@ def case_outcomes(record: dict[str, Any]) -> list[CaseOutcome]:
     return list(out.values())
 
 
-def divergence_text(d: dict[str, Any] | None) -> str:
+def divergence_text(d: Comparison | None) -> str:
     """Where two runs parted, in one line: the turn, position, both tokens and their top-2 margins."""
     if not d:
         return "-"
@@ -75,7 +76,7 @@ def divergence_text(d: dict[str, Any] | None) -> str:
     return f"turn {d['turn']} position {d['first_divergent_position']}: tokens {divergence(d, sides(d), pieces=True)}"
 
 
-def sides(d: dict[str, Any]) -> tuple[str, str]:
+def sides(d: Comparison) -> tuple[str, str]:
     """How a comparison's two runs are named: flag-off and flag-on, or the runs of its pair (``off#0~off#1``)."""
     pair = (d.get("pair") or "off#0~on#0").split("~")
     if len(pair) != 2 or pair == ["off#0", "on#0"]:

@@ -1,0 +1,214 @@
+"""The evidence records: what a turn, a case result, a side's run and a comparison hold.
+
+Open this module to learn what the ledger's evidence is. Each record is a ``TypedDict``: at run time it
+is the plain dict the ledger stores as canonical JSON, so a typed record reads exactly as before and an
+old ledger's rows are these records too. A key marked ``NotRequired`` is absent from some rows (written
+only when it applies, or before it existed): read it with ``.get``.
+
+Producers: ``engines`` (a turn's generation), ``gate.evaluator.run_case`` (a case result),
+``gate.kinds`` (comparisons), ``gate.evaluator`` (the outcome's figures). Readers: the gate's kinds,
+calibration and mining, the reports, the CLI's tables.
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
+
+# One generated step's top-2 logits (served engines: log-probabilities): [[best_id, best], [second_id, second]].
+Top2 = list[list[float]]
+
+
+class Generated(TypedDict):
+    """One greedy call as the engine reports it (``engines.base.Generation.to_dict``)."""
+
+    tokens: list[int]  # the generated token ids
+    text: str  # their text, as the engine returned it
+    prompt_tokens: int
+    cached_tokens: int | None  # prompt tokens served from the prefix cache; None: the engine did not say
+    prefill_s: float
+    decode_s: float
+    ttft_s: float
+    top2: list[Top2] | None  # per generated step; None where the engine gives none
+    replica: NotRequired[str]  # served sides with several servers: the one that answered
+
+
+class Turn(Generated):
+    """One call to the engine within a case: what came out, what it cost, and what was sent."""
+
+    static_tokens: int  # prompt tokens before the first dynamic byte (a probe's: 0)
+    prompt_digest: str  # sha256 of the rendered prompt's text
+
+
+# One assertion's outcome on a case's final text: {"type", "name", "pass", ...}, plus a family's own figures
+# (a score, a grader's reason). A TypedDict by call, as ``pass`` is a Python keyword.
+AssertionOutcome = TypedDict(
+    "AssertionOutcome",
+    {"type": str, "name": "str | None", "pass": bool, "score": NotRequired[float], "reason": NotRequired[str]},
+)
+
+
+class CrashRecord(TypedDict):
+    """An engine that took a request and failed it (``errors.EngineCrash.record``)."""
+
+    url: str
+    said: str  # what the server answered, or how the connection ended
+    request: dict[str, Any]  # size, digest, max_tokens, cache switch
+    message: str
+
+
+class Crash(CrashRecord):
+    """A crash where it happened in a case."""
+
+    turn: int  # from 1
+
+
+class CaseResult(TypedDict):
+    """One case run on one side: every turn, the final text, its assertions' outcomes."""
+
+    turns: list[Turn]
+    text: str  # the last turn's text (what assertions see)
+    outcomes: list[AssertionOutcome]
+    crash: NotRequired[Crash]  # the engine crashed: the turns before it, no outcomes
+
+
+# A side's run: case id -> its result (probes under ``probe:NAME``), one per configuration and repeat.
+Run = dict[str, CaseResult]
+
+
+class DivergentSide(TypedDict):
+    """One side at the first divergent position: its token, that token's text, its top-2 margin."""
+
+    token: int | None  # None: this side's answer ended there
+    piece: str | None
+    margin: float | None  # None: no top-2 logits at that step
+
+
+class Step(TypedDict):
+    """A generated step: the case, the turn (from 1) and the step (from 0)."""
+
+    case: str
+    turn: int
+    step: int
+
+
+class Change(TypedDict):
+    """One assertion whose outcome changed between the sides."""
+
+    assertion: str  # its name, or "#N type"
+    off: bool
+    on: bool
+
+
+class Comparison(TypedDict, total=False):
+    """How two results of one case part (a comparison row's ``detail``, beside its ``pair``).
+
+    Token comparisons (``kinds.token_diff``) fill ``turn`` to ``outcomes_diff``; outcome comparisons
+    (``kinds.outcome_diff``) fill ``changed``, the texts and ``outcomes_diff``; an equal pair holds only
+    ``pair``; a crashed case holds ``crash``."""
+
+    pair: str  # which runs: "off#0~on#0", "off#0~off#1", "alone#0~off#0"
+    turn: int | None  # the first turn that parts; None: only assertion outcomes differ
+    first_divergent_position: int
+    a: DivergentSide
+    b: DivergentSide
+    near_tie: bool  # both margins at or below kinds.NEAR_TIE: a few ULPs can flip it
+    collapse: Literal["a", "b"] | None  # only this side's margin collapsed (absent in rows written before it)
+    text_a: str
+    text_b: str
+    outcomes_diff: dict[str, Any]  # DeepDiff of the two outcome lists ({} when equal)
+    changed: list[Change]
+    crash: list[Crash]
+
+
+class SuiteCensus(TypedDict):
+    """Per suite, the flag-off baseline's decode steps and how near a tie they came."""
+
+    steps: int  # steps with a known top-2 margin
+    near_ties: int  # of those, margins at or below kinds.NEAR_TIE
+    min_margin: float | None
+    unknown: int  # steps without top-2 logits
+
+
+class StageTelemetry(TypedDict):
+    """Per stage, what one side's calls cost, as its engine reports it."""
+
+    calls: int
+    prompt_tokens: int
+    cached_tokens: int | None  # None once a call did not report it
+    prefill_s: float
+    decode_s: float
+    prefill_share: NotRequired[float | None]  # prefill over model seconds; None when there were none
+
+
+class Tokens(TypedDict):
+    """An outcome's prompt-token figures: the tax with the flag off, what the flag-on side computed and reused."""
+
+    prompt_off: int
+    computed_on: int | None  # None where the flag-on engine reports no cached tokens
+    cached_on: int | None
+    stable_prefix_bound: int
+
+
+class CaseResultRow(TypedDict):
+    """A ``case_result`` row as the ledger reads it back."""
+
+    id: int
+    evaluation_id: int
+    case_id: str
+    config: str  # off | on | alone
+    repeat: int
+    result: CaseResult
+
+
+class ComparisonRow(TypedDict):
+    """A ``comparison`` row as the ledger reads it back."""
+
+    id: int
+    evaluation_id: int
+    case_id: str
+    equal: bool
+    detail: Comparison
+
+
+class VerdictRow(TypedDict):
+    """A ``verdict`` row: how an evaluation ended, and its outcome's figures (``summary``: the outcome as
+    ``evaluate --json`` prints it)."""
+
+    id: int
+    evaluation_id: int
+    verdict: str  # PASS | FAIL | INCONCLUSIVE
+    reasons: list[str]
+    summary: dict[str, Any]
+    finished_at: str
+
+
+class EvaluationRecord(TypedDict):
+    """One evaluation as the ledger reads it back (``Ledger.evaluation``): its ``started`` record (what ran
+    where: identity per side, config), its evidence, and how it ended."""
+
+    id: int
+    flag: str
+    operator: str
+    started_at: str
+    pid: int
+    host: str
+    gate: str  # the policy's gate kind
+    identity: dict[str, Any]  # per side ("off", "on"): what makes its outputs what they are
+    config: dict[str, Any]  # engine, suites, limit, render, candidate, change, load, repeats, concurrency
+    status: str  # the verdict, aborted, or running (ledger.status.derive_status)
+    verdict: str | None
+    reasons: list[str]
+    verdict_record: VerdictRow | None
+    aborted_record: dict[str, Any] | None
+    case_results: list[CaseResultRow]
+    comparisons: list[ComparisonRow]
+    approvals: list[dict[str, Any]]
+    calibrations: list[dict[str, Any]]

@@ -1,0 +1,109 @@
+"""Running a plan's cases: the models each configuration loads, a case run turn by turn on a session, each
+stage's static prefix pinned, the graders a battery needs. The evaluator, calibration, mining and the Ray
+actors all run cases through these, so a case runs the same wherever it runs."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Iterable, Iterator
+
+from ..battery import checks, partition
+from ..battery import load as battery
+from ..engines.base import Engine, Session, labelled
+from ..errors import EngineCrash
+from ..evidence import CaseResult, Crash, Turn
+from ..identity import sha256_hex
+from ..workspace import Workspace
+from . import graders as graders_
+from .plans import Plan
+
+
+def open_engines(p: Plan) -> dict[str, Engine]:
+    """A loaded model per configuration; one shared model when both run the same profile."""
+    from ..engines.registry import build_engine
+
+    off = build_engine(p.configs["off"].profile, workspace_root=p.ws.root)
+    if p.configs["on"].profile == p.configs["off"].profile:
+        return {"off": off, "on": off}
+    try:
+        return {"off": off, "on": build_engine(p.configs["on"].profile, workspace_root=p.ws.root)}
+    except BaseException:
+        off.close()
+        raise
+
+
+def close_engines(models: dict[str, Engine]) -> None:
+    for model in {id(m): m for m in models.values()}.values():
+        model.close()
+
+
+def open_graders(p: Plan, loaded: Iterable[Engine] = ()) -> graders_.Graders | None:
+    """The graders of the plan's model-graded and similar assertions (None: nothing to grade); ``loaded``:
+    models already loaded that a grader profile may share."""
+    return graders_.open(p.grading, p.ws.root, loaded)
+
+
+def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode, watch: Any = None,
+             graders: graders_.Graders | None = None) -> CaseResult:
+    """One case, every turn of it, greedy; each later turn extends the transcript so far. A ``watch``
+    (calibration's) may stop the case early: its ``turn(n)`` is the turn's ``until``, its ``fired`` the stop.
+    ``graders``: the evaluation's (model-graded and similar assertions)."""
+    suite, case, model = item.suite, item.case, session.model
+    values = dict(case.vars)
+    history: list[dict[str, str]] = []
+    turns: list[Turn] = []
+    for n, turn_vars in enumerate(case.turns or [{}]):
+        values.update(turn_vars)
+        early = {"until": watch.turn(n)} if watch else {}  # plugins written before ``until`` are never handed one
+        try:
+            rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
+            with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
+                g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
+                                     top2=True, **early)
+        except EngineCrash as e:  # evidence about this side: recorded with the case (gate/crashes.py)
+            return CaseResult(turns=turns, text="", outcomes=[], crash=Crash(**e.record(), turn=n + 1))
+        turns.append(Turn(**g.to_dict(), static_tokens=rendered.static_tokens, prompt_digest=sha256_hex(rendered.text.encode())))
+        history = [*rendered.messages, {"role": "assistant", "content": g.text}]
+        if watch and watch.fired:
+            break
+    text = turns[-1]["text"]
+    context = checks.Context(vars=values, prompt=promptfoo_prompt(rendered.messages), graders=graders)
+    return CaseResult(turns=turns, text=text, outcomes=checks.outcomes(list(case.assert_), text, context))
+
+
+def promptfoo_prompt(messages: list[dict[str, str]]) -> str:
+    """The prompt as promptfoo hands it to assertions and graders: a lone user message's text, else the chat
+    messages as JSON text (what a promptfoo chat prompt renders to)."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return messages[0]["content"]
+    return checks.stringify([{"role": m["role"], "content": m["content"]} for m in messages])
+
+
+def pin_stage_prefixes(session: Session, p: Plan, mode: partition.Mode) -> int:
+    """Register each suite's static prefix (identical across its cases) with the session."""
+    pinned = 0
+    for suite in {i.suite.suite: i.suite for i in p.items}.values():
+        case = suite.cases[0]
+        values = {**case.vars, **(case.turns[0] if case.turns else {})}
+        r = partition.render(session.model, partition.pieces(p.ws, suite, values), mode)
+        if r.static_tokens:
+            with labelled(stage=suite.stage):
+                session.pin(r.tokens[: r.static_tokens])
+            pinned += 1
+    return pinned
+
+
+def cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None,
+          graders: graders_.Graders | None = None) -> Iterator[tuple[battery.Item, CaseResult]]:
+    """Each case with its result, in battery order; up to ``workers`` (the engine's concurrency) run at once."""
+    workers = max(1, workers or session.model.concurrency)
+    if workers == 1:
+        yield from ((item, run_case(session, p.ws, item, mode, graders=graders)) for item in p.items)
+        return
+    pool = ThreadPoolExecutor(workers)
+    try:
+        futures = [pool.submit(run_case, session, p.ws, item, mode, graders=graders) for item in p.items]
+        for item, future in zip(p.items, futures):
+            yield item, future.result()
+    finally:
+        pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
