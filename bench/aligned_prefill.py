@@ -26,8 +26,8 @@ sys.path[:0] = [str(ROOT)]
 import torch  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from gatekeeper.battery import load as battery  # noqa: E402
 from gatekeeper.battery import partition  # noqa: E402
+from gatekeeper.battery import suites as battery  # noqa: E402
 from gatekeeper.engines.registry import build_engine  # noqa: E402
 from gatekeeper.setup.models import is_prepared, prepare_default_model  # noqa: E402
 from gatekeeper.workspace import EngineProfile, Workspace  # noqa: E402
@@ -38,7 +38,7 @@ PLANS = ("monolithic", "aligned")
 def prompts(model, ws: Workspace, limit: int) -> dict[str, tuple[list[list[int]], list[int]]]:
     """suite -> (prompts, the static prefix the gate would pin)."""
     out: dict[str, tuple[list[list[int]], list[int]]] = {}
-    for item in battery.load(ws, limit=limit):
+    for item in battery.read(ws, limit=limit):
         values = {**item.case.vars, **(item.case.turns[0] if item.case.turns else {})}
         r = partition.render(model, partition.pieces(ws, item.suite, values), "partitioned")
         ids, _ = out.setdefault(item.suite.suite, ([], r.tokens[: r.static_tokens]))

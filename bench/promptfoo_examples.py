@@ -88,7 +88,7 @@ def workspace(folder: Path, into: Path, model: Path, layout: str = "folder") -> 
 def counts(ws: Path) -> dict | str:
     """Assertions in gatekeeper's reading of the whole config: total, evaluated, skipped by type; or why it
     cannot be read (the first line of the refusal)."""
-    from gatekeeper.battery import load
+    from gatekeeper.battery import suites as load
     from gatekeeper.errors import GatekeeperError
     from gatekeeper.workspace import Workspace
 
@@ -179,7 +179,8 @@ def _text(content: Any) -> str:
 def gatekeeper_prompts(ws: Path) -> Counter:
     """Every prompt gatekeeper would send for the config (each stage x each case), rendered, with the types of
     the case's assertions (evaluated or left out)."""
-    from gatekeeper.battery import load, partition
+    from gatekeeper.battery import partition
+    from gatekeeper.battery import suites as load
     from gatekeeper.workspace import Workspace
 
     workspace, seen = Workspace(ws), Counter()

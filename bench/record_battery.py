@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gatekeeper.battery import checks, partition  # noqa: E402
-from gatekeeper.battery import load as battery  # noqa: E402
+from gatekeeper.battery import suites as battery  # noqa: E402
 from gatekeeper.identity import digest  # noqa: E402
 from gatekeeper.workspace import Workspace  # noqa: E402
 
@@ -163,7 +163,7 @@ def main() -> None:
 
 
 def record(args, ws: Workspace, out: Path) -> None:
-    items = battery.load(ws)
+    items = battery.read(ws)
     chat = load_chat()
     prefixes = static_prefixes(ws, chat, items)
     for name, p in prefixes.items():

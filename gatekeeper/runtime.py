@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .battery import partition
-from .battery.load import all_suites
+from .battery.suites import all_suites
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache

@@ -13,8 +13,8 @@ import pytest
 from conftest import ROOT
 
 from gatekeeper.battery import checks, partition
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.workspace import Workspace
 
 SUITES = {"router", "specialist", "synthesizer", "planner"}
@@ -37,7 +37,7 @@ def ws():
 
 @pytest.fixture(scope="module")
 def items(ws):
-    return battery.load(ws)
+    return battery.read(ws)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_default_battery_is_mined_for_power(ws, items):
 def test_the_candidate_pool_is_recorded_and_current(pool, tmp_path):
     recorder = _recorder()
     cws = recorder.candidates_workspace(tmp_path)
-    its = battery.load(cws)
+    its = battery.read(cws)
     assert len(its) >= 64 and {i.suite.suite for i in its} == SUITES
     stale = [i.case_id for i in its if pool["prompts"].get(i.case_id) != recorder.case_digest(cws, i)]
     assert not stale, f"recorded candidate outputs are stale for {stale}; {RECORD} --candidates"

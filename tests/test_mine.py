@@ -13,7 +13,7 @@ from conftest import ROOT, SUITE, evaluate
 from planted import plant_near_tie
 
 from gatekeeper.battery import partition
-from gatekeeper.battery.load import all_suites, load
+from gatekeeper.battery.suites import all_suites, read
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.workspace import Workspace
 
@@ -32,7 +32,7 @@ def planted(tiny_ws, tiny_llama, tmp_path):
     (tiny_ws / "assertions" / "pair.yaml").write_text(PAIR)
     (tiny_ws / "engines" / "plain.yaml").write_text(profile(tiny_llama))
     ws = Workspace(tiny_ws)
-    items = {i.case_id: i for i in load(ws)}
+    items = {i.case_id: i for i in read(ws)}
     with build_engine(ws.engine("plain"), workspace_root=ws.root) as model:
         rendered = {cid: partition.render(model, partition.pieces(ws, i.suite, {**i.case.vars, **(i.case.turns[0] if i.case.turns else {})}),
                                           "partitioned") for cid, i in items.items()}
@@ -118,10 +118,10 @@ def test_planted_faults_measure_each_candidate_and_come_first(run_cli, planted, 
 
 
 def test_a_case_a_fault_catches_outranks_a_better_score():
-    from gatekeeper.battery.load import Item
+    from gatekeeper.battery.suites import Item
     from gatekeeper.gate import mine as mining
 
-    [item] = [i for i in load(Workspace(ROOT)) if i.suite.suite == "router"][:1]
+    [item] = [i for i in read(Workspace(ROOT)) if i.suite.suite == "router"][:1]
     ties = mining.Scored(mining.Candidate(item, "ties"), [[0.001] * 4], [100], (0.001, 0.01))
     caught = mining.Scored(mining.Candidate(Item(item.suite, item.case.model_copy(update={"id": "caught"})), "caught"),
                            [[5.0] * 4], [100], (0.001, 0.01), {"drop": (0, 2)})
@@ -132,10 +132,10 @@ def test_a_case_a_fault_catches_outranks_a_better_score():
 
 
 def test_mining_keeps_a_single_turn_case_for_the_cache_probes():
-    from gatekeeper.battery.load import Item
+    from gatekeeper.battery.suites import Item
     from gatekeeper.gate import mine as mining
 
-    [item] = [i for i in load(Workspace(ROOT)) if i.suite.suite == "router"][:1]
+    [item] = [i for i in read(Workspace(ROOT)) if i.suite.suite == "router"][:1]
     stream = Item(item.suite, item.case.model_copy(update={"id": "stream", "turns": [{"query": "a"}, {"query": "b"}]}))
     best = mining.Scored(mining.Candidate(stream, "stream"), [[0.001] * 4, [0.001] * 4], [100, 120], (0.001, 0.01))
     single = mining.Scored(mining.Candidate(item, "single"), [[5.0] * 4], [100], (0.001, 0.01))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.battery import checks
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -64,11 +64,11 @@ def test_config_reads_as_a_suite(pf_ws):
 def test_unsupported_is_refused_unless_skipped(pf_ws):
     ws = Workspace(pf_ws)
     with pytest.raises(GatekeeperError, match=r"faq.promptfoo.yaml: arithmetic: assertion 3 \(moderation") as e:
-        battery.load(ws, ["faq"])
+        battery.read(ws, ["faq"])
     assert "--skip-unsupported" in str(e.value)
-    items = battery.load(ws, ["faq"], skip_unsupported=True)
+    items = battery.read(ws, ["faq"], skip_unsupported=True)
     assert battery.skipped(items) == ["skipped: faq/arithmetic: assertion 3 (moderation: not deterministic or not implemented in gatekeeper)"]
-    assert battery.skipped(battery.load(ws, ["faq"], limit=1, skip_unsupported=True)[:0]) == []
+    assert battery.skipped(battery.read(ws, ["faq"], limit=1, skip_unsupported=True)[:0]) == []
 
 
 def test_evaluate_exits_2_then_lists_the_skipped_in_its_reasons(run_cli, pf_ws):
@@ -100,7 +100,7 @@ def _bad(ws: Path, files: dict[str, str]) -> str:
     for name, text in files.items():
         (ws / "assertions" / name).write_text(text)
     with pytest.raises(GatekeeperError) as e:
-        battery.load(Workspace(ws))
+        battery.read(Workspace(ws))
     return str(e.value)
 
 
@@ -143,7 +143,7 @@ def test_native_suites_template_values_from_their_vars(tiny_ws):
     text = (tiny_ws / "assertions" / "tiny.yaml").read_text()
     (tiny_ws / "assertions" / "tiny.yaml").write_text(
         text.replace("assert: [{type: max-length, value: 10000}]\n  - id: b", "assert: [{type: contains, value: '{{ session }}'}]\n  - id: b", 1))
-    item = battery.load(Workspace(tiny_ws), ["tiny"])[0]
+    item = battery.read(Workspace(tiny_ws), ["tiny"])[0]
     assert item.case.assert_[0].value == "user=ana"
 
 

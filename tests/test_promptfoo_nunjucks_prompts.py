@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger
 
-from gatekeeper.battery import load as battery
 from gatekeeper.battery import partition, promptfoo
+from gatekeeper.battery import suites as battery
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.js import nunjucks
 from gatekeeper.setup import promptfoo as promptfoo_build
@@ -161,7 +161,7 @@ def test_the_battery_digest_follows_a_filter_file_not_where_the_workspace_lies(t
 
     def digest(root):
         ws = Workspace(root)
-        return battery.battery_digest(ws, battery.load(ws, ["t"]))
+        return battery.battery_digest(ws, battery.read(ws, ["t"]))
 
     before = digest(tiny_ws)
     assert digest(shutil.copytree(tiny_ws, tmp_path / "moved")) == before
@@ -237,7 +237,7 @@ def test_a_render_error_is_refused_at_load_naming_suite_and_case(workspace):
                                       "tests: [{vars: {style: '{\"tone\": \"dry\"}'}}, {description: broken, vars: {style: 'not json'}}]\n"})
     (workspace / "assertions" / "promptfooconfig.yaml").unlink()
     with pytest.raises(GatekeeperError) as e:
-        battery.load(Workspace(workspace), ["faq"], limit=1)  # --limit hides no case that cannot render
+        battery.read(Workspace(workspace), ["faq"], limit=1)  # --limit hides no case that cannot render
     assert "suite 'faq', case 'broken'" in str(e.value) and "'not json' is not valid JSON" in str(e.value)
 
 
@@ -246,7 +246,7 @@ def test_a_prompt_that_renders_anew_each_time_is_refused_at_load(workspace):
     _write(workspace / "assertions", {"faq.promptfoo.yaml": "prompts: ['Pick: {{ (q | load) | random }}']\n"
                                                           "tests: [{vars: {q: '[1, 2]'}}]\n"})
     with pytest.raises(GatekeeperError) as e:
-        battery.load(Workspace(workspace), ["faq"])
+        battery.read(Workspace(workspace), ["faq"])
     assert "suite 'faq'" in str(e.value) and "random filter picks anew on every render" in str(e.value)
 
 

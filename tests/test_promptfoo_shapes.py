@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger
 
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -30,7 +30,7 @@ def _suites(ws: Path, files: dict[str, str]) -> dict:
 
 def _refusal(ws: Path, files: dict[str, str]) -> str:
     with pytest.raises(GatekeeperError) as e:
-        battery.load(Workspace(_write(ws, files)))
+        battery.read(Workspace(_write(ws, files)))
     return str(e.value)
 
 
@@ -80,7 +80,7 @@ def test_limit_hides_no_refusal(tiny_ws, run_cli):
     _write(tiny_ws, {"faq.promptfoo.yaml": "prompts: ['{{q}}']\ntests:\n  - vars: {q: one}\n"
                                            "  - vars: {q: two}\n    assert: [{type: webhook, value: 'http://x'}]\n"})
     with pytest.raises(GatekeeperError, match=r"test 2: assertion 1 \(webhook"):
-        battery.load(Workspace(tiny_ws), ["faq"], limit=1)
+        battery.read(Workspace(tiny_ws), ["faq"], limit=1)
     code, out, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "prefix_cache", "--engine", "tiny",
                            "--suite", "faq", "--limit", "1", "--json")
     assert code == 2 and "webhook" in json.loads(out)["error"]
@@ -229,7 +229,7 @@ def test_files_beside_a_config_are_not_suites(tiny_ws):
 def test_cost_and_latency_are_left_out_with_their_reason(tiny_ws):
     config = ("prompts: ['{{q}}']\ndefaultTest:\n  assert: [{type: latency, threshold: 5000}]\n"
               "tests:\n  - vars: {q: one}\n    assert: [{type: cost, threshold: 0.01}, {type: contains, value: o}]\n")
-    items = battery.load(Workspace(_write(tiny_ws, {"faq.promptfoo.yaml": config})), ["faq"])  # no --skip-unsupported needed
+    items = battery.read(Workspace(_write(tiny_ws, {"faq.promptfoo.yaml": config})), ["faq"])  # no --skip-unsupported needed
     assert [a.type for a in items[0].case.assert_] == ["contains"]
     assert battery.skipped(items) == [
         "skipped: faq/test 1: assertion 1 (latency: how long the call took, not a property of the output, which is what gatekeeper compares)",

@@ -15,8 +15,8 @@ import pytest
 from conftest import evaluate, ledger
 
 from gatekeeper.battery import checks, scripted
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Assertion, Workspace
 
@@ -229,7 +229,7 @@ def test_the_battery_digest_follows_the_script_not_where_the_workspace_lies(tiny
 
     def battery_digest(root):
         ws = Workspace(root)
-        return battery.battery_digest(ws, battery.load(ws, ["hello"]))
+        return battery.battery_digest(ws, battery.read(ws, ["hello"]))
 
     before = battery_digest(tiny_ws)
     moved = shutil.copytree(tiny_ws, tmp_path / "moved")
@@ -250,7 +250,7 @@ def test_a_gatekeeper_suite_may_use_them(tiny_ws):
     (tiny_ws / "assertions" / "own.yaml").write_text(
         "suite: own\nstage: own\nprompt: [{role: user, static: false, text: '{q}'}]\ncases:\n  - id: one\n    vars: {q: hi}\n"
         "    assert: [{type: python, value: \"context['vars']['q'] == 'hi'\"}, {type: not-javascript, value: \"output === ''\"}]\n")
-    (item,) = battery.load(Workspace(tiny_ws), ["own"])
+    (item,) = battery.read(Workspace(tiny_ws), ["own"])
     context = checks.Context(vars=item.case.vars, prompt="hi")
     assert [o["pass"] for o in checks.outcomes(list(item.case.assert_), "hello", context)] == [True, True]
     assert [o["pass"] for o in checks.outcomes(list(item.case.assert_), "", context)] == [True, False]

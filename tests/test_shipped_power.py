@@ -10,7 +10,7 @@ import shutil
 import pytest
 from conftest import ROOT
 
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.gate import flags
 from gatekeeper.workspace import Workspace
 

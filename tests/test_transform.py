@@ -9,8 +9,8 @@ import pytest
 from conftest import evaluate, ledger
 
 from gatekeeper.battery import checks
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -70,7 +70,7 @@ def test_the_battery_digest_follows_a_transform_file(config_ws, tmp_path):
 
     def battery_digest(root):
         ws = Workspace(root)
-        return battery.battery_digest(ws, battery.load(ws, ["hello"]))
+        return battery.battery_digest(ws, battery.read(ws, ["hello"]))
 
     before = battery_digest(config_ws)
     assert battery_digest(shutil.copytree(config_ws, tmp_path / "moved")) == before

@@ -3,8 +3,8 @@
 import pytest
 from conftest import ROOT
 
-from gatekeeper.battery import load as battery
-from gatekeeper.battery.load import all_suites
+from gatekeeper.battery import suites as battery
+from gatekeeper.battery.suites import all_suites
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
@@ -14,7 +14,7 @@ def test_repository_root_is_a_valid_workspace():
     assert set(ws.policies) >= {"prefix_cache"}
     for name in ("torch", "mlx", "auto"):
         assert ws.engine(name).name == name
-    assert battery.load(ws)
+    assert battery.read(ws)
 
 
 def test_init_templates_match_the_shipped_workspace(tmp_path):
@@ -109,14 +109,14 @@ def test_bad_assertions(workspace, assertion, expected):
     path = workspace / "assertions" / "s.yaml"
     path.write_text(SUITE + f"      - {assertion}\n")
     with pytest.raises(GatekeeperError) as e:
-        battery.load(Workspace(workspace), ["s"])
+        battery.read(Workspace(workspace), ["s"])
     assert expected in str(e.value) and str(path) in str(e.value)
 
 
 def test_missing_var_names_suite_and_case(workspace):
     (workspace / "assertions" / "s.yaml").write_text(SUITE.replace('vars: {query: "hi"}', "vars: {}") + "      - {type: contains, value: x}\n")
     with pytest.raises(GatekeeperError, match=r"suite 's', case 'a': missing vars \['query'\]"):
-        battery.load(Workspace(workspace), ["s"])
+        battery.read(Workspace(workspace), ["s"])
 
 
 def test_missing_segment_file(workspace):
@@ -133,7 +133,7 @@ def test_duplicate_case_ids(workspace):
 
 def test_battery_digest_follows_segment_files(workspace):
     ws = Workspace(workspace)
-    before = battery.battery_digest(ws, battery.load(ws))
+    before = battery.battery_digest(ws, battery.read(ws))
     (workspace / "prompts" / "assistant_system.txt").write_text("other rules\n")
     ws = Workspace(workspace)
-    assert battery.battery_digest(ws, battery.load(ws)) != before
+    assert battery.battery_digest(ws, battery.read(ws)) != before

@@ -61,7 +61,7 @@ def mine(
     json_: Json = False,
 ) -> None:
     """Run every candidate case once flag off, score its near-ties per second, and write the best subset as suites."""
-    from ..battery.load import Item, load
+    from ..battery.suites import Item, read
     from ..engines.faults import parse
     from ..gate import mine as mining
     from ..gate import pipeline
@@ -79,7 +79,7 @@ def mine(
     ws = settings.open_workspace()
     candidates = [] if capture and not suite else [
         mining.Candidate(i, f"{i.suite.path.relative_to(ws.root) if i.suite.path else i.suite.suite}#{i.case.id}")
-        for i in load(ws, suite)]
+        for i in read(ws, suite)]
     for path in capture or []:
         for st in captured.stages(path):
             s = Suite.model_validate(st.suite(None, max_tokens or 32, []))

@@ -53,8 +53,7 @@ def evaluate(
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
     import getpass
 
-    from ..gate import evaluator, pipeline, runs
-    from ..gate import load as load_
+    from ..gate import evaluator, pipeline, production, runs
     from ..traffic import capture
 
     settings: Settings = ctx.obj
@@ -64,10 +63,10 @@ def evaluate(
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
     # every input is checked before anything is written
-    production = load_.in_force(ws, flag, load, load_from)
-    replayed = load_.source(ws, production) if production else None
+    under = production.in_force(ws, flag, load, load_from)  # the production load both sides run under, if any
+    replayed = production.source(ws, under) if under else None
     plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
-                          load=production, captured=capture.prompts(replayed) if replayed else None)
+                          load=under, captured=capture.prompts(replayed) if replayed else None)
     models = runs.open_engines(plan)
     total = len(plan.items) * len(plan.schedule)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,

@@ -229,7 +229,7 @@ class Engine(ABC):
         assert self.fault_session_class is not None  # check_fault refuses an adapter without one
         return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
 
-    def load(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> ContextManager[Any]:
+    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> ContextManager[Any]:
         """Background traffic kept in flight on the deployment a ``session(cache=...)`` talks to, while
         the ``with`` block runs: ``workers`` requests at a time, drawn in turn from ``prompts`` (token ids,
         max tokens). Only served engines batch other people's requests with the battery's."""

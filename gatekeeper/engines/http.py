@@ -287,7 +287,7 @@ class HTTPEngine(Engine):
             self._busy[url][1] += 1
             return url
 
-    def load(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> "Background":
+    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> "Background":
         return Background(self, "on" if cache else "off", prompts, workers)
 
     def _parse(self, url: str, answer: Any, prompt: list[int], wall: float) -> Generation:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from weakref import WeakKeyDictionary
 
-from ..battery import load as battery
 from ..battery import partition
+from ..battery import suites as battery
 from ..engines.base import Engine, plus
 from ..errors import GatekeeperError
 from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
@@ -29,8 +29,7 @@ from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
 from . import graders as graders_
-from . import kinds, pipeline, sides, switches
-from . import load as load_
+from . import kinds, pipeline, production, sides, switches
 from . import probes as probes_
 from . import runs as runs_
 from .plans import ALONE, Config, Plan
@@ -85,7 +84,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     for c in configs.values():
         cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
         if load is not None:
-            _check_load(cls, c.profile, load)
+            _check_loadable(cls, c.profile, load)
     items, digest_ = _battery(ws, suites, limit, skip_unsupported)
     # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
     grader_spec = graders_.spec(ws, policy, items) if grading else None
@@ -96,7 +95,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
              config={"engine": engine, "suites": suites, "limit": limit,
                      "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
                      **({"skip_unsupported": True} if skip_unsupported else {}),
-                     **({"load": load_.identity(ws, load, digest_)} if load else {})})
+                     **({"load": production.identity(ws, load, digest_)} if load else {})})
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
     return p
 
@@ -111,14 +110,14 @@ def _battery(ws: Workspace, suites: list[str] | None, limit: int | None,
     key = (tuple(suites) if suites else None, limit, skip_unsupported)
     memo = _batteries.setdefault(ws, {})
     if key not in memo:
-        items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+        items = battery.read(ws, suites, limit, skip_unsupported=skip_unsupported)
         memo[key] = items, battery.battery_digest(ws, items)
     return memo[key]
 
 
-def _check_load(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
+def _check_loadable(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
     """Exit 2 before anything runs unless this engine can be put under ``load``."""
-    if cls.load is Engine.load:
+    if cls.background is Engine.background:
         raise GatekeeperError(f"{profile.where}: the {cls.name} adapter runs the model in this process, one request at "
                               "a time: a load (policy 'load', evaluate --load) needs a served engine (adapter http)")
     if load.concurrency <= profile.concurrency:
@@ -248,8 +247,8 @@ def _background(p: Plan, model: Engine, c: Config, config: str):
     """The load's background traffic for one run (nothing for the run alone, or without a load)."""
     if p.load is None or config == ALONE:
         return contextlib.nullcontext()
-    prompts = load_.prompts(p.ws, p.load, model, p.items, c.render, p.captured)
-    return model.load(c.cache, prompts, p.load.concurrency - model.concurrency)
+    prompts = production.prompts(p.ws, p.load, model, p.items, c.render, p.captured)
+    return model.background(c.cache, prompts, p.load.concurrency - model.concurrency)
 
 
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,
@@ -301,7 +300,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         assert p.load is not None  # variant is found only under a load
         verdict = "INCONCLUSIVE"
         reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
-                             f"(concurrency {p.load.concurrency}); {load_.fix(models['off'].dialect_name)}"
+                             f"(concurrency {p.load.concurrency}); {production.fix(models['off'].dialect_name)}"
                              for cid in unstable if not any(r.startswith(f"batch_variant: {cid} ") for r in variant)]
     elif unstable or (judged and judged.unstable):
         verdict = "INCONCLUSIVE"
@@ -374,7 +373,7 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
     """Cases whose flag-off answer under the load parts from the same case run alone: batching, not the
     flag, changed them. Each comparison is recorded; each reason names where they part and the fix."""
     detok, alone, loaded = models["off"].detokenize, runs.results[ALONE][0], runs.results["off"][0]
-    fix = load_.fix(models["off"].dialect_name)
+    fix = production.fix(models["off"].dialect_name)
     assert p.load is not None  # called only under a load
     out = []
     for item in p.items:
@@ -455,6 +454,6 @@ def identity_now(ws: Workspace, evaluation: EvaluationRecord, ledger) -> dict[st
     # the load in force is the policy's: evidence gathered under another (evaluate --load) reads stale
     p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"),
              force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False),
-             load=load_.in_force(ws, evaluation["flag"]))
+             load=production.in_force(ws, evaluation["flag"]))
     grader = graders_.identity(p.grading, ws.root) if p.grading else None  # a changed grader reads stale
     return _identity(p, "off", registry.identity(p.configs["off"].profile, workspace_root=ws.root), grader)

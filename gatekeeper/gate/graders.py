@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..battery import graded, similar
-from ..battery import load as battery
+from ..battery import suites as battery
 from ..engines.base import Engine, Session
 from ..errors import GatekeeperError
 from ..workspace import POLICIES, EngineProfile, Policy, Workspace

@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from ..battery.load import Item
 from ..battery.partition import pieces, render
+from ..battery.suites import Item
 from ..engines.faults import Fault
 from ..errors import GatekeeperError
 from ..evidence import CaseResult, Turn

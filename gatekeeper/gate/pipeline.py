@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..battery import partition
-from ..battery.load import all_suites
+from ..battery.suites import all_suites
 from ..errors import GatekeeperError
 from ..identity import directory_digest, pipeline_hash, pipeline_parts
 from ..workspace import Change, EngineProfile, Workspace

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..battery import load as battery
 from ..battery import partition
+from ..battery import suites as battery
 from ..workspace import EngineProfile, Load, Policy, Workspace
 from . import graders as graders_
 from . import kinds

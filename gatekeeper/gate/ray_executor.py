@@ -27,8 +27,8 @@ except ImportError:  # an optional extra
     raise GatekeeperError("executor: ray runs the cases on Ray actors, and Ray is not installed: "
                           "pip install 'gatekeeper[ray]', or set executor: local") from None
 
-from ..battery import load as battery
 from ..battery import partition
+from ..battery import suites as battery
 from ..engines.base import Engine, Session
 from ..evidence import CaseResult
 from ..workspace import EngineProfile

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
 
 from ..battery import checks, partition
-from ..battery import load as battery
+from ..battery import suites as battery
 from ..engines.base import Engine, Session, labelled
 from ..errors import EngineCrash
 from ..evidence import CaseResult, Crash, Turn

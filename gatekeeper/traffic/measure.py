@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..battery import load as battery
+from ..battery import suites as battery
 from ..engines.base import plus
 from ..errors import GatekeeperError
 from ..workspace import Workspace
@@ -106,7 +106,7 @@ def plan(ws: Workspace, flag: str = "prefix_cache", flag_state: str = "current",
     if compare and flag_state != "current":
         raise GatekeeperError("--compare runs the flag off and then on; drop --flag-state")
     ws.engine(engine)
-    items = battery.load(ws, suites, limit, skip_unsupported=skip_unsupported)
+    items = battery.read(ws, suites, limit, skip_unsupported=skip_unsupported)
     config = {"flag": flag, "flag_state": flag_state, "compare": compare, "engine": engine, "suites": suites, "limit": limit,
               **({"skip_unsupported": True} if skip_unsupported else {})}
     return Plan(ws, flag, ["off", "on"] if compare else [flag_state], engine, items, config)

@@ -1,7 +1,7 @@
 """promptfoo configs as gatekeeper suites, read as promptfoo 0.123.1 reads them.
 
 Whatever promptfoo gives a meaning gatekeeper cannot honour is refused (exit 2) naming the file, the field and
-the fix; an assertion gatekeeper cannot evaluate is kept aside in ``Suite.skipped`` (battery.load refuses it
+the fix; an assertion gatekeeper cannot evaluate is kept aside in ``Suite.skipped`` (battery.read refuses it
 unless ``--skip-unsupported``), and ``cost``/``latency`` (about the call, not the output) in
 ``Suite.call_metrics``. One concept a module: suites (the suites a config or a pointer suite makes), config
 (the file, its top-level keys, ``$ref`` and ``defaultTest``), tests (inline, YAML/JSON/JSONL/CSV files),

@@ -1,7 +1,7 @@
 """One promptfoo assertion as gatekeeper checks it, or why it cannot (kept aside in ``Suite.skipped``).
 
 A type gatekeeper evaluates is kept; one promptfoo has and gatekeeper cannot evaluate is set aside
-(battery.load refuses it unless ``--skip-unsupported``), and one promptfoo does not know is exit 2. Its value
+(battery.read refuses it unless ``--skip-unsupported``), and one promptfoo does not know is exit 2. Its value
 is templated from the test's vars or read from its ``file://`` file, the test's grading options go under its
 own (promptfoo's getFinalTest), and a test's or an assertion's ``transform`` is kept on each assertion it feeds
 (battery/transform.py runs it).

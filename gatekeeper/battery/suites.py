@@ -80,7 +80,7 @@ class Item:
         return f"{self.suite.suite}/{self.case.id}"
 
 
-def load(ws: Workspace, suites: list[str] | None = None, limit: int | None = None, *,
+def read(ws: Workspace, suites: list[str] | None = None, limit: int | None = None, *,
          skip_unsupported: bool = False) -> list[Item]:
     """Cases of the chosen suites in file order; ``limit`` caps the cases per suite; ``skip_unsupported``
     leaves out promptfoo assertions gatekeeper cannot evaluate instead of refusing them."""

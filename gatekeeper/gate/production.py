@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..battery import partition
-from ..battery.load import Item
+from ..battery.suites import Item
 from ..errors import GatekeeperError
 from ..identity import file_digest
 from ..workspace import Load, Workspace
