@@ -388,7 +388,17 @@ class Policy(Strict):
     approvals: Approvals = Approvals()
     hash_parts: list[Literal[HASH_PARTS]] = list(HASH_PARTS)  # type: ignore[valid-type]
     flush_on: list[Literal["model", "adapter"]] = ["model", "adapter"]
-    margin: float = Field(0, ge=0, le=1)  # non_inferiority: the share of passing assertions that may be lost
+    # non_inferiority: the loss in pass rate (over assertion pairs, flag on vs off) a PASS must rule out at ``alpha``;
+    # assertion_equivalence: the difference either way (0: identical outcomes, no statistics)
+    margin: float = Field(0, ge=0, le=1)
+    # The statistics of the gates that are not byte equivalence (gate/paired.py). Left out of dumps at their
+    # defaults, so the policy digest of a policy that says nothing of them is what it was.
+    alpha: float = Field(0.05, gt=0, lt=0.5, exclude_if=lambda v: v == 0.05)  # one-sided error of a PASS
+    power: float = Field(0.8, gt=0.5, lt=1, exclude_if=lambda v: v == 0.8)  # for the cases a margin needs
+    # what is independent: "case" (a case's assertions and turns are one cluster), "suite", or "var:NAME" (cases
+    # sharing that var's value, such as one capture session, are one cluster)
+    cluster: str = Field("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$", exclude_if=lambda v: v == "case")
+    margins: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v)  # per suite (Bonferroni over them)
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
     require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits
     max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE
@@ -409,6 +419,11 @@ class Policy(Strict):
         if (self.require or self.max_drift) and self.gate != "byte_equivalence":
             field = "require" if self.require else "max_drift"
             raise ValueError(f"{field}: only a byte_equivalence gate compares top-2 logits; remove it or set gate: byte_equivalence")
+        if self.margins and self.gate == "byte_equivalence":
+            raise ValueError("margins: byte_equivalence allows no difference at all; per-suite margins are for "
+                             "non_inferiority and assertion_equivalence")
+        if bad := {k: v for k, v in self.margins.items() if not 0 <= v <= 1}:
+            raise ValueError(f"margins: {bad}: a margin is a share of assertions, from 0 to 1")
         if self.require and self.max_drift:
             raise ValueError("max_drift: require: bit_exact already allows no drift at all; keep one of the two")
         if not want and self.change is None:

@@ -68,6 +68,20 @@ cases:
 """
 
 
+def wide_suite(ws: Path, n: int, assertions=None) -> list[str]:
+    """``assertions/wide.yaml``: n one-turn cases, enough for a paired verdict to decide (the tiny suite's 4
+    cases never can). ``assertions(i)`` gives case i's assertions (default: one every answer passes). Returns
+    the case ids."""
+    lines = [f"suite: wide\nstage: wide\nprompt:\n  - {{role: system, static: true, text: \"{RULES}\"}}\n"
+             "  - {role: user, static: false, text: \"{{query}}\"}\ndecoding: {max_tokens: 8}\ncases:"]
+    for i in range(n):
+        checks = assertions(i) if assertions else [{"type": "max-length", "value": 10000}]
+        lines.append(f"  - id: w{i}\n    vars: {{query: \"Request {i}: find item {i * 7 % 13} for user {i}.\"}}\n"
+                     f"    assert: {json.dumps(checks)}")
+    (ws / "assertions" / "wide.yaml").write_text("\n".join(lines) + "\n")
+    return [f"wide/w{i}" for i in range(n)]
+
+
 def profile(adapter: str, model: Path) -> str:
     return f"adapter: {adapter}\nmodel: {model}\ndtype: float32\ndevice: cpu\nprefill: monolithic\n"
 

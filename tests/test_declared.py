@@ -4,7 +4,7 @@ in force with and without it, and a flag that is on applies its change everywher
 import json
 
 import pytest
-from conftest import ledger, profile
+from conftest import ledger, profile, wide_suite
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.runtime import Runtime
@@ -102,15 +102,36 @@ def test_planted_token_change_is_caught(run_cli, tiny_ws):
     assert any(r.startswith("differs: tiny/a turn 1 first divergent token at position 2") for r in out["reasons"])
 
 
-@pytest.mark.parametrize("margin, verdict", [(0.34, "PASS"), (0.2, "FAIL")])
-def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, margin, verdict):
-    # One of the four passing assertions (tiny/c: not-contains zebra) breaks under the change.
-    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", f"margin: {margin}\n")
-    code, out = evaluate(run_cli, tiny_ws, "lossy")
-    assert out["verdict"] == verdict, out
-    assert out["passes"]["on"] == out["passes"]["off"] - 1 and out["passes"]["off"] >= 3
-    assert "regressed: tiny/c assertion '#1 not-contains' passes without lossy, fails with lossy" in out["reasons"]
+@pytest.mark.parametrize("broken, verdict", [(2, "PASS"), (30, "FAIL")])
+def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, verdict):
+    # 60 cases; the first ``broken`` also assert not-contains zebra, which the change breaks (every answer ends
+    # with ' zebra'): 2 lost of 62 assertions is within a 0.2 margin at alpha 0.05, 30 of 90 is beyond it.
+    wide_suite(tiny_ws, 60, lambda i: [{"type": "max-length", "value": 10000}] +
+               ([{"type": "not-contains", "value": "zebra"}] if i < broken else []))
+    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.2\nprobes: off\n")
+    code, out = evaluate(run_cli, tiny_ws, "lossy", "tiny", "ci", "--suite", "wide")
+    assert out["verdict"] == verdict and code == (0 if verdict == "PASS" else 1), out
+    assert out["passes"]["on"] == out["passes"]["off"] - broken
+    assert "regressed: wide/w0 assertion '#2 not-contains' passes without lossy, fails with lossy" in out["reasons"]
+    stats = out["paired"]
+    assert (stats["n"], stats["harmful"], stats["beneficial"], stats["margin"], stats["alpha"]) == (60 + broken, broken, 0, 0.2, 0.05)
+    assert stats["upper"] <= 0.2 if verdict == "PASS" else stats["lower"] > 0.2, stats
     assert any(r.startswith("non_inferior:" if verdict == "PASS" else "inferior:") for r in out["reasons"])
+    with ledger(tiny_ws) as lg:  # recorded with the verdict
+        assert lg.evaluation(out["evaluation_id"])["verdict_record"]["summary"]["paired"] == stats
+    code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
+    row = f"| all | {60 + broken} | 60 | {broken} | 0 | {stats['loss']:.3f} | [{stats['lower']:.3f}, {stats['upper']:.3f}] | 0.2 |"
+    assert code == 0 and "## Paired outcomes (flag off vs on)" in md and row in md, md
+
+
+def test_a_lossy_change_on_too_few_cases_is_never_a_pass(run_cli, tiny_ws):
+    """The tiny suite's 4 assertions cannot rule out any margin below 0.4: INCONCLUSIVE, with the cases it needs."""
+    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.34\nprobes: off\n")
+    code, out = evaluate(run_cli, tiny_ws, "lossy")
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE", out
+    assert "regressed: tiny/c assertion '#1 not-contains' passes without lossy, fails with lossy" in out["reasons"]
+    under = next(r for r in out["reasons"] if r.startswith("underpowered:"))
+    assert "with 4 assertion pairs" in under and out["paired"]["needed"] > 4, under
 
 
 def passing(run_cli, ws, flag):
@@ -157,7 +178,8 @@ def test_runtime_migration_to_a_blind_engine_is_called_out(run_cli, tiny_ws, tin
     (tiny_ws / "engines" / "blind.yaml").write_text(profile("fault_engines:Blind", tiny_llama))
     policy(tiny_ws, "migrate", "{engine: blind}", "non_inferiority")
     code, out = evaluate(run_cli, tiny_ws, "migrate")
-    assert out["verdict"] == "PASS", out  # the same weights: nothing regresses
+    # the same weights: nothing regresses, but four assertions cannot show it (never a PASS on too little)
+    assert out["verdict"] == "INCONCLUSIVE" and any(r.startswith("underpowered:") for r in out["reasons"]), out
     blind = [r for r in out["reasons"] if r.startswith("telemetry_blind:")]
     assert len(blind) == 1 and "flag-on engine" in blind[0] and "engines/blind.yaml" in blind[0], out["reasons"]
     assert set(out["telemetry"]["off"]) == set(out["telemetry"]["on"]) == {"tiny"}

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from conftest import ledger, profile
+from conftest import ledger, profile, wide_suite
 from test_runtime import make_lora
 
 from gatekeeper.errors import GatekeeperError
@@ -122,22 +122,46 @@ def candidate_texts(ws, tiny_llama, path):
         (ws / "engines" / "cand.yaml").unlink()
 
 
-def test_an_adapter_that_breaks_a_passing_assertion_fails(lora_ws, tiny_llama, tmp_path, run_cli):
+def base_answers(run_cli, ws, cand, cases):
+    """The flag-off answers of ``cases`` (an evaluation's off#0 run), to pin assertions on."""
+    code, out = gate(run_cli, ws, "adapter", "--candidate", cand, "--suite", "wide")
+    with ledger(ws) as lg:
+        rows = lg.evaluation(out["evaluation_id"])["case_results"]
+    return {r["case_id"]: r["result"]["text"] for r in rows if r["config"] == "off" and r["repeat"] == 0 and r["case_id"] in cases}
+
+
+def test_an_adapter_that_breaks_passing_assertions_fails(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
-    base, new = texts(lora_ws), candidate_texts(lora_ws, tiny_llama, cand)
-    assert base["a"] != new["a"], "precondition: the adapter changes this answer"
-    add_assertion(lora_ws, "a", {"type": "equals", "value": base["a"], "name": "known-answer"})
+    cases = wide_suite(lora_ws, 30)
+    base = base_answers(run_cli, lora_ws, cand, cases)
+    wide_suite(lora_ws, 30, lambda i: [{"type": "equals", "value": base[f"wide/w{i}"], "name": "known-answer"}])
+    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+    assert code == 1 and out["verdict"] == "FAIL", out["reasons"]
+    lost = out["paired"]["harmful"]
+    assert out["passes"] == {"off": 30, "on": 30 - lost} and lost >= 10 and out["paired"]["lower"] > 0
+    assert any(r.startswith("regressed: wide/w") and "'known-answer'" in r for r in out["reasons"])
+    assert any(r.startswith("inferior:") for r in out["reasons"])
+
+
+def test_an_adapter_on_too_few_cases_is_never_a_pass(lora_ws, tiny_llama, tmp_path, run_cli):
+    """The tiny suite alone: nothing regresses, but four assertions rule out no margin: INCONCLUSIVE."""
+    cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
-    assert code == 1 and out["verdict"] == "FAIL" and out["passes"] == {"off": 5, "on": 4}
-    assert any(r.startswith("regressed: tiny/a assertion 'known-answer'") for r in out["reasons"])
+    assert code == 1 and out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert any(r.startswith("underpowered:") and "with 4 assertion pairs" in r for r in out["reasons"])
 
 
 def test_an_adapter_that_only_improves_passes_and_flips_by_digest(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
     new = candidate_texts(lora_ws, tiny_llama, cand)
     add_assertion(lora_ws, "a", {"type": "equals", "value": new["a"], "name": "better-answer"})
+    wide_suite(lora_ws, 30)
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
-    assert code == 0 and out["verdict"] == "PASS" and out["passes"] == {"off": 4, "on": 5}, out["reasons"]
+    assert code == 0 and out["verdict"] == "PASS" and out["passes"] == {"off": 34, "on": 35}, out["reasons"]
+    assert (out["paired"]["harmful"], out["paired"]["beneficial"]) == (0, 1)
+    assert any(r.startswith("improved: tiny/a assertion 'better-answer'") for r in out["reasons"])
     with ledger(lora_ws) as lg:
         assert lg.evaluation(out["evaluation_id"])["config"]["candidate"]["digest"] == directory_digest(cand)
 
@@ -154,6 +178,8 @@ def test_an_adapter_that_only_improves_passes_and_flips_by_digest(lora_ws, tiny_
 
 def test_flip_with_a_swapped_adapter_file_is_refused_as_stale(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
+    wide_suite(lora_ws, 30)
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
     assert out["verdict"] == "PASS", out["reasons"]
     make_lora(tiny_llama, cand, seed=2)
@@ -162,20 +188,26 @@ def test_flip_with_a_swapped_adapter_file_is_refused_as_stale(lora_ws, tiny_llam
     assert result["reasons"][0].startswith("stale:") and "candidate" in result["reasons"][0]
 
 
-def test_the_policy_margin_is_applied_and_recorded(lora_ws, tiny_llama, tmp_path, run_cli):
+def test_the_policy_margin_alpha_and_clusters_are_applied_and_recorded(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
-    base = texts(lora_ws)
-    add_assertion(lora_ws, "a", {"type": "equals", "value": base["a"], "name": "known-answer"})
-    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.25\n")
-    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
-    assert code == 0 and out["verdict"] == "PASS"  # 1 of 5 passing assertions lost; 0.25 allows 1
-    summary = "1 regressions (margin 0.25 allows 1); passes 5 with the current weights, 4 with the candidate"
-    assert f"non_inferior: {summary}" in out["reasons"]
-    with ledger(lora_ws) as lg:
-        assert f"non_inferior: {summary}" in lg.evaluation(out["evaluation_id"])["verdict_record"]["reasons"]
-    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.1\n")
-    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand)
-    assert code == 1 and out["verdict"] == "FAIL" and any("margin 0.1 allows 0" in r for r in out["reasons"])
+    cases = wide_suite(lora_ws, 40)
+    base = base_answers(run_cli, lora_ws, cand, cases)
+    # four of 40 cases pin their flag-off answer: the adapter can lose at most those four
+    wide_suite(lora_ws, 40, lambda i: [{"type": "max-length", "value": 10000}] +
+               ([{"type": "equals", "value": base[f"wide/w{i}"], "name": "known-answer"}] if i < 4 else []))
+    verdicts = {}
+    for margin, extra in ((0.5, ""), (0.5, "alpha: 0.001\n"), (0.5, "cluster: suite\n")):
+        (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: {margin}\n" + extra)
+        code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+        stats = out["paired"]
+        verdicts[extra or "default"] = (out["verdict"], stats["alpha"], stats["clusters"])
+        with ledger(lora_ws) as lg:
+            assert lg.evaluation(out["evaluation_id"])["verdict_record"]["summary"]["paired"] == stats
+        assert stats["n"] == 44 and stats["margin"] == margin and 0 < stats["harmful"] <= 4
+    # a wide margin passes; one suite as the only cluster is one observation: nothing can be ruled out
+    assert verdicts["default"] == ("PASS", 0.05, 40)
+    assert verdicts["alpha: 0.001\n"][1:] == (0.001, 40)
+    assert verdicts["cluster: suite\n"] == ("INCONCLUSIVE", 0.05, 1)
 
 
 def test_candidate_is_required_for_the_adapter_flag_and_refused_elsewhere(lora_ws, run_cli, tmp_path):

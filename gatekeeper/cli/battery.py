@@ -11,7 +11,8 @@ from ..errors import GatekeeperError
 from . import tables
 from .common import EngineName, Json, Settings, Suites, emit, progress, reporting
 
-battery_app = typer.Typer(help="Mine the assertion battery for power; make candidate cases from captured traffic.",
+battery_app = typer.Typer(help="Mine the assertion battery for power; size it for a margin; make candidate cases from "
+                               "captured traffic.",
                           no_args_is_help=True)
 Captures = Annotated[Optional[list[Path]], typer.Option("--capture", help="A capture (JSONL) whose calls are candidates (repeatable).")]
 
@@ -93,3 +94,32 @@ def mine(
     written = mining.write(ws, mined, out)
     report = {**mined.to_dict(), "written": [str(p) for p in written]}
     emit(json_, report, lambda: tables.print_mined(report))
+
+
+@battery_app.command("size")
+@reporting
+def size(
+    ctx: typer.Context,
+    flag: Annotated[str, typer.Option(help="The flag (a non_inferiority or assertion_equivalence policy).")],
+    margin: Annotated[Optional[float], typer.Option(help="The margin to size for (default: the policy's).")] = None,
+    evaluation: Annotated[Optional[int], typer.Option(
+        help="The evaluation whose discordance to use (default: the flag's last finished one; none: assume none).")] = None,
+    json_: Json = False,
+) -> None:
+    """The cases the policy's margin needs at its alpha and power, and the smallest margin the battery supports now."""
+    from ..gate import sizing
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ws.policy(flag)  # unknown flag: exit 2
+    record = None
+    with settings.opened_ledger(ws, create=False) as ledger:
+        if ledger is not None:
+            if evaluation is None:  # the newest finished one
+                evaluation = next((e["id"] for e in ledger.evaluations() if e["flag"] == flag
+                                   and e["status"] in ("PASS", "FAIL", "INCONCLUSIVE")), None)
+            record = ledger.evaluation(evaluation) if evaluation is not None else None
+    if evaluation is not None and record is None:
+        raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
+    result = sizing.size(ws, flag, margin, record)
+    emit(json_, result.to_dict(), lambda: typer.echo(result.line()))

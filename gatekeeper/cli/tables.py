@@ -135,6 +135,11 @@ def print_outcome(o) -> None:
     ]
     if o.strength is not None:
         rows.append(("strength off~on", _strength(o.strength)))
+    if o.paired and "n" in o.paired:  # per-suite verdicts say theirs in the reasons
+        p = o.paired
+        rows.append(("paired off~on", f"{p['harmful']} harmful / {p['beneficial']} beneficial flips of {p['n']} assertions; "
+                                      f"loss {p['loss']:.3f}, bounds [{p['lower']:.3f}, {p['upper']:.3f}] at alpha "
+                                      f"{p['alpha']:g}, margin {p['margin']:g}"))
     if o.probes:
         rows.append(("cache probes", ", ".join(f"{k} {v.split(' (')[0]}" for k, v in o.probes.items())
                      + f" ({o.probe_seconds:.1f} s)"))

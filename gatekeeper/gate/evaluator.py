@@ -29,7 +29,7 @@ from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
 from . import graders as graders_
-from . import kinds, pipeline, production, sides, switches
+from . import kinds, paired, pipeline, production, sides, switches
 from . import probes as probes_
 from . import runs as runs_
 from .plans import ALONE, Config, Plan
@@ -62,6 +62,8 @@ class Outcome:
     probes: dict[str, str] = field(default_factory=dict)
     probe_seconds: float = 0.0
     reached: dict[str, list[str]] = field(default_factory=dict)  # served sides: the servers that answered each
+    # kinds judged on paired outcomes: flips, the bound on the loss and what the margin needs (gate/paired.py)
+    paired: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,6 +90,9 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     items, digest_ = _battery(ws, suites, limit, skip_unsupported)
     # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
     grader_spec = graders_.spec(ws, policy, items) if grading else None
+    if unknown := sorted(set(policy.margins) - {i.suite.suite for i in items}):
+        raise GatekeeperError(f"policies/{flag}.yaml: field 'margins' names suites this battery does not run "
+                              f"({', '.join(unknown)}); name suites of assertions/ or drop them")
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     p = Plan(ws=ws, flag=flag, policy=policy, items=items, engine_name=engine, battery_digest=digest_, configs=configs,
              kind=kinds.KINDS[policy.gate](policy, switch.labels), exercises_cache=switch.exercises_cache,
@@ -287,7 +292,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
                               _sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] // g * g for t in on_turns),
-                              p.exercises_cache, p.policy.baseline_repeats, strength)
+                              p.exercises_cache, p.policy.baseline_repeats, strength, _pairs(p, reference, on))
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
     judged = (probes_.judge(p, runs.probes["off"], runs.probes["on"][0], detok,
@@ -340,6 +345,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         strength=strength.to_dict() if strength else None, near_ties=census,
         probes=judged.status if judged else {}, probe_seconds=judged.seconds if judged else 0.0,
         reached={k: v for k, v in reached.items() if v},
+        paired=p.kind.statistics(evidence),
     )
 
 
@@ -436,6 +442,30 @@ def _sum(values: Iterator[int | None]) -> int | None:
     for v in values:
         total = plus(total, v)
     return total
+
+
+def _pairs(p: Plan, off: Run, on: Run) -> dict[str, list[paired.Pair]]:
+    """Per suite, each assertion's outcome flag off and on with its cluster (the policy's independence unit);
+    a crashed case has no outcomes to pair."""
+    out: dict[str, list[paired.Pair]] = {}
+    for item in p.items:
+        cid = item.case_id
+        if "crash" in off[cid] or "crash" in on[cid]:
+            continue
+        cluster = _cluster(p.policy.cluster, item)
+        out.setdefault(item.suite.suite, []).extend(
+            (cluster, a["pass"], b["pass"]) for a, b in zip(off[cid]["outcomes"], on[cid]["outcomes"]))
+    return out
+
+
+def _cluster(key: str, item: battery.Item) -> str:
+    """The cluster a case belongs to: itself, its suite, or the value of one of its vars (a case without that
+    var is a cluster of its own)."""
+    if key == "suite":
+        return item.suite.suite
+    if key.startswith("var:") and (name := key[4:]) in item.case.vars:
+        return f"{name}={item.case.vars[name]}"
+    return item.case_id
 
 
 def _passes(results: Run) -> int:

@@ -8,12 +8,12 @@ policy's ``gate``; the gate runs the configurations, asks the kind to compare ea
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
 from ..evidence import CaseResult, Change, Comparison, DivergentSide, Step, SuiteCensus, Top2
 from ..workspace import Policy
+from . import paired
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
 # one side's margin a near-tie, the other's above twice NEAR_TIE (clear of bfloat16's rounding near a tie) and at
@@ -171,6 +171,8 @@ class Evidence:
     exercises_cache: bool  # the flag turns the prefix cache on: it must be shown to serve
     baseline_repeats: int
     strength: Strength | None = None  # the top-2 logit drift between the sides (kinds with ``numeric``)
+    # per suite, each assertion's outcome pair: (cluster, passed flag off, passed flag on)
+    pairs: dict[str, list[paired.Pair]] = field(default_factory=dict)
 
     @property
     def exercised(self) -> float:
@@ -284,6 +286,10 @@ class GateKind:
     def decide(self, e: Evidence) -> Decision:
         raise NotImplementedError
 
+    def statistics(self, e: Evidence) -> dict[str, Any] | None:
+        """What the kind's verdict rests on beyond the reasons (a paired bound), for the record; None: nothing."""
+        return None
+
 
 class ByteEquivalence(GateKind):
     name = "byte_equivalence"
@@ -332,34 +338,63 @@ class ByteEquivalence(GateKind):
         return "PASS", [same, *notes] + ([s.reason()] if s else [])
 
 
-class AssertionEquivalence(GateKind):
+class Paired(GateKind):
+    """A kind judged on paired assertion outcomes (gate/paired.py): a one-sided bound on the loss in pass rate
+    at the policy's ``alpha``, clustered by its ``cluster``, against its ``margin`` (or per-suite ``margins``,
+    Bonferroni over the suites). PASS only when the bound rules the margin out, FAIL when the evidence shows a
+    loss beyond it, else INCONCLUSIVE with the cases the margin needs: never a PASS on too little."""
+
+    VERDICTS = {"pass": "PASS", "fail": "FAIL", "underpowered": "INCONCLUSIVE"}
+
+    def judge(self, e: Evidence) -> paired.Paired | paired.Suites:
+        raise NotImplementedError
+
+    def statistics(self, e: Evidence) -> dict[str, Any] | None:
+        return self.judge(e).to_dict()
+
+    def flips(self, e: Evidence) -> list[str]:
+        """Each assertion that changed, by case: harmful first."""
+        off, on = self.sides
+        changed = [(cid, c) for cid, d in e.differing for c in d.get("changed", [])]
+        return ([f"regressed: {cid} assertion {c['assertion']!r} passes {off}, fails {on}" for cid, c in changed if c["off"]]
+                + [f"improved: {cid} assertion {c['assertion']!r} fails {off}, passes {on}" for cid, c in changed if not c["off"]])
+
+    def decide(self, e: Evidence) -> Decision:
+        result = self.judge(e)
+        return self.VERDICTS[result.verdict], self.flips(e) + [result.reason()]
+
+
+class AssertionEquivalence(Paired):
+    """Margin 0: identical assertion outcomes, exactly (no statistics, and its reason says so); a margin: a two-sided
+    equivalence test (two one-sided bounds within +-margin)."""
+
     name = "assertion_equivalence"
 
+    def judge(self, e: Evidence) -> paired.Paired:
+        pairs = [p for suite in e.pairs.values() for p in suite]
+        return paired.equivalence(pairs, self.policy.margin, self.policy.alpha, self.policy.power)
+
     def decide(self, e: Evidence) -> Decision:
         off, on = self.sides
-        if e.differing:
-            return "FAIL", [f"differs: {cid} assertion {c['assertion']!r} {'passed' if c['off'] else 'failed'} {off}, "
-                            f"{'passes' if c['on'] else 'fails'} {on}" for cid, d in e.differing for c in d["changed"]]
-        return "PASS", [f"equal: all {e.cases} cases have the same assertion outcomes {off} and {on} "
-                        f"({e.passes['off']} passed); baseline stable over {e.baseline_repeats} runs"]
+        if self.policy.margin or not e.differing:
+            verdict, reasons = super().decide(e)
+            if verdict == "PASS" and not self.policy.margin:
+                reasons = [f"equal: all {e.cases} cases have the same assertion outcomes {off} and {on} ({e.passes['off']} "
+                           f"passed); baseline stable over {e.baseline_repeats} runs", *reasons]
+            return verdict, reasons
+        return "FAIL", [f"differs: {cid} assertion {c['assertion']!r} {'passed' if c['off'] else 'failed'} {off}, "
+                        f"{'passes' if c['on'] else 'fails'} {on}" for cid, d in e.differing for c in d["changed"]] + \
+            [self.judge(e).reason()]
 
 
-class NonInferiority(GateKind):
+class NonInferiority(Paired):
     name = "non_inferiority"
 
-    def decide(self, e: Evidence) -> Decision:
-        # On-side passes = off passes - regressions + improvements, so bounding the regressions
-        # by the margin also keeps the pass count from dropping by more than the margin allows.
-        off, on = self.sides
-        margin = self.policy.margin
-        regressions = [(cid, c["assertion"]) for cid, d in e.differing for c in d["changed"] if c["off"]]
-        allowed = math.floor(margin * e.passes["off"] + 1e-9)  # regressions the margin tolerates
-        summary = (f"{len(regressions)} regressions (margin {margin:g} allows {allowed}); "
-                   f"passes {e.passes['off']} {off}, {e.passes['on']} {on}")
-        reasons = [f"regressed: {cid} assertion {name!r} passes {off}, fails {on}" for cid, name in regressions]
-        if len(regressions) > allowed:
-            return "FAIL", reasons + [f"inferior: {summary}"]
-        return "PASS", reasons + [f"non_inferior: {summary}"]
+    def judge(self, e: Evidence) -> paired.Paired | paired.Suites:
+        p = self.policy
+        if p.margins:  # an adapter may be asked to win on its own suite and lose nothing elsewhere
+            return paired.by_suite(e.pairs, {s: p.margins.get(s, p.margin) for s in e.pairs}, p.alpha, p.power)
+        return paired.decide([x for suite in e.pairs.values() for x in suite], p.margin, p.alpha, p.power)
 
 
 KINDS: dict[str, type[GateKind]] = {k.name: k for k in (ByteEquivalence, AssertionEquivalence, NonInferiority)}

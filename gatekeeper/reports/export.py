@@ -143,7 +143,24 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         "differences": _differences(record),
         "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
         "probes": summary.get("probes") or {}, "probe_seconds": summary.get("probe_seconds"),
+        # records written before paired verdicts have none: their exports read as they did
+        **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
     }
+
+
+PAIRED_HEAD = ["suite", "assertion pairs", "cases", "harmful", "beneficial", "loss", "bounds (one-sided)", "margin",
+               "alpha", "needed", "supports margin", "verdict"]
+
+
+def _paired_rows(p: dict[str, Any] | None) -> list[list[str]]:
+    """The paired verdict as table rows: one for the battery, or one per suite under per-suite margins."""
+    if not p:
+        return []
+    judged = p["suites"].items() if "suites" in p else [("all", p)]
+    return [[name, str(s["n"]), str(s["clusters"]), str(s["harmful"]), str(s["beneficial"]), f"{s['loss']:.3f}",
+             f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
+             "no finite number" if s["needed"] is None else str(s["needed"]), f"{s['supported_margin']:.3f}", s["verdict"]]
+            for name, s in judged]
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
@@ -258,6 +275,10 @@ def markdown(v: dict[str, Any]) -> str:
     lines.append(_block("\n".join(bars)))
 
     lines += ["", "## Strength (off#0~on#0)", ""] + _strength_md(v["strength"])
+    if v.get("paired"):
+        lines += ["", "## Paired outcomes (flag off vs on)", "", "| " + " | ".join(PAIRED_HEAD) + " |",
+                  "|---|" + "---:|" * (len(PAIRED_HEAD) - 2) + "---|"]
+        lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["paired"]]
     lines += ["", "## Cache probes", ""] + (["| probe | outcome |", "|---|---|"] + [
         f"| {name} | {_md(status)} |" for name, status in v["probes"].items()] + ["", f"{v['probe_seconds']} s in all"]
         if v["probes"] else ["None ran."])
@@ -481,6 +502,8 @@ def page(v: dict[str, Any]) -> str:
                     for s in v["stages"]]),
             "<h2>Prompt tokens per stage: off vs computed on</h2>", chart_svg(v["chart"]),
             "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),
+            *(["<h2>Paired outcomes <small>(flag off vs on)</small></h2>",
+               _table(PAIRED_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["paired"]])] if v.get("paired") else []),
             "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]
                                                                    for k, st in v["probes"].items()])
                                       if v["probes"] else "<p>None ran.</p>"),

@@ -1,0 +1,82 @@
+"""The cases a margin needs (``gatekeeper battery size``): from the discordance of the flag's last evaluation (or
+one named), else assuming none, the assertion pairs and cases the policy's margin needs at its alpha and power,
+and the smallest margin the battery supports now. Before a run it sizes the battery; after one it says what the
+evidence could have detected."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import GatekeeperError
+from ..evidence import EvaluationRecord
+from ..workspace import Workspace
+from . import evaluator, paired
+
+
+@dataclass
+class Sizing:
+    flag: str
+    margin: float
+    alpha: float
+    power: float
+    evaluation_id: int | None  # whose discordance was used; None: none yet, no discordance assumed
+    pairs: int  # assertion pairs it had (or the battery has, without an evaluation)
+    cases: int
+    discordance: float  # (harmful + beneficial) / pairs
+    deff: float  # the design effect of its clusters
+    needed_pairs: int | None  # None: no number of cases can show this margin (margin at or below the loss)
+    needed_cases: int | None
+    supported_margin: float  # the smallest margin these pairs support at this discordance
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        source = (f"evaluation {self.evaluation_id}'s discordance {self.discordance:.3f}" if self.evaluation_id is not None
+                  else "no evaluation yet: no discordance assumed (the fewest cases any margin needs)")
+        needs = ("no finite number of cases (the observed loss reaches the margin)" if self.needed_cases is None
+                 else f"{self.needed_pairs} assertion pairs, about {self.needed_cases} cases")
+        return (f"{self.flag}: margin {self.margin:g} at alpha {self.alpha:g}, power {self.power:g} needs {needs} "
+                f"(from {source}); the {self.cases} cases here ({self.pairs} pairs) support a margin of "
+                f"{self.supported_margin:.3f}")
+
+
+def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: EvaluationRecord | None = None) -> Sizing:
+    """``evaluation``: the flag's evaluation whose outcomes give the discordance; None sizes the battery as it is."""
+    policy = ws.policy(flag)
+    if policy.gate == "byte_equivalence":
+        raise GatekeeperError(f"{flag} is gated by byte_equivalence: no difference is allowed, so there is no margin to "
+                              "size; battery size is for non_inferiority and assertion_equivalence policies")
+    m = policy.margin if margin is None else margin
+    if not 0 <= m <= 1:
+        raise GatekeeperError(f"--margin {m}: a margin is a share of assertions, from 0 to 1")
+    if evaluation is not None:
+        if evaluation["flag"] != flag:
+            raise GatekeeperError(f"evaluation {evaluation['id']} is for {evaluation['flag']!r}, not {flag!r}")
+        pairs = _pairs(evaluation)
+    else:
+        items = evaluator._battery(ws, None, None, True)[0]
+        pairs = [(i.case_id, True, True) for i in items for _ in i.case.assert_]
+    if not pairs:
+        raise GatekeeperError(f"no assertions to size: the battery{' of evaluation ' + str(evaluation['id']) if evaluation else ''} "
+                              "has none; add assertions to the cases in assertions/")
+    verdict = paired.decide(pairs, m, policy.alpha, policy.power)
+    cases = len({c for c, _, _ in pairs})
+    needed = None if math.isinf(verdict.needed) else int(verdict.needed)
+    return Sizing(flag, m, policy.alpha, policy.power, evaluation["id"] if evaluation else None, len(pairs), cases,
+                  round((verdict.harmful + verdict.beneficial) / len(pairs), 6), round(verdict.deff, 4), needed,
+                  None if needed is None else math.ceil(needed * cases / len(pairs)), round(verdict.supported_margin, 6))
+
+
+def _pairs(evaluation: EvaluationRecord) -> list[paired.Pair]:
+    """Each assertion's outcome in the evaluation's first flag-off and flag-on runs, clustered by case."""
+    runs = {(r["config"], r["case_id"]): r["result"] for r in evaluation["case_results"] if r["repeat"] == 0}
+    out = []
+    for (config, cid), off in runs.items():
+        on = runs.get(("on", cid))
+        if config != "off" or on is None or cid.startswith("probe:") or "crash" in off or "crash" in on:
+            continue
+        out += [(cid, a["pass"], b["pass"]) for a, b in zip(off["outcomes"], on["outcomes"])]
+    return out

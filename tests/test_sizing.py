@@ -1,0 +1,64 @@
+"""``gatekeeper battery size``: the cases a policy's margin needs at its alpha and power, from an evaluation's
+discordance or, before any, from the battery as it is; and the margin the battery supports now."""
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gatekeeper.cli import app
+
+DATA = Path(__file__).parent / "data" / "old_ledger"
+HALF = "flag: half_precision\ngate: non_inferiority\nmargin: 0.05\nchange: {profile: {dtype: bfloat16}}\n"
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace whose ledger holds evaluation 3 of half_precision: 4 assertion pairs, no flips."""
+    from gatekeeper.setup.scaffold import init_workspace
+
+    ws = tmp_path / "ws"
+    init_workspace(ws)
+    (ws / "ledger" / "evidence.db").write_bytes(gzip.decompress((DATA / "ledger" / "evidence.db.gz").read_bytes()))
+    shutil.copy(DATA / "ledger" / "checkpoints.jsonl", ws / "ledger")
+    (ws / "policies" / "half_precision.yaml").write_text(HALF)
+    return ws
+
+
+def size(ws, *args):
+    result = CliRunner().invoke(app, ["--workspace", str(ws), "battery", "size", *map(str, args), "--json"])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_the_cases_a_margin_needs_from_the_last_evaluation(ws):
+    code, out = size(ws, "--flag", "half_precision")
+    assert code == 0 and out["evaluation_id"] == 3 and (out["pairs"], out["cases"], out["discordance"]) == (4, 4, 0.0)
+    # no flips: the fewest pairs whose zero-discordance bound z^2/(n+z^2) reaches 0.05 at one-sided alpha 0.05
+    z2 = 1.6448536269514722 ** 2
+    assert out["needed_pairs"] == 52 and z2 / (51 + z2) > 0.05 >= z2 / (52 + z2)
+    assert out["supported_margin"] == pytest.approx(z2 / (4 + z2), abs=1e-3)
+    code, out = size(ws, "--flag", "half_precision", "--margin", "0.02")
+    assert code == 0 and out["needed_pairs"] > 52 and out["margin"] == 0.02
+
+
+def test_before_any_evaluation_the_battery_is_sized_as_it_is(ws):
+    (ws / "ledger" / "evidence.db").unlink()
+    code, out = size(ws, "--flag", "half_precision")
+    from gatekeeper.battery import suites
+    from gatekeeper.workspace import Workspace
+
+    items = suites.read(Workspace(ws))
+    assert code == 0 and out["evaluation_id"] is None and out["discordance"] == 0
+    assert (out["cases"], out["pairs"]) == (len(items), sum(len(i.case.assert_) for i in items))
+    # several assertions per case are not independent: more pairs than 52 independent ones (design effect > 1)
+    assert out["deff"] > 1 and out["needed_pairs"] > 52
+
+
+def test_a_byte_equivalence_flag_has_no_margin_to_size(ws):
+    code, out = size(ws, "--flag", "prefix_cache")
+    assert code == 2 and "byte_equivalence" in out["error"]
+    code, out = size(ws, "--flag", "half_precision", "--margin", "1.5")
+    assert code == 2 and "--margin" in out["error"]
