@@ -399,6 +399,10 @@ class Policy(Strict):
     # sharing that var's value, such as one capture session, are one cluster)
     cluster: str = Field("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$", exclude_if=lambda v: v == "case")
     margins: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v)  # per suite (Bonferroni over them)
+    # the teacher-forced distance (gate/forced.py): measured unless off; bounds on it, net of the A/A floor
+    distance: bool = Field(True, exclude_if=lambda v: v)
+    max_kld: float | None = Field(None, gt=0, exclude_if=lambda v: v is None)  # mean KL(off||on), nats
+    min_same_top1: float | None = Field(None, gt=0, le=1, exclude_if=lambda v: v is None)
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
     require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits
     max_drift: float | None = Field(None, gt=0)  # byte_equivalence: a PASS whose top-2 logits moved more is INCONCLUSIVE

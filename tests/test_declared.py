@@ -117,6 +117,8 @@ def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, ver
     assert (stats["n"], stats["harmful"], stats["beneficial"], stats["margin"], stats["alpha"]) == (60 + broken, broken, 0, 0.2, 0.05)
     assert stats["upper"] <= 0.2 if verdict == "PASS" else stats["lower"] > 0.2, stats
     assert any(r.startswith("non_inferior:" if verdict == "PASS" else "inferior:") for r in out["reasons"])
+    # the change only appends text: read teacher-forced, the model itself did not move
+    assert out["distance"]["distance"]["kld"]["max"] == 0 and out["distance"]["distance"]["same_top1"] == 1
     with ledger(tiny_ws) as lg:  # recorded with the verdict
         assert lg.evaluation(out["evaluation_id"])["verdict_record"]["summary"]["paired"] == stats
     code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")

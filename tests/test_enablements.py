@@ -176,6 +176,21 @@ def test_an_adapter_that_only_improves_passes_and_flips_by_digest(lora_ws, tiny_
         Runtime(lora_ws, engine="tiny", response_cache=False)
 
 
+def test_the_distance_is_read_teacher_forced_and_a_kld_bound_refuses_a_pass(lora_ws, tiny_llama, tmp_path, run_cli):
+    """The adapter moves every next-token distribution (KL > 0 over the flag-off answers) while the A/A floor of
+    the deterministic torch engine is 0; under a max_kld bound it moves too far, so the statistical PASS is a FAIL."""
+    cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
+    wide_suite(lora_ws, 30)
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
+    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert out["verdict"] == "PASS" and moved["positions"] >= 30 and moved["kld"]["mean"] > 0, out["reasons"]
+    assert floor["kld"]["max"] == 0 and floor["same_top1"] == 1 and any(r.startswith("kld: mean") for r in out["reasons"])
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: 0.15\nmax_kld: {moved['kld']['mean'] / 2}\n")
+    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+    assert code == 1 and out["verdict"] == "FAIL" and out["reasons"][0].startswith("distance:"), out["reasons"]
+
+
 def test_flip_with_a_swapped_adapter_file_is_refused_as_stale(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
     wide_suite(lora_ws, 30)

@@ -50,6 +50,82 @@ class Generation:
 
 
 @dataclass
+class Scored:
+    """Teacher-forced next-token log-probabilities (``Session.score``): row ``i`` is the distribution
+    after ``prompt + continuation[:i]``, so it scores ``continuation[i]``.
+
+    ``kind`` ``"full"``: ``logprobs`` holds every row whole (float32, ``[len(continuation), vocab]``) and
+    ``ids`` is None. ``kind`` ``f"top{k}"``: ``ids`` (int64, ``[n, k]``) and ``logprobs`` (float32,
+    ``[n, k]``) are the k likeliest tokens at each position, best first (the lowest id first on a tie, as
+    greedy picks). ``token_logprobs`` (float32, ``[n]``): the log-probability of the continuation's own
+    token at each position, in both kinds. ``cached_tokens``: prompt tokens the session's prefix cache
+    served (None: not reported). numpy arrays, typed ``Any`` so this module never imports numpy.
+    """
+
+    tokens: list[int]  # the continuation scored
+    kind: str  # "full" or f"top{k}"
+    logprobs: Any
+    token_logprobs: Any
+    ids: Any = None
+    cached_tokens: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def k(self) -> int | None:
+        """The top-k size; None for full rows."""
+        return None if self.ids is None else int(self.ids.shape[1])
+
+    @classmethod
+    def from_logits(cls, logits: Any, continuation: Sequence[int], top_k: int | None = None,
+                    cached_tokens: int | None = None) -> "Scored":
+        """From raw logits ``[len(continuation), vocab]`` (any float dtype): log-softmax in float64, kept as float32."""
+        import numpy as np
+
+        x = np.asarray(logits, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] != len(continuation):
+            raise ValueError(f"logits of shape {x.shape} for a continuation of {len(continuation)} tokens")
+        top = x.max(axis=1, keepdims=True)
+        lp = (x - top - np.log(np.exp(x - top).sum(axis=1, keepdims=True))).astype(np.float32)
+        return cls.from_logprobs(lp, continuation, top_k, cached_tokens)
+
+    @classmethod
+    def from_logprobs(cls, logprobs: Any, continuation: Sequence[int], top_k: int | None = None,
+                      cached_tokens: int | None = None) -> "Scored":
+        """From full log-probability rows; with ``top_k``, only the k likeliest per position are kept."""
+        import numpy as np
+
+        lp = np.asarray(logprobs, dtype=np.float32)
+        tokens = [int(t) for t in continuation]
+        own = lp[np.arange(len(tokens)), tokens] if tokens else np.zeros(0, dtype=np.float32)
+        full = cls(tokens=tokens, kind="full", logprobs=lp, token_logprobs=own, cached_tokens=cached_tokens)
+        return full if top_k is None else full.top(top_k)
+
+    def top(self, k: int) -> "Scored":
+        """The top-k form of full rows (or of a larger top-k)."""
+        import numpy as np
+
+        if k < 1:
+            raise ValueError(f"top_k is {k}; it must be at least 1")
+        if self.ids is None:
+            lp = self.logprobs
+            k = min(k, lp.shape[1])
+            ids = np.empty((len(lp), k), dtype=np.int64)
+            for i, row in enumerate(lp):
+                # the k largest, best first, the lowest id first among equals (a stable sort of ascending ids)
+                cut = row[np.argpartition(-row, k - 1)[k - 1]]
+                ids[i] = (near := np.flatnonzero(row >= cut))[np.argsort(-row[near], kind="stable")][:k]
+            vals = np.take_along_axis(lp, ids, axis=1)
+        else:
+            if k > self.ids.shape[1]:
+                raise ValueError(f"top{k} from top{self.ids.shape[1]} rows")
+            ids, vals = self.ids[:, :k], self.logprobs[:, :k]
+        return Scored(tokens=list(self.tokens), kind=f"top{k}", logprobs=vals.astype(np.float32), token_logprobs=self.token_logprobs,
+                      ids=ids, cached_tokens=self.cached_tokens)
+
+
+@dataclass
 class EngineStats:
     """Running totals over a session's life."""
 
@@ -156,6 +232,14 @@ class Session(ABC):
     ) -> Generation:
         """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string, and, on engines
         that declare ``early_stop``, as soon as ``until(tokens, top2)`` is true (others decode on)."""
+
+    def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored | None:
+        """Teacher forcing: this configuration reads ``prompt + continuation`` without decoding, and gives the
+        next-token log-probabilities at each position of ``continuation`` (``Scored``: full rows, or with
+        ``top_k`` the k likeliest per position and the continuation's own token). The session's
+        configuration applies as in ``generate``: its prefix cache serves the prompt's prefix, its prefill
+        plan cuts the prompt. None (the default): this engine cannot observe them (a server's, ...)."""
+        return None
 
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on

@@ -18,7 +18,7 @@ from ..identity import Memo, digest, directory_digest, file_digest
 from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, Until, accelerators, attention_limits, checked_request
+from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -77,6 +77,26 @@ class GreedySession(Session):
         )
         self.stats.add(g)
         return g
+
+    def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored:
+        """Teacher forcing, through generate's own path: the prompt starts from what this session's cache
+        serves (``_begin``: nothing with the cache off) and is prefilled in the plan's passes (``_prefill``),
+        so row 0 is the distribution generate's first step picks from; then ``continuation[:-1]`` runs in
+        one more pass (``_forward_all``) where generate would feed its tokens back one at a time. Nothing is
+        stored for chaining (pins are built as generate builds them; a hybrid prefill takes its snapshots)."""
+        import numpy as np
+
+        prompt = checked_request(prompt, 1)
+        cont = [int(t) for t in continuation]
+        if self.cache:
+            self._build_pins()
+        state, cached = self._begin(prompt)
+        first, _ = self._prefill(state, prompt, cached)
+        rows = [first[None, :]]
+        if len(cont) > 1:
+            rows.append(self.model._forward_all(state, cont[:-1]))
+        logits = np.concatenate(rows)[: len(cont)]
+        return Scored.from_logits(logits, cont, top_k, cached_tokens=cached)
 
     def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
         """Where this prompt's prefill is cut; None under the monolithic plan (one pass, hit anywhere)."""
@@ -300,6 +320,13 @@ class GreedyEngine(Engine):
     @abstractmethod
     def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
         """Run ``tokens`` on top of ``state`` (extending it); the last position's logits as float32."""
+
+    def _forward_all(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
+        """Run ``tokens`` on top of ``state``; the logits at every position (``[len(tokens), vocab]``, float32).
+        By default one forward per token (the decode path); adapters that can do it in one pass override it."""
+        import numpy as np
+
+        return np.stack([self._forward(state, [t]) for t in tokens])
 
     @classmethod
     @abstractmethod

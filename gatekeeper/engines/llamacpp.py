@@ -37,7 +37,7 @@ from ..identity import file_digest
 from ..setup.models import find_gguf
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Session, Until, checked_request
+from .base import Engine, Generation, Scored, Session, Until, checked_request
 from .greedy import pick
 from .plan import segments, splits
 
@@ -137,6 +137,30 @@ class LlamaCppSession(Session):
                        ttft_s=prefill_s, top2=margins)
         self.stats.add(g)
         return g
+
+    def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored:
+        """Teacher forcing, through generate's own path: the context serves what it (or a pin) holds of the
+        prompt with the cache on (nothing with it off), the rest of the prompt runs in the plan's passes, then
+        ``continuation[:-1]`` in one pass with logits kept at every position. The context is left holding the
+        prompt, as after generate's prefill."""
+        prompt = checked_request(prompt, 1)
+        cont = [int(t) for t in continuation]
+        if len(prompt) + len(cont) > self.model.n_ctx:
+            raise GatekeeperError(f"prompt ({len(prompt)} tokens) + continuation ({len(cont)}) exceed the context "
+                                  f"({self.model.n_ctx}); raise options.n_ctx in {self.profile.where}")
+        with self.model.lock:
+            self._claim()
+            if self.cache:
+                self._build_pins()
+            self._restore(prompt)
+            cached = self.llm.n_tokens
+            cuts = self._cuts(prompt)
+            rows = [self._prefill(prompt, cuts)[None, :]]
+            if len(cont) > 1:
+                rows.append(self.model.eval_all(cont[:-1]))
+            self.llm.n_tokens = len(prompt)  # the continuation's positions are dropped on the next eval
+            self._edges = sorted(set(cuts or []))
+        return Scored.from_logits(np.concatenate(rows)[: len(cont)], cont, top_k, cached_tokens=cached)
 
     def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
         if self.profile.prefill != "aligned":
@@ -338,6 +362,21 @@ class LlamaCppEngine(Engine):
         self.llm.eval(list(tokens))
         ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),)).copy()
+
+    def eval_all(self, tokens: Sequence[int]) -> np.ndarray:
+        """Like ``eval``, keeping the logits of every position (``[len(tokens), n_vocab]``, float32): the
+        batch asks llama.cpp for an output at each token (llama-cpp-python's ``logits_all``, per call)."""
+        llm, n_vocab, out = self.llm, self.llm.n_vocab(), []
+        llm._ctx.kv_cache_seq_rm(-1, llm.n_tokens, -1)
+        for i in range(0, len(tokens), llm.n_batch):
+            batch = list(tokens[i: i + llm.n_batch])
+            llm._batch.set_batch(batch=batch, n_past=llm.n_tokens, logits_all=True)
+            llm._ctx.decode(llm._batch)
+            for j in range(len(batch)):
+                out.append(np.ctypeslib.as_array(self.lib.llama_get_logits_ith(llm.ctx, j), shape=(n_vocab,)).copy())
+            llm.input_ids[llm.n_tokens: llm.n_tokens + len(batch)] = batch
+            llm.n_tokens += len(batch)
+        return np.stack(out)
 
     def save_state(self) -> SavedState:
         ctx = self.llm.ctx

@@ -53,6 +53,13 @@ class MLXEngine(GreedyEngine):
             mx.eval(logits, [c.state for c in state])
         return np.array(logits)
 
+    def _forward_all(self, state: list[Any], tokens: Sequence[int]) -> np.ndarray:
+        """One pass over ``tokens``, keeping every position's logits (teacher-forced scoring)."""
+        with mx.stream(self.device):
+            logits = self.model(mx.array([list(tokens)]), cache=state)[0].astype(mx.float32)
+            mx.eval(logits, [c.state for c in state])
+        return np.array(logits)
+
     @classmethod
     def _libraries(cls, profile) -> dict[str, str]:
         return versions("mlx", "mlx_lm")

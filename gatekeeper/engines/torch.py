@@ -103,6 +103,10 @@ class TorchEngine(GreedyEngine):
     def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
         return self._logits(self.model, state, tokens, 1)[-1].numpy()
 
+    def _forward_all(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
+        """One pass over ``tokens``, keeping every position's logits (teacher-forced scoring)."""
+        return self._logits(self.model, state, tokens, len(tokens)).numpy()
+
     def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
         import numpy as np
 

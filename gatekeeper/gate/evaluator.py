@@ -22,14 +22,14 @@ from weakref import WeakKeyDictionary
 
 from ..battery import partition
 from ..battery import suites as battery
-from ..engines.base import Engine, plus
+from ..engines.base import Engine, Session, plus
 from ..errors import GatekeeperError
 from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
+from . import distance, forced, kinds, paired, pipeline, production, sides, switches
 from . import graders as graders_
-from . import kinds, paired, pipeline, production, sides, switches
 from . import probes as probes_
 from . import runs as runs_
 from .plans import ALONE, Config, Plan
@@ -64,6 +64,8 @@ class Outcome:
     reached: dict[str, list[str]] = field(default_factory=dict)  # served sides: the servers that answered each
     # kinds judged on paired outcomes: flips, the bound on the loss and what the margin needs (gate/paired.py)
     paired: dict[str, Any] | None = None
+    # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/forced.py); or {not_observable}
+    distance: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -202,7 +204,8 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
         try:
             runs = (Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors
                     else _run(p, ledger, models, evaluation_id, progress, graders))
-            outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start)
+            moved = _distance(p, models, runs, progress)
+            outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start, moved)
         except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
             ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
             raise
@@ -256,8 +259,18 @@ def _background(p: Plan, model: Engine, c: Config, config: str):
     return model.background(c.cache, prompts, p.load.concurrency - model.concurrency)
 
 
+def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
+              progress: Callable[[str], None]) -> distance.Compared | str | None:
+    """The teacher-forced distance (gate/forced.py), or why it cannot be read; None where the policy wants none."""
+    if not p.policy.distance:
+        return None
+    if any(m.session_class.score is Session.score for m in models.values()):  # served engines: no request is sent
+        return "an engine here gives no next-token distributions to read teacher-forced"
+    return forced.measure(p, models, runs.results["off"][0], progress)
+
+
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,
-            shares: dict[str, float], wall: float) -> Outcome:
+            shares: dict[str, float], wall: float, moved: distance.Compared | str | None = None) -> Outcome:
     """Compare every case (baseline repeats with each other, off with on) and let the kind decide."""
     detok = models["off"].detokenize
     reference, on = runs.results["off"][0], runs.results["on"][0]
@@ -319,6 +332,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         verdict, reasons = p.kind.decide(evidence)
         if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
             verdict, reasons = "FAIL", judged.differs + reasons
+        verdict, reasons = _bound_distance(p, moved, verdict, reasons)
     why_no_probes = probes_.why_not(p) if p.policy.probes.kinds else None  # probes: off says so in the policy
     reasons += [judged.line()] if judged else [f"probes: none ran ({why_no_probes})"] if why_no_probes else []
     reached = {cfg: sides.reached(runs.results[cfg][0]) for cfg in ("off", "on")}
@@ -346,6 +360,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         probes=judged.status if judged else {}, probe_seconds=judged.seconds if judged else 0.0,
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence),
+        distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
+                  if moved is not None else None),
     )
 
 
@@ -442,6 +458,24 @@ def _sum(values: Iterator[int | None]) -> int | None:
     for v in values:
         total = plus(total, v)
     return total
+
+
+def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str,
+                    reasons: list[str]) -> tuple[str, list[str]]:
+    """The distance as a reason; a PASS whose distance exceeds the policy's max_kld or min_same_top1 (net of the
+    A/A floor) is a FAIL, and one whose distance cannot be read under such a bound is INCONCLUSIVE."""
+    bound = distance.Bound(max_kld=p.policy.max_kld, min_same_top1=p.policy.min_same_top1)
+    bounded = bound.max_kld is not None or bound.min_same_top1 is not None
+    if moved is None:
+        return verdict, reasons
+    if isinstance(moved, str):
+        if bounded and verdict == "PASS":
+            return "INCONCLUSIVE", [f"not_observable: distance: {moved}, so the policy's bound on it cannot be checked",
+                                    *reasons]
+        return verdict, reasons + [f"distance: not_observable ({moved})"]
+    if bounded and verdict == "PASS" and not (check := moved.within_floor(bound)).met:
+        return "FAIL", [f"distance: {line}" for line in check.lines] + reasons + [moved.reason()]
+    return verdict, reasons + [moved.reason()]
 
 
 def _pairs(p: Plan, off: Run, on: Run) -> dict[str, list[paired.Pair]]:

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Iterator
 
 from ..battery import checks, partition
 from ..battery import suites as battery
-from ..engines.base import Engine, Session, labelled
+from ..engines.base import Engine, Scored, Session, labelled
 from ..errors import EngineCrash
 from ..evidence import CaseResult, Crash, Turn
 from ..identity import sha256_hex
@@ -107,3 +107,22 @@ def cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None =
             yield item, future.result()
     finally:
         pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
+
+
+def forced(session: Session, ws: Workspace, item: battery.Item, mode: partition.Mode,
+           reference: CaseResult) -> list[Scored] | None:
+    """The case's reference conversation (its prompts as this session renders them, its answers as given) read
+    teacher-forced: per turn, the next-token distributions at each position of the reference's answer. None
+    where the engine gives none (``Session.score``)."""
+    values, out = dict(item.case.vars), []
+    history: list[dict[str, str]] = []
+    for turn_vars, turn in zip(item.case.turns or [{}], reference["turns"]):
+        values.update(turn_vars)
+        rendered = partition.render(session.model, partition.pieces(ws, item.suite, values), mode, history)
+        with labelled(stage=item.suite.stage, stream=item.case_id):
+            scored = session.score(rendered.tokens, turn["tokens"])
+        if scored is None:
+            return None
+        out.append(scored)
+        history = [*rendered.messages, {"role": "assistant", "content": turn["text"]}]
+    return out
