@@ -423,9 +423,9 @@ class Policy(Strict):
         if (self.require or self.max_drift) and self.gate != "byte_equivalence":
             field = "require" if self.require else "max_drift"
             raise ValueError(f"{field}: only a byte_equivalence gate compares top-2 logits; remove it or set gate: byte_equivalence")
-        if self.margins and self.gate == "byte_equivalence":
-            raise ValueError("margins: byte_equivalence allows no difference at all; per-suite margins are for "
-                             "non_inferiority and assertion_equivalence")
+        if self.margins and self.gate != "non_inferiority":
+            raise ValueError(f"margins: per-suite margins are for non_inferiority (a change may win on one suite and "
+                             f"must lose nothing elsewhere); {self.gate} takes one 'margin'")
         if bad := {k: v for k, v in self.margins.items() if not 0 <= v <= 1}:
             raise ValueError(f"margins: {bad}: a margin is a share of assertions, from 0 to 1")
         if self.require and self.max_drift:

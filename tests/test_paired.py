@@ -216,3 +216,13 @@ def test_by_suite_bonferroni():
     assert by_suite({"math": clean}, {"math": 0.05, "code": 0.05}).suites["code"].verdict == "underpowered"
     empty = decide([], 0.05)
     assert empty.verdict == "underpowered" and empty.n == 0 and empty.upper == 1.0
+
+
+def test_one_harmful_flip_never_turns_an_underpowered_battery_into_a_pass():
+    """20 cases of 8 assertions: with no flips the cases are the observations (underpowered at margin 0.03); one
+    harmful flip must not make the 160 assertions count as independent (a design effect estimated from one flip)."""
+    clean = [(f"case{i}", True, True) for i in range(20) for _ in range(8)]
+    one = [("case0", True, False)] + clean[1:]
+    for pairs in (clean, one, one[:1] + [("case1", True, False)] + clean[2:]):
+        result = paired.decide(pairs, 0.03)
+        assert result.verdict == "underpowered" and result.deff > 7, result.reason()

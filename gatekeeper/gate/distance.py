@@ -237,13 +237,15 @@ class Compared:
 
     distance: Distance
     floor: Distance | None
+    seconds: float | None = None  # what reading both sides teacher-forced cost (three prefills a turn), when timed
 
     def within_floor(self, bound: Bound) -> Check:
         """``check(distance, floor, bound)``: a bound is met when the statistic minus the floor's is within it."""
         return check(self.distance, self.floor, bound)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None}
+        return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None,
+                **({"seconds": self.seconds} if self.seconds is not None else {})}
 
     def reason(self) -> str:
         floor = self.floor

@@ -266,7 +266,11 @@ def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
         return None
     if any(m.session_class.score is Session.score for m in models.values()):  # served engines: no request is sent
         return "an engine here gives no next-token distributions to read teacher-forced"
-    return forced.measure(p, models, runs.results["off"][0], progress)
+    t0 = time.perf_counter()
+    found = forced.measure(p, models, runs.results["off"][0], progress)
+    if not isinstance(found, str):
+        found.seconds = round(time.perf_counter() - t0, 3)
+    return found
 
 
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,

@@ -42,7 +42,7 @@ def measure(p: Plan, models: dict[str, Engine], reference: Run, progress: Callab
                 pooled["floor"].append(distance.positions(a, a2))
             except ValueError as e:  # rows of different widths: the sides read different vocabularies
                 return f"the two sides' distributions cannot be compared position by position ({e})"
-    return distance.Compared(*(_pool(pooled[k]).summary() for k in ("distance", "floor")))
+    return distance.Compared(_pool(pooled["distance"]).summary(), _pool(pooled["floor"]).summary())
 
 
 def _pool(parts: list[distance.PerPosition]) -> distance.PerPosition:

@@ -1,8 +1,9 @@
 """Gate kinds: what must hold between the flag-off and flag-on runs, and the verdict it gives.
 
 ``byte_equivalence``: token ids, text and assertion outcomes identical (and, for the cache flag,
-the cache exercised); ``assertion_equivalence``: assertion outcomes identical; ``non_inferiority``:
-no passing assertion lost beyond the policy's margin. Each kind is one object, looked up by the
+the cache exercised); ``assertion_equivalence``: assertion outcomes identical (margin 0) or equivalent
+within the margin; ``non_inferiority``: a one-sided bound on the loss in pass rate that rules out a loss
+larger than the margin (both judged on paired outcomes, ``paired.py``). Each kind is one object, looked up by the
 policy's ``gate``; the gate runs the configurations, asks the kind to compare each case, then to decide.
 """
 

@@ -201,6 +201,10 @@ def _tally(pairs: Iterable[Pair]) -> _Tally:
     return _Tally(sum(sizes.values()), b, c, list(sizes.values()), [totals[k] for k in sizes])
 
 
+# Clusters with a net flip needed before the design effect is estimated rather than taken at its worst case.
+MIN_DISCORDANT_CLUSTERS = 10
+
+
 def _design_effect(t: _Tally) -> float:
     """Rao-Scott design effect of the loss estimate: cluster-robust variance over the iid variance, floored at 1.
 
@@ -213,6 +217,9 @@ def _design_effect(t: _Tally) -> float:
     is n / k for equal clusters, i.e. one observation per cluster. That is the conservative choice: a flip we did
     not see could have flipped a whole case, so 20 clean cases of 5 assertions are 20 observations, not 100.
     (The largest cluster size, the other candidate, is more conservative still but overstates unequal clusters.)
+    The same worst case holds until ``MIN_DISCORDANT_CLUSTERS`` clusters hold a flip: from one or two flipped
+    cases the between-cluster variance cannot be estimated (one flip estimates a design effect of 1 and would let
+    152 assertions in 20 cases count as independent, so a harmful flip could turn INCONCLUSIVE into PASS).
     """
     n, k = t.n, len(t.sizes)
     if k >= n:
@@ -220,7 +227,7 @@ def _design_effect(t: _Tally) -> float:
     worst = sum(m * m for m in t.sizes) / n
     est = (t.harmful - t.beneficial) / n
     iid = t.harmful + t.beneficial - n * est * est  # n^2 times the iid variance
-    if k < 2 or iid <= 1e-12:
+    if k < 2 or iid <= 1e-12 or sum(d != 0 for d in t.totals) < MIN_DISCORDANT_CLUSTERS:
         return worst
     robust = k / (k - 1) * sum((d - est * m) ** 2 for d, m in zip(t.totals, t.sizes))
     return max(1.0, robust / iid)

@@ -55,15 +55,18 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
     if evaluation is not None:
         if evaluation["flag"] != flag:
             raise GatekeeperError(f"evaluation {evaluation['id']} is for {evaluation['flag']!r}, not {flag!r}")
-        pairs = _pairs(evaluation)
+        config = evaluation["config"]
+        items = evaluator._battery(ws, config.get("suites"), config.get("limit"), True)[0]
+        clusters = {i.case_id: evaluator._cluster(policy.cluster, i) for i in items}
+        pairs = [(clusters.get(cid, cid), off, on) for cid, off, on in _pairs(evaluation)]
     else:
         items = evaluator._battery(ws, None, None, True)[0]
-        pairs = [(i.case_id, True, True) for i in items for _ in i.case.assert_]
+        pairs = [(evaluator._cluster(policy.cluster, i), True, True) for i in items for _ in i.case.assert_]
     if not pairs:
         raise GatekeeperError(f"no assertions to size: the battery{' of evaluation ' + str(evaluation['id']) if evaluation else ''} "
                               "has none; add assertions to the cases in assertions/")
     verdict = paired.decide(pairs, m, policy.alpha, policy.power)
-    cases = len({c for c, _, _ in pairs})
+    cases = len({c for c, _, _ in pairs})  # clusters: cases, unless the policy's cluster is coarser
     needed = None if math.isinf(verdict.needed) else int(verdict.needed)
     return Sizing(flag, m, policy.alpha, policy.power, evaluation["id"] if evaluation else None, len(pairs), cases,
                   round((verdict.harmful + verdict.beneficial) / len(pairs), 6), round(verdict.deff, 4), needed,
@@ -71,7 +74,7 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
 
 
 def _pairs(evaluation: EvaluationRecord) -> list[paired.Pair]:
-    """Each assertion's outcome in the evaluation's first flag-off and flag-on runs, clustered by case."""
+    """Each assertion's outcome in the evaluation's first flag-off and flag-on runs, by case id."""
     runs = {(r["config"], r["case_id"]): r["result"] for r in evaluation["case_results"] if r["repeat"] == 0}
     out = []
     for (config, cid), off in runs.items():

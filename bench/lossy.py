@@ -1,0 +1,88 @@
+"""Changes of known size on the default model, each evaluated by the gate (prints a table; no pass/fail).
+
+The ladder, on the default model's GGUF in-process (llama.cpp, flash attention on both sides so only the
+change differs): an A/A rung (a change that changes nothing), then the KV cache stored as q8_0, q5_1 and q4_0
+(keys and values). Each rung is a declared change gated by ``non_inferiority`` at ``--margin``; the row gives
+the teacher-forced distance (mean KL(off||on) ± SE, p99, same top-1), the harmful and beneficial flips, the
+loss in pass rate with its one-sided bound, the verdict, the cases used and the seconds, and the cost of the
+teacher-forced pass against decoding the flag-on side (both measured in the same evaluation).
+
+What to expect: the A/A rung never FAILs (its KL is the floor, 0 on a deterministic engine) and the KL column
+grows down the ladder as llama.cpp's published KV-quantization tables do (q8_0 << q5_1 < q4_0). On the shipped
+battery (20 cases) no rung can PASS a small margin: the verdicts say how many cases it would need.
+
+    python bench/lossy.py [--limit N] [--margin 0.05] [--only aa q8_0 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = {"flash_attn": True, "n_ctx": 4096}
+RUNGS = {"aa": {"chunk": 256},  # the profile as it is: a change that changes nothing
+         "q8_0": {"options": {"type_k": "q8_0", "type_v": "q8_0"}},
+         "q5_1": {"options": {"type_k": "q5_1", "type_v": "q5_1"}},
+         "q4_0": {"options": {"type_k": "q4_0", "type_v": "q4_0"}}}
+
+
+def workspace(into: Path, margin: float, rungs: list[str]) -> Path:
+    ws = into / "ws"
+    for folder in ("assertions", "prompts", "policies"):
+        shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
+    (ws / "engines").mkdir()
+    (ws / "engines" / "lc.yaml").write_text(f"adapter: llamacpp\nmodel: default\nchunk: 256\noptions: {json.dumps(BASE)}\n")
+    for name in rungs:
+        (ws / "policies" / f"{name}.yaml").write_text(
+            f"flag: {name}\ngate: non_inferiority\nmargin: {margin}\nprobes: off\nchange: {{profile: {json.dumps(RUNGS[name])}}}\n")
+    return ws
+
+
+def evaluate(ws: Path, flag: str, limit: int | None) -> tuple[dict, float]:
+    args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", flag, "--engine", "lc",
+            "--operator", "bench", "--json", *(["--limit", str(limit)] if limit else [])]
+    t0 = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"{flag}: exit {done.returncode}: {done.stdout[-400:]} {done.stderr[-800:]}")
+    return json.loads(done.stdout), time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=None, help="cases per suite (default: every case)")
+    ap.add_argument("--margin", type=float, default=0.05)
+    ap.add_argument("--only", nargs="*", default=list(RUNGS), choices=list(RUNGS))
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-lossy-") as tmp:
+        ws = workspace(Path(tmp), a.margin, a.only)
+        print(f"margin {a.margin}, alpha 0.05; default model's GGUF in-process, flash attention on both sides")
+        head = ("rung", "mean KLD ± SE", "p99 KLD", "same top-1", "harmful", "beneficial", "loss [bound]", "verdict",
+                "cases", "seconds", "forced / decode on")
+        print(" | ".join(head))
+        for name in a.only:
+            out, wall = evaluate(ws, name, a.limit)
+            d, p = out.get("distance") or {}, out.get("paired") or {}
+            k = (d.get("distance") or {}).get("kld") or {}
+            same = (d.get("distance") or {}).get("same_top1")
+            cost = (f"{d['seconds'] / out['seconds']['on']:.2f}" if d.get("seconds") and out["seconds"]["on"] else "n/a")
+            print(" | ".join([
+                name, f"{k['mean']:.5f} ± {k['se']:.5f}" if k else d.get("not_observable", "n/a"),
+                f"{k['p99']:.4f}" if k else "n/a", f"{100 * same:.2f}%" if same is not None else "n/a",
+                str(p.get("harmful", "n/a")), str(p.get("beneficial", "n/a")),
+                f"{p['loss']:.3f} [{p['upper']:.3f}]" if p else "n/a", out["verdict"], str(out["cases"]),
+                f"{wall:.0f}", cost]))
+            under = next((r for r in out["reasons"] if r.startswith("underpowered:")), None)
+            if under:
+                print(f"    {under}")
+
+
+if __name__ == "__main__":
+    main()
