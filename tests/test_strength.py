@@ -175,7 +175,8 @@ def test_bit_exact_policy_never_softens_a_fail(run_cli, tiny_ws):
     code, out = evaluate(run_cli, tiny_ws, "short")  # a cache that restores one position short
     assert (code, out["verdict"]) == (1, "FAIL") and out["differing_cases"], out["reasons"]
     assert out["strength"]["grade"] is None
-    assert all(x.startswith("differs:") for x in out["reasons"] if not x.startswith("insensitive:")), out["reasons"]
+    # advice (insensitive:) and the teacher-forced distance (kld:) are figures beside the FAIL, never a softening
+    assert all(x.startswith("differs:") for x in out["reasons"] if not x.startswith(("insensitive:", "kld:"))), out["reasons"]
 
 
 def sharpened(src, dst, factor):

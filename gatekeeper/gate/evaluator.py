@@ -89,7 +89,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
         if load is not None:
             _check_loadable(cls, c.profile, load)
-    items, digest_ = _battery(ws, suites, limit, skip_unsupported)
+    items, digest_ = read_battery(ws, suites, limit, skip_unsupported)
     # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
     grader_spec = graders_.spec(ws, policy, items) if grading else None
     if unknown := sorted(set(policy.margins) - {i.suite.suite for i in items}):
@@ -112,8 +112,9 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
 _batteries: WeakKeyDictionary[Workspace, dict[tuple[Any, ...], tuple[list[battery.Item], str]]] = WeakKeyDictionary()
 
 
-def _battery(ws: Workspace, suites: list[str] | None, limit: int | None,
-             skip_unsupported: bool) -> tuple[list[battery.Item], str]:
+def read_battery(ws: Workspace, suites: list[str] | None, limit: int | None,
+                 skip_unsupported: bool) -> tuple[list[battery.Item], str]:
+    """The battery's items and digest, read once per workspace object and choice of suites."""
     key = (tuple(suites) if suites else None, limit, skip_unsupported)
     memo = _batteries.setdefault(ws, {})
     if key not in memo:
@@ -490,13 +491,13 @@ def _pairs(p: Plan, off: Run, on: Run) -> dict[str, list[paired.Pair]]:
         cid = item.case_id
         if "crash" in off[cid] or "crash" in on[cid]:
             continue
-        cluster = _cluster(p.policy.cluster, item)
+        cluster = cluster_of(p.policy.cluster, item)
         out.setdefault(item.suite.suite, []).extend(
             (cluster, a["pass"], b["pass"]) for a, b in zip(off[cid]["outcomes"], on[cid]["outcomes"]))
     return out
 
 
-def _cluster(key: str, item: battery.Item) -> str:
+def cluster_of(key: str, item: battery.Item) -> str:
     """The cluster a case belongs to: itself, its suite, or the value of one of its vars (a case without that
     var is a cluster of its own)."""
     if key == "suite":
@@ -513,7 +514,7 @@ def _passes(results: Run) -> int:
 def identity_now(ws: Workspace, evaluation: EvaluationRecord, ledger) -> dict[str, Any]:
     """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit, candidate)
     has today, with the pipeline in force as the ledger says, the evaluated flag taken as off. Asked for
-    every flag (``status``, ``flip``): the battery is read once per workspace object (``_battery``)."""
+    every flag (``status``, ``flip``): the battery is read once per workspace object (``read_battery``)."""
     from ..engines import registry
 
     config = evaluation["config"]

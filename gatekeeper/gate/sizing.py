@@ -56,12 +56,12 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
         if evaluation["flag"] != flag:
             raise GatekeeperError(f"evaluation {evaluation['id']} is for {evaluation['flag']!r}, not {flag!r}")
         config = evaluation["config"]
-        items = evaluator._battery(ws, config.get("suites"), config.get("limit"), True)[0]
-        clusters = {i.case_id: evaluator._cluster(policy.cluster, i) for i in items}
+        items = evaluator.read_battery(ws, config.get("suites"), config.get("limit"), True)[0]
+        clusters = {i.case_id: evaluator.cluster_of(policy.cluster, i) for i in items}
         pairs = [(clusters.get(cid, cid), off, on) for cid, off, on in _pairs(evaluation)]
     else:
-        items = evaluator._battery(ws, None, None, True)[0]
-        pairs = [(evaluator._cluster(policy.cluster, i), True, True) for i in items for _ in i.case.assert_]
+        items = evaluator.read_battery(ws, None, None, True)[0]
+        pairs = [(evaluator.cluster_of(policy.cluster, i), True, True) for i in items for _ in i.case.assert_]
     if not pairs:
         raise GatekeeperError(f"no assertions to size: the battery{' of evaluation ' + str(evaluation['id']) if evaluation else ''} "
                               "has none; add assertions to the cases in assertions/")
