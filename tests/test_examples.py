@@ -42,6 +42,13 @@ def run_example(run_cli, ws, flag, engine):
     return out, ev["identity"]
 
 
+def never_a_pass_on_two_cases(out):
+    """A non_inferiority example on the tests' two cases: the paired bound cannot rule its margin out, so it is
+    underpowered (INCONCLUSIVE) unless the loss already shows (FAIL)."""
+    kind = next(r.split(":")[0] for r in out["reasons"] if r.split(":")[0] in ("non_inferior", "inferior", "underpowered"))
+    assert out["verdict"] == {"underpowered": "INCONCLUSIVE", "inferior": "FAIL"}[kind], out["reasons"]
+
+
 def test_every_example_is_tested():
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == {"kv_q8", "speculative", "flash_attn", "runtime"}
 
@@ -51,7 +58,7 @@ def test_kv_q8(run_cli, examples_ws):
     assert identity["off"]["engine"]["kv_cache"] == {"type_k": "f16", "type_v": "f16"}
     assert identity["on"]["engine"]["kv_cache"] == {"type_k": "q8_0", "type_v": "q8_0"}
     assert identity["on"]["engine"]["flash_attn"] is True and identity["on"]["engine"]["n_threads"] == 1  # merged
-    assert out["verdict"] in ("PASS", "FAIL") and any(r.split(":")[0] in ("non_inferior", "inferior") for r in out["reasons"])
+    never_a_pass_on_two_cases(out)
 
 
 def test_flash_attn(run_cli, examples_ws):
@@ -76,4 +83,4 @@ def test_runtime_migration(run_cli, examples_ws):
     assert tel["off"]["tiny"]["calls"] == tel["on"]["tiny"]["calls"] == 2
     assert tel["off"]["tiny"]["prompt_tokens"] > 0 and tel["on"]["tiny"]["prompt_tokens"] > 0
     assert not any(r.startswith("telemetry_blind:") for r in out["reasons"])  # both engines report their figures
-    assert out["verdict"] in ("PASS", "FAIL")
+    never_a_pass_on_two_cases(out)

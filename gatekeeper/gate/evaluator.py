@@ -473,11 +473,11 @@ def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str
     bounded = bound.max_kld is not None or bound.min_same_top1 is not None
     if moved is None:
         return verdict, reasons
-    if isinstance(moved, str):
+    if isinstance(moved, str):  # unbounded, the record alone says so (every served evaluation would repeat it)
         if bounded and verdict == "PASS":
             return "INCONCLUSIVE", [f"not_observable: distance: {moved}, so the policy's bound on it cannot be checked",
                                     *reasons]
-        return verdict, reasons + [f"distance: not_observable ({moved})"]
+        return verdict, reasons
     if bounded and verdict == "PASS" and not (check := moved.within_floor(bound)).met:
         return "FAIL", [f"distance: {line}" for line in check.lines] + reasons + [moved.reason()]
     return verdict, reasons + [moved.reason()]
