@@ -206,10 +206,10 @@ def test_lumped_topk_is_a_lower_bound_on_real_distributions(tiny_llama):
 DEFAULT_MODEL = Path("~/.cache/gatekeeper/models/SmolLM2-135M-Instruct").expanduser()
 
 
-@pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").is_file(), reason="the default model is not downloaded")
 def test_lumped_top20_holds_most_of_the_kl_on_the_default_model():
     """A trained model's mass is concentrated: on SmolLM2-135M (float32 against bfloat16 weights, a fixed
     answer read teacher-forced), top-20 lumped KL is at least 80% of the full KL (about 92% measured)."""
+    assert (DEFAULT_MODEL / "config.json").is_file(), "the default model is not prepared: run 'make model'"
     with build_engine(profile(DEFAULT_MODEL)) as fp32, build_engine(profile(DEFAULT_MODEL, dtype="bfloat16")) as bf16:
         ids = fp32.tokenize(fp32.render([{"role": "user", "content": "Why is the sky blue? Two sentences."}]))
         cont = fp32.tokenize("The sky looks blue because air molecules scatter short blue wavelengths of sunlight "
@@ -227,27 +227,28 @@ def test_lumped_top20_holds_most_of_the_kl_on_the_default_model():
 @pytest.fixture(scope="module")
 def llama_perplexity(tmp_path_factory) -> Path:
     """llama-perplexity of the llama.cpp build the llamacpp adapter loads: the built one, else compiled here
-    from the vendored source against the built libraries (one file, seconds), else skip."""
+    from the vendored source against the built libraries (one file, seconds, no CPU-specific flags); `make test`
+builds what this needs (`make llama-server`), so anything missing is a failure, never a skip."""
     try:
         from gatekeeper.setup.llama_libs import import_llama_cpp, lib_dir, root, version_dir
 
         import_llama_cpp()
     except Exception as e:  # the llamacpp extra or its libraries are not here
-        pytest.skip(f"llama.cpp is not available: {e}")
+        pytest.fail(f"llama.cpp is not available ({e}): run 'make llama-server'")
     built = root() / "bin" / "llama-perplexity"
     if built.is_file() and os.access(built, os.X_OK):
         return built
     src, lib = version_dir() / "src", lib_dir()
     source = src / "tools" / "perplexity"
     if not (source / "perplexity.cpp").is_file() or not (lib / "libllama-common.so").is_file() or not shutil.which("c++"):
-        pytest.skip("no llama-perplexity, and no llama.cpp source, libllama-common or c++ to compile it")
+        pytest.fail("no llama-perplexity, and no llama.cpp source, libllama-common or c++ to compile it: run 'make llama-server'")
     exe = tmp_path_factory.mktemp("llama-perplexity") / "llama-perplexity"
     cmd = ["c++", "-std=c++17", "-O2", *(f"-I{src / d}" for d in ("include", "common", "ggml/include", "vendor")),
            str(source / "perplexity.cpp"), str(source / "main.cpp"), "-o", str(exe), f"-L{lib}",
            "-lllama-common", "-lllama", "-lggml", "-lggml-base", "-lpthread", f"-Wl,-rpath,{lib}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
-        pytest.skip(f"could not compile llama-perplexity: {r.stderr[-400:]}")
+        pytest.fail(f"could not compile llama-perplexity: {r.stderr[-400:]}")
     return exe
 
 

@@ -8,8 +8,6 @@ import json
 import math
 import subprocess
 
-import pytest
-
 from gatekeeper.battery import checks, graded, scored
 from gatekeeper.js import nunjucks, nunjucks_operators, value
 from gatekeeper.setup import promptfoo as promptfoo_setup
@@ -24,8 +22,7 @@ STRINGIFY_INPUTS = [None, True, 0, -0.0, 1.0, 1.5, 1e21, 1e-7, 1e16, 2**53 + 1, 
 
 def _node(script: str, inputs: list) -> list:
     node = promptfoo_setup.node()
-    if not node.is_file():
-        pytest.skip("node is not installed: run 'make promptfoo'")
+    assert node.is_file(), "node is not installed: run 'make promptfoo' (make test does)"
     out = subprocess.run([str(node), "-e", script], input=json.dumps(inputs), capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

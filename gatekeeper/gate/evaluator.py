@@ -310,7 +310,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
                               _sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] // g * g for t in on_turns),
-                              p.exercises_cache, p.policy.baseline_repeats, strength, _pairs(p, reference, on))
+                              p.exercises_cache, p.policy.baseline_repeats, strength, pairs_of(p.items, reference, on, p.policy.cluster))
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
     judged = (probes_.judge(p, runs.probes["off"], runs.probes["on"][0], detok,
@@ -483,17 +483,17 @@ def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str
     return verdict, reasons + [moved.reason()]
 
 
-def _pairs(p: Plan, off: Run, on: Run) -> dict[str, list[paired.Pair]]:
-    """Per suite, each assertion's outcome flag off and on with its cluster (the policy's independence unit);
-    a crashed case has no outcomes to pair."""
+def pairs_of(items: list[battery.Item], off: Run, on: Run, cluster: str) -> dict[str, list[paired.Pair]]:
+    """Per suite, each assertion's outcome flag off and on with its cluster (``cluster``: the policy's independence
+    unit); a case missing from either run, or crashed there, has no outcomes to pair."""
     out: dict[str, list[paired.Pair]] = {}
-    for item in p.items:
-        cid = item.case_id
-        if "crash" in off[cid] or "crash" in on[cid]:
+    for item in items:
+        a, b = off.get(item.case_id), on.get(item.case_id)
+        if a is None or b is None or "crash" in a or "crash" in b:
             continue
-        cluster = cluster_of(p.policy.cluster, item)
+        key = cluster_of(cluster, item)
         out.setdefault(item.suite.suite, []).extend(
-            (cluster, a["pass"], b["pass"]) for a, b in zip(off[cid]["outcomes"], on[cid]["outcomes"]))
+            (key, x["pass"], y["pass"]) for x, y in zip(a["outcomes"], b["outcomes"]))
     return out
 
 
