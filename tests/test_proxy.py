@@ -195,7 +195,7 @@ def test_bodies_pass_byte_for_byte_and_the_capture_has_the_servers_figures(serve
         assert proc.poll() is None
     sent = [b for conn in relay.received for b in bodies(bytes(conn))]
     for status, body in answers:
-        assert status == 200 and body in sent  # the very bytes the server sent: ids, timestamps and timings too
+        assert status == 200 and body in sent, body  # the very bytes the server sent: ids, timestamps and timings too
     # and the same answer as without the proxy (greedy; only ids, timestamps and timings differ)
     status, alone = call(direct, "/v1/chat/completions", chat)
     assert json.loads(alone)["choices"] == json.loads(answers[0][1])["choices"]
@@ -364,6 +364,56 @@ def test_bad_options_are_exit_2(run_cli, tmp_path, args, words):
 def test_a_capture_in_a_missing_folder_is_exit_2(run_cli, tmp_path):
     code, out, err = run_cli("proxy", "--upstream", "http://127.0.0.1:1", "--capture", tmp_path / "no" / "cap.jsonl")
     assert code == 2 and "does not exist" in err
+
+
+class OneAnswerPerConnection:
+    """A loopback HTTP/1.1 server that answers one request per connection with ``Connection: keep-alive``,
+    then closes the connection when the next request arrives on it, unanswered: the moment a real
+    server's keep-alive timeout ends a connection just as a client reuses it."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port, self.connections = self.listener.getsockname()[1], 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                if not (data := conn.recv(65536)):
+                    return
+                request += data
+            head, _, rest = request.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1)) if b"ength:" in head else 0
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            body = json.dumps({"choices": [{"index": 0, "text": "four"}]}).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            conn.recv(65536)  # the next request on this connection: closed unanswered
+
+
+def test_an_upstream_that_closes_a_kept_alive_connection_loses_no_call(tmp_path):
+    """The proxy never sends a call on a connection the upstream may already be closing: each call
+    reaches the upstream (CI once saw a 502 here from a real llama-server's keep-alive timeout)."""
+    upstream = OneAnswerPerConnection()
+    with proxy(f"http://127.0.0.1:{upstream.port}", tmp_path / "cap.jsonl") as (where, proc):
+        for _ in range(4):  # a path the proxy passes on without rendering it, so only these calls reuse connections
+            status, body = call(where, "/v1/embeddings", {"input": "2+2="})
+            assert status == 200 and json.loads(body)["choices"][0]["text"] == "four", body
+        assert proc.poll() is None and upstream.connections == 4
+    upstream.listener.close()
 
 
 # --- the capture format's telemetry, read by analyze (no server) ----------------------------------

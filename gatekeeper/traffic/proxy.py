@@ -158,8 +158,10 @@ class Proxy:
     async def _open(self, app) -> None:
         import aiohttp
 
+        # A fresh connection per call: a kept-alive one can be closed by the server (its keep-alive timeout) just
+        # as a POST goes out on it, which aiohttp does not retry, so the client would get a 502 for nothing.
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, connect=min(10.0, self.timeout), sock_read=self.timeout),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
 
