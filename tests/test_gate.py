@@ -1,5 +1,6 @@
 """The gate end to end through the real CLI: it says PASS only when it should, and no otherwise."""
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
     assert out["tokens"]["cached_on"] >= out["tokens"]["stable_prefix_bound"] > 0
     assert out["tokens"]["computed_on"] < out["tokens"]["prompt_off"]
     assert out["cacheable_share"]["partitioned"] > out["cacheable_share"]["as_written"]
+    assert out["distance"] is None  # byte equivalence reads no teacher-forced distance unless the policy asks
     with ledger(tiny_ws) as lg:
         record = lg.evaluation(out["evaluation_id"])
         assert record["status"] == "PASS"
@@ -28,6 +30,21 @@ def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
         assert record["identity"]["off"]["flags"] == {"prefix_cache": "off"}
         assert record["identity"]["on"]["engine"]["model_digest"]
         assert lg.verify().ok
+
+
+def test_a_byte_equivalence_policy_reads_the_distance_when_it_asks_or_bounds_it(run_cli, tiny_ws):
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
+    written = policy.read_text()
+    policy.write_text(written + "distance: true\n")
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert (code, out["verdict"]) == (0, "PASS") and out["distance"]["distance"]["kld"]["max"] < 1e-4, out
+    policy.write_text(written + "max_kld: 0.01\n")  # a bound needs the distance: read without 'distance: true'
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert (code, out["verdict"]) == (0, "PASS") and out["distance"]["distance"]["same_top1"] == 1, out
+    policy.write_text(written + "distance: false\nmax_kld: 0.01\n")
+    code, out, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "prefix_cache", "--engine", "tiny", "--json")
+    error = json.loads(out)["error"]
+    assert code == 2 and "prefix_cache.yaml" in error and "max_kld" in error and "remove one" in error
 
 
 def test_chained_turns_hit_the_previous_turn(run_cli, tiny_ws):

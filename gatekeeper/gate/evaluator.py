@@ -263,7 +263,7 @@ def _background(p: Plan, model: Engine, c: Config, config: str):
 def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
               progress: Callable[[str], None]) -> distance.Compared | str | None:
     """The teacher-forced distance (gate/forced.py), or why it cannot be read; None where the policy wants none."""
-    if not p.policy.distance:
+    if not p.policy.measures_distance:
         return None
     if any(m.session_class.score is Session.score for m in models.values()):  # served engines: no request is sent
         return "an engine here gives no next-token distributions to read teacher-forced"
