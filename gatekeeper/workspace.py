@@ -399,8 +399,8 @@ class Policy(Strict):
     # sharing that var's value, such as one capture session, are one cluster)
     cluster: str = Field("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$", exclude_if=lambda v: v == "case")
     margins: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v)  # per suite (Bonferroni over them)
-    # the teacher-forced distance (gate/forced.py); unset: measured where a verdict can use it (measures_distance)
-    distance: bool | None = Field(None, exclude_if=lambda v: v is None)
+    # the teacher-forced distance (gate/forced.py): measured unless off; bounds on it, net of the A/A floor
+    distance: bool = Field(True, exclude_if=lambda v: v)
     max_kld: float | None = Field(None, gt=0, exclude_if=lambda v: v is None)  # mean KL(off||on), nats
     min_same_top1: float | None = Field(None, gt=0, le=1, exclude_if=lambda v: v is None)
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
@@ -411,15 +411,6 @@ class Policy(Strict):
     probes: Probes = Probes()  # the cache probes every evaluation adds (probes: off for none)
     # model-graded and similar assertions: what grades them; left out of dumps when unset (policy digests stay as they were)
     grader: Grader | None = Field(None, exclude_if=lambda v: v is None)
-
-    @property
-    def measures_distance(self) -> bool:
-        """Whether evaluations read the teacher-forced distance: as the policy says, else for the gates judged on
-        paired outcomes and wherever it is bounded. Byte equivalence compares every token and its top-2 logits
-        already, so there it costs a prefill per turn on three sessions and decides nothing unless asked for."""
-        if self.distance is not None:
-            return self.distance
-        return self.gate != "byte_equivalence" or self.max_kld is not None or self.min_same_top1 is not None
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":
@@ -432,7 +423,7 @@ class Policy(Strict):
         if (self.require or self.max_drift) and self.gate != "byte_equivalence":
             field = "require" if self.require else "max_drift"
             raise ValueError(f"{field}: only a byte_equivalence gate compares top-2 logits; remove it or set gate: byte_equivalence")
-        if self.distance is False and (self.max_kld is not None or self.min_same_top1 is not None):
+        if not self.distance and (self.max_kld is not None or self.min_same_top1 is not None):
             bound = "max_kld" if self.max_kld is not None else "min_same_top1"
             raise ValueError(f"{bound}: it bounds the teacher-forced distance, which 'distance: false' turns off; remove one")
         if self.margins and self.gate != "non_inferiority":

@@ -18,9 +18,10 @@ def workspace(tmp_path: Path) -> Path:
     # where calibrations are made (test_calibrate.py, test_shipped_power.py).
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True) if not line.startswith("min_power:")))
-    # The cache probes (on by default) are tested where they are the subject (test_probes.py); elsewhere they
-    # would only add their cases to every count.
-    policy.write_text(policy.read_text() + "probes: off\n")
+    # The cache probes and the teacher-forced distance (both on by default) are tested where they are the
+    # subject (test_probes.py; test_gate.py, test_distance.py and the gates that are not exact); elsewhere the
+    # probes would only add their cases to every count, and the distance three prefills per turn.
+    policy.write_text(policy.read_text() + "probes: off\ndistance: false\n")
     return ws
 
 

@@ -223,3 +223,17 @@ def _in_ray_actor() -> bool:
 
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+class InterruptsOnSession(GreedySession):
+    """An operator's Ctrl-C at this model's third answer: a run stopped midway."""
+
+    def generate(self, prompt, **kwargs):
+        calls = self.model.__dict__["_calls"] = self.model.__dict__.get("_calls", 0) + 1
+        if calls == 3:
+            raise KeyboardInterrupt
+        return super().generate(prompt, **kwargs)
+
+
+class InterruptsOn(TorchEngine):
+    session_class = InterruptsOnSession

@@ -21,7 +21,7 @@ def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
     assert out["tokens"]["cached_on"] >= out["tokens"]["stable_prefix_bound"] > 0
     assert out["tokens"]["computed_on"] < out["tokens"]["prompt_off"]
     assert out["cacheable_share"]["partitioned"] > out["cacheable_share"]["as_written"]
-    assert out["distance"] is None  # byte equivalence reads no teacher-forced distance unless the policy asks
+    assert out["distance"] is None  # the fixture's policy says distance: false (below, the default reads it)
     with ledger(tiny_ws) as lg:
         record = lg.evaluation(out["evaluation_id"])
         assert record["status"] == "PASS"
@@ -32,15 +32,13 @@ def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
         assert lg.verify().ok
 
 
-def test_a_byte_equivalence_policy_reads_the_distance_when_it_asks_or_bounds_it(run_cli, tiny_ws):
+def test_byte_equivalence_reads_the_distance_by_default_and_off_beside_a_bound_is_an_input_error(run_cli, tiny_ws):
     policy = tiny_ws / "policies" / "prefix_cache.yaml"
-    written = policy.read_text()
-    policy.write_text(written + "distance: true\n")
-    code, out = evaluate(run_cli, tiny_ws, "tiny")
-    assert (code, out["verdict"]) == (0, "PASS") and out["distance"]["distance"]["kld"]["max"] < 1e-4, out
-    policy.write_text(written + "max_kld: 0.01\n")  # a bound needs the distance: read without 'distance: true'
+    written = policy.read_text().replace("distance: false\n", "")
+    policy.write_text(written)
     code, out = evaluate(run_cli, tiny_ws, "tiny")
     assert (code, out["verdict"]) == (0, "PASS") and out["distance"]["distance"]["same_top1"] == 1, out
+    assert out["distance"]["floor"]["kld"]["max"] == 0 and any(r.startswith("kld: mean") for r in out["reasons"])
     policy.write_text(written + "distance: false\nmax_kld: 0.01\n")
     code, out, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "prefix_cache", "--engine", "tiny", "--json")
     error = json.loads(out)["error"]

@@ -100,8 +100,8 @@ def test_probes_pass_a_correct_server_behind_a_faithful_front(server, workspace,
 @pytest.mark.parametrize("mode, probe", [("stale_repeat", "repeat"), ("inside_empty", "inside"),
                                          ("continuation_skip", "continuation"), ("lost_window", "window")])
 def test_each_probe_catches_its_planted_fault(server, workspace, run_cli, mode, probe):
-    with cache_front(server, mode, WINDOW) as (front, history):
-        ws = fronted(workspace, server, front, f"{{window: {WINDOW}}}")
+    with cache_front(server, mode, WINDOW) as (front, history):  # only the probe under test runs: each stands alone
+        ws = fronted(workspace, server, front, f"{{kinds: [{probe}], window: {WINDOW}}}")
         code, out = served_evaluate(run_cli, ws)
     assert history.planted > 0
     assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]

@@ -48,6 +48,17 @@ def evaluate(
     junit: Annotated[Optional[Path], typer.Option(
         help="Also write the verdict as JUnit XML here, one test case per battery case (and append a summary "
              "to $GITHUB_STEP_SUMMARY when it is set).")] = None,
+    sequential: Annotated[bool, typer.Option(
+        "--sequential", help="Run the cases in a seeded random order and stop as soon as an anytime-valid rule "
+                             "decides (non_inferiority, or assertion_equivalence with a margin); implied by "
+                             "--max-cases and --max-seconds.")] = False,
+    max_cases: Annotated[Optional[int], typer.Option(
+        help="Sequential: stop after at most N cases, INCONCLUSIVE if the rule has not decided.")] = None,
+    max_seconds: Annotated[Optional[float], typer.Option(
+        help="Sequential: stop after the round in which S seconds of running cases are spent, INCONCLUSIVE if the "
+             "rule has not decided.")] = None,
+    seed: Annotated[Optional[int], typer.Option(
+        help="Sequential: the seed of the case order (default: a fresh one, recorded).")] = None,
     json_: Json = False,
 ) -> None:
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
@@ -66,9 +77,10 @@ def evaluate(
     under = production.in_force(ws, flag, load, load_from)  # the production load both sides run under, if any
     replayed = production.source(ws, under) if under else None
     plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
-                          load=under, captured=capture.prompts(replayed) if replayed else None)
+                          load=under, captured=capture.prompts(replayed) if replayed else None,
+                          budget=_budget(sequential, max_cases, max_seconds, seed))
     models = runs.open_engines(plan)
-    total = len(plan.items) * len(plan.schedule)
+    total = min(len(plan.items), max_cases or len(plan.items)) * len(plan.schedule)
     with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
           sigterm_as_interrupt()):
         try:
@@ -83,6 +95,20 @@ def evaluate(
     emit(json_, outcome.to_dict(), lambda: tables.print_outcome(outcome))
     if outcome.verdict != "PASS":
         raise typer.Exit(1)
+
+
+def _budget(on: bool, max_cases: Optional[int], max_seconds: Optional[float], seed: Optional[int]):
+    """The sequential budget the options ask for (None: the whole battery, as always); a seed drawn when none is given."""
+    import secrets
+
+    from ..gate.sequential import Budget
+
+    if not (on or max_cases is not None or max_seconds is not None):
+        if seed is not None:
+            raise GatekeeperError("--seed orders a sequential evaluation's cases: add --sequential, --max-cases or "
+                                  "--max-seconds, or drop --seed")
+        return None
+    return Budget(seed=secrets.randbelow(2**31) if seed is None else seed, max_cases=max_cases, max_seconds=max_seconds)
 
 
 def _report_to_ci(settings: Settings, ws, evaluation_id: int, junit: Optional[Path]) -> None:

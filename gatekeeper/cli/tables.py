@@ -140,6 +140,12 @@ def print_outcome(o) -> None:
         rows.append(("paired off~on", f"{p['harmful']} harmful / {p['beneficial']} beneficial flips of {p['n']} assertions; "
                                       f"loss {p['loss']:.3f}, bounds [{p['lower']:.3f}, {p['upper']:.3f}] at alpha "
                                       f"{p['alpha']:g}, margin {p['margin']:g}"))
+    if o.sequential:  # the fixed-n bound has no level where the rule stopped: the rule's own bounds
+        q = o.sequential
+        rows.append(("sequential off~on", f"{q['decision']} after {q['cases']} of {q['battery_cases']} cases (seed "
+                                          f"{q['seed']}, stopped: {q['stopped']}); {q['harmful']} harmful / "
+                                          f"{q['beneficial']} beneficial flips; anytime-valid bounds [{q['lower']:.3f}, "
+                                          f"{q['upper']:.3f}] at alpha {q['alpha']:g}, margin {q['margin']:g}"))
     if o.probes:
         rows.append(("cache probes", ", ".join(f"{k} {v.split(' (')[0]}" for k, v in o.probes.items())
                      + f" ({o.probe_seconds:.1f} s)"))

@@ -14,6 +14,7 @@ Everything goes into the ledger as it happens, so an interrupted run leaves an
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteC
 from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
-from . import distance, forced, kinds, paired, pipeline, production, sides, switches
+from . import distance, forced, kinds, paired, pipeline, production, sequential, sides, switches
 from . import graders as graders_
 from . import probes as probes_
 from . import runs as runs_
@@ -66,6 +67,8 @@ class Outcome:
     paired: dict[str, Any] | None = None
     # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/forced.py); or {not_observable}
     distance: dict[str, Any] | None = None
+    # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
+    sequential: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -74,10 +77,11 @@ class Outcome:
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
          limit: int | None = None, *, force: switches.InForce, candidate: str | Path | None = None,
          skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None,
-         grading: bool = True) -> Plan:
+         grading: bool = True, budget: sequential.Budget | None = None) -> Plan:
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
     the evaluated flag off, the flag-on side is that with the flag's change. ``load``: the production
-    load (``load.in_force``), ``captured`` its capture's prompts."""
+    load (``load.in_force``), ``captured`` its capture's prompts. ``budget``: a sequential evaluation, case by
+    case until the rule decides or the budget is spent (``_run_sequential``)."""
     from ..engines.registry import check_profile
 
     policy, switch = ws.policy(flag), switches.of(flag)
@@ -98,13 +102,49 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
     p = Plan(ws=ws, flag=flag, policy=policy, items=items, engine_name=engine, battery_digest=digest_, configs=configs,
              kind=kinds.KINDS[policy.gate](policy, switch.labels), exercises_cache=switch.exercises_cache,
-             candidate=cand, load=load, captured=captured, grading=grader_spec,
+             candidate=cand, load=load, captured=captured, grading=grader_spec, sequential=budget,
              config={"engine": engine, "suites": suites, "limit": limit,
                      "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
                      **({"skip_unsupported": True} if skip_unsupported else {}),
-                     **({"load": production.identity(ws, load, digest_)} if load else {})})
+                     **({"load": production.identity(ws, load, digest_)} if load else {}),
+                     **({"sequential": dataclasses.asdict(budget)} if budget else {})})
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
+    if budget is not None:
+        _check_sequential(p, budget)
     return p
+
+
+SEQUENTIAL = "--sequential, --max-cases, --max-seconds"
+
+
+def _check_sequential(p: Plan, budget: sequential.Budget) -> None:
+    """Exit 2 before anything runs unless a sequential rule can judge this flag within this budget."""
+    policy, where = p.policy, f"policies/{p.flag}.yaml"
+    if budget.max_cases is not None and budget.max_cases < 1:
+        raise GatekeeperError(f"--max-cases {budget.max_cases}: the budget is a number of cases, at least 1")
+    if budget.max_seconds is not None and not budget.max_seconds > 0:
+        raise GatekeeperError(f"--max-seconds {budget.max_seconds:g}: the budget is seconds of running cases, above 0")
+    if budget.seed < 0:
+        raise GatekeeperError(f"--seed {budget.seed}: a seed is a whole number, 0 or more")
+    if policy.gate == "byte_equivalence":
+        raise GatekeeperError(f"{SEQUENTIAL}: {where} gates {p.flag} by byte_equivalence, which needs every case identical, "
+                              "so there is no loss to bound and nothing to stop early on; run the whole battery without them")
+    if policy.margin == 0:
+        asks = ("identical assertion outcomes" if policy.gate == "assertion_equivalence"
+                else "improvements that outweigh every loss")
+        raise GatekeeperError(f"{SEQUENTIAL}: {where} has margin 0 ({policy.gate}), which asks for {asks}; a sequential "
+                              "rule bounds a loss against a margin above 0: set field 'margin' above 0, or run the whole "
+                              "battery without them")
+    if policy.margins:
+        raise GatekeeperError(f"{SEQUENTIAL}: {where} field 'margins' judges each suite on its own pairs (Bonferroni); "
+                              "the sequential rule judges one margin over the battery: remove 'margins' or run without them")
+    if p.load is not None:
+        raise GatekeeperError(f"{SEQUENTIAL}: under a load the flag-off battery runs alone first and each run keeps "
+                              "background traffic beside it, which a case-by-case run cannot keep apart; drop the load "
+                              "(evaluate --load, the policy's 'load') or run without them")
+    if p.ws.engine(p.engine_name).executor == "ray":
+        raise GatekeeperError(f"{SEQUENTIAL}: executor: ray runs each side's battery on its actors in one go; "
+                              "evaluate in this process (a profile without 'executor: ray') or run without them")
 
 
 # Workspace object -> (suites, limit, skip_unsupported) -> the battery's items and digest. A workspace object
@@ -204,7 +244,10 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
                                                  **(actors.config if actors else {})})
         try:
             runs = (Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors
+                    else _run_sequential(p, ledger, models, evaluation_id, progress, graders) if p.sequential
                     else _run(p, ledger, models, evaluation_id, progress, graders))
+            if runs.ran is not None:  # sequential: the cases not run are counted nowhere, not even as skipped
+                p = dataclasses.replace(p, items=runs.ran)
             moved = _distance(p, models, runs, progress)
             outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start, moved)
         except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
@@ -220,6 +263,8 @@ class Runs:
     seconds: dict[str, float]
     model_s: float
     probes: dict[str, list[probes_.Probed]] = field(default_factory=dict)  # config -> one per repeat
+    ran: list[battery.Item] | None = None  # sequential: the cases run, in their order (None: the whole battery)
+    rule: sequential.Sequential | None = None  # sequential: the rule's state where it stopped
 
 
 def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
@@ -252,6 +297,74 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
     return runs
 
 
+def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
+                    graders: graders_.Graders | None = None) -> Runs:
+    """The battery in a seeded random order (clusters kept together), until the rule (gate/sequential.py) decides
+    or the budget is spent; each case recorded as it finishes, as in ``_run``.
+
+    Every run of the schedule gets its session once and keeps it open; the cases go in rounds, each round run on
+    every side in the schedule's order (off#0, off#1, on#0), and after a round the rule reads each cluster whose
+    cases have all run. Why this scheme: each session still sees its cases in one order from first to last (its
+    prefix cache fills as in a whole run) and runs them through ``runs_.cases`` as ``_run`` does, so a case's
+    result is what a whole run would give it; a round is as many cases as the engines run at once, so a served
+    engine keeps its concurrency and an in-process one is looked at after every case. The rule is anytime-valid,
+    so looking after every round costs nothing, and the cases after the stop are never run."""
+    budget = p.sequential
+    assert budget is not None  # plan() set it
+    keys = [cluster_of(p.policy.cluster, i) for i in p.items]
+    ordered = [p.items[n] for n in sequential.order(keys, budget.seed)]
+    limit = min(len(ordered), budget.max_cases or len(ordered))
+    size = max(m.concurrency for m in models.values())
+    rule = sequential.Sequential("equivalence" if p.policy.gate == "assertion_equivalence" else "non_inferiority",
+                                 p.policy.margin, p.policy.alpha, budget, len(p.items),
+                                 "cases" if p.policy.cluster == "case" else "clusters")
+    ran: list[battery.Item] = []
+    runs = Runs({config: [] for config, _ in p.schedule}, {config: 0.0 for config, _ in p.schedule}, 0.0, ran=ran, rule=rule)
+    sizes = {k: keys.count(k) for k in dict.fromkeys(keys)}
+    done: dict[str, list[battery.Item]] = {}
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        for config, repeat in p.schedule:  # no load here (plan refuses one): every run is a side of the comparison
+            c = p.configs[config]
+            session = stack.enter_context(models[config].session(cache=c.cache))
+            runs_.pin_stage_prefixes(session, p, c.render)
+            runs.results[config].append({})
+            sessions.append((config, repeat, c, session))
+        stopped: sequential.Stop | None = None
+        while stopped is None:
+            chunk = ordered[len(ran):min(len(ran) + size, limit)]
+            for config, repeat, c, session in sessions:
+                t1 = time.perf_counter()
+                for item, result in runs_.cases(session, p, c.render, graders=graders, items=chunk):
+                    progress(f"{config}#{repeat} {item.case_id}")
+                    runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
+                    ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
+                    runs.results[config][repeat][item.case_id] = result
+                runs.seconds[config] += time.perf_counter() - t1
+            ran += chunk
+            for item in chunk:
+                key = cluster_of(p.policy.cluster, item)
+                done.setdefault(key, []).append(item)
+                if len(done[key]) == sizes[key]:  # the cluster is whole: one observation
+                    found = pairs_of(done[key], runs.results["off"][0], runs.results["on"][0], p.policy.cluster)
+                    rule.observe([x for pairs in found.values() for x in pairs], cases=sizes[key])
+            spent = time.perf_counter() - t0
+            stopped = ("decided" if rule.decision != "continue" else "battery_exhausted" if len(ran) == len(ordered)
+                       else "max_cases" if len(ran) >= limit
+                       else "max_seconds" if budget.max_seconds is not None and spent >= budget.max_seconds else None)
+        rule.stop(stopped, round(time.perf_counter() - t0, 3))
+        probed_plan = dataclasses.replace(p, items=ran)
+        if probes_.why_not(probed_plan) is None:  # after the cases run, in every run, in one order (as in _run)
+            for config, repeat, c, session in sessions:
+                progress(f"{config}#{repeat} cache probes")
+                probed = probes_.run(session, probed_plan, c.render)
+                for pid, result in probed.results.items():
+                    ledger.add_case_result(evaluation_id, pid, config, repeat, result)
+                runs.probes.setdefault(config, []).append(probed)
+    return runs
+
+
 def _background(p: Plan, model: Engine, c: Config, config: str):
     """The load's background traffic for one run (nothing for the run alone, or without a load)."""
     if p.load is None or config == ALONE:
@@ -263,7 +376,7 @@ def _background(p: Plan, model: Engine, c: Config, config: str):
 def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
               progress: Callable[[str], None]) -> distance.Compared | str | None:
     """The teacher-forced distance (gate/forced.py), or why it cannot be read; None where the policy wants none."""
-    if not p.policy.measures_distance:
+    if not p.policy.distance:
         return None
     if any(m.session_class.score is Session.score for m in models.values()):  # served engines: no request is sent
         return "an engine here gives no next-token distributions to read teacher-forced"
@@ -333,8 +446,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reasons = [f"baseline_cached: the flag-off side ({p.configs['off'].profile.where}) reports {baseline_cached} prompt "
                    "tokens served from a cache, so it is no cold baseline; point 'url' at a deployment with its prefix "
                    "cache off (vLLM --no-enable-prefix-caching, mlx_lm.server --prompt-cache-size 0) or set 'cache_switch'"]
-    else:
-        verdict, reasons = p.kind.decide(evidence)
+    else:  # sequential: the rule decides, never a fixed-n bound at a stop the data chose
+        verdict, reasons = p.kind.decide(evidence) if runs.rule is None else p.kind.sequential(evidence, runs.rule)
         if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
             verdict, reasons = "FAIL", judged.differs + reasons
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
@@ -364,7 +477,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         strength=strength.to_dict() if strength else None, near_ties=census,
         probes=judged.status if judged else {}, probe_seconds=judged.seconds if judged else 0.0,
         reached={k: v for k, v in reached.items() if v},
-        paired=p.kind.statistics(evidence),
+        paired=p.kind.statistics(evidence) if runs.rule is None else None,
+        sequential=runs.rule.to_dict() if runs.rule is not None else None,
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
     )

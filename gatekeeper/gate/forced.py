@@ -5,7 +5,7 @@ answers. A second flag-off session gives the A/A floor: what the engine's own no
 
 It costs one prefill per turn and side, no decoding. Where an engine gives no distributions (served engines
 today) nothing is measured and the record says ``not_observable``, as it does where the two sides read
-different vocabularies.
+different vocabularies or tokenizers.
 """
 
 from __future__ import annotations
@@ -18,9 +18,15 @@ from ..evidence import Run
 from . import distance, runs
 from .plans import Plan
 
+# Text both sides must tokenize alike for the flag-off answers' token ids to mean the same to the flag-on model
+SAMPLE = "The quick brown fox, 0123456789 times: jumps over the lazy dog!\n\t{\"k\": [1.5]} ¿Qué? Straße 東京 🙂"
+
 
 def measure(p: Plan, models: dict[str, Engine], reference: Run, progress: Callable[[str], None]) -> distance.Compared | str:
     """The distance and its A/A floor over every case that did not crash; or why it cannot be measured."""
+    if models["off"].tokenize(SAMPLE) != models["on"].tokenize(SAMPLE):  # a migration to another model family
+        return (f"the two sides tokenize text differently ({models['off'].name} and {models['on'].name}), so the "
+                "flag-off answers' token ids mean other text to the flag-on model")
     sides: list[tuple[str, Any]] = [("off", p.configs["off"]), ("off", p.configs["off"]), ("on", p.configs["on"])]
     pooled: dict[str, list[distance.PerPosition]] = {"distance": [], "floor": []}
     with contextlib.ExitStack() as stack:

@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 from ..evidence import CaseResult, Change, Comparison, DivergentSide, Step, SuiteCensus, Top2
 from ..workspace import Policy
 from . import paired
+from .sequential import Sequential
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
 # one side's margin a near-tie, the other's above twice NEAR_TIE (clear of bfloat16's rounding near a tie) and at
@@ -291,6 +292,10 @@ class GateKind:
         """What the kind's verdict rests on beyond the reasons (a paired bound), for the record; None: nothing."""
         return None
 
+    def sequential(self, e: Evidence, rule: Sequential) -> Decision:
+        """A sequential evaluation's verdict; only the kinds judged on paired outcomes have one (plan() refuses the rest)."""
+        raise NotImplementedError
+
 
 class ByteEquivalence(GateKind):
     name = "byte_equivalence"
@@ -363,6 +368,10 @@ class Paired(GateKind):
     def decide(self, e: Evidence) -> Decision:
         result = self.judge(e)
         return self.VERDICTS[result.verdict], self.flips(e) + [result.reason()]
+
+    def sequential(self, e: Evidence, rule: Sequential) -> Decision:
+        """A sequential evaluation's verdict: the rule's (gate/sequential.py), INCONCLUSIVE where it stopped undecided."""
+        return {"pass": "PASS", "fail": "FAIL"}.get(rule.decision, "INCONCLUSIVE"), self.flips(e) + [rule.reason()]
 
 
 class AssertionEquivalence(Paired):

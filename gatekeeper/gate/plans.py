@@ -11,6 +11,7 @@ from ..battery import suites as battery
 from ..workspace import EngineProfile, Load, Policy, Workspace
 from . import graders as graders_
 from . import kinds
+from .sequential import Budget
 
 ALONE = "alone"  # under a load: the flag-off battery run alone, one case at a time
 
@@ -42,6 +43,7 @@ class Plan:
     load: Load | None = None  # served engines: the production load both sides run under
     captured: list[list[int] | str] | None = None  # a capture load's prompts
     grading: graders_.Spec | None = None  # model-graded and similar assertions: what grades them (None: nothing to)
+    sequential: Budget | None = None  # evaluate --max-cases/--max-seconds: case by case until decided (sequential.py)
 
     @property
     def schedule(self) -> list[tuple[str, int]]:

@@ -94,16 +94,19 @@ def pin_stage_prefixes(session: Session, p: Plan, mode: partition.Mode) -> int:
 
 
 def cases(session: Session, p: Plan, mode: partition.Mode, workers: int | None = None,
-          graders: graders_.Graders | None = None) -> Iterator[tuple[battery.Item, CaseResult]]:
-    """Each case with its result, in battery order; up to ``workers`` (the engine's concurrency) run at once."""
+          graders: graders_.Graders | None = None,
+          items: list[battery.Item] | None = None) -> Iterator[tuple[battery.Item, CaseResult]]:
+    """Each case with its result, in battery order (or ``items``, a sequential evaluation's round); up to
+    ``workers`` (the engine's concurrency) run at once."""
     workers = max(1, workers or session.model.concurrency)
+    items = p.items if items is None else items
     if workers == 1:
-        yield from ((item, run_case(session, p.ws, item, mode, graders=graders)) for item in p.items)
+        yield from ((item, run_case(session, p.ws, item, mode, graders=graders)) for item in items)
         return
     pool = ThreadPoolExecutor(workers)
     try:
-        futures = [pool.submit(run_case, session, p.ws, item, mode, graders=graders) for item in p.items]
-        for item, future in zip(p.items, futures):
+        futures = [pool.submit(run_case, session, p.ws, item, mode, graders=graders) for item in items]
+        for item, future in zip(items, futures):
             yield item, future.result()
     finally:
         pool.shutdown(cancel_futures=True)  # an interrupted run stops what has not started
