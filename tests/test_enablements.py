@@ -186,6 +186,13 @@ def test_the_distance_is_read_teacher_forced_and_a_kld_bound_refuses_a_pass(lora
     moved, floor = out["distance"]["distance"], out["distance"]["floor"]
     assert out["verdict"] == "PASS" and moved["positions"] >= 30 and moved["kld"]["mean"] > 0, out["reasons"]
     assert floor["kld"]["max"] == 0 and floor["same_top1"] == 1 and any(r.startswith("kld: mean") for r in out["reasons"])
+    # the exports show it beside the floor: a table, the quantiles, and in HTML the quantiles drawn
+    code, md, _ = run_cli("--workspace", lora_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
+    assert code == 0 and "## Teacher-forced distance" in md, md
+    assert f"| off~on | {moved['positions']} | {moved['kld']['mean']:.3g} ± " in md and "| A/A floor |" in md
+    assert f"| p99 | {moved['kld']['p99']:.3g} | 0 |" in md
+    code, page, _ = run_cli("--workspace", lora_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "html")
+    assert code == 0 and 'aria-label="KLD quantiles, log scale"' in page and f"{moved['kld']['max']:.2g}</text>" in page
     (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: 0.15\nmax_kld: {moved['kld']['mean'] / 2}\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
     assert code == 1 and out["verdict"] == "FAIL" and out["reasons"][0].startswith("distance:"), out["reasons"]

@@ -68,6 +68,7 @@ def test_a_change_within_the_margin_stops_early_with_pass(run_cli, tiny_ws):
     # a sequential PASS is evidence like any other: it reads in the ledger's views and enables a flip
     code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
     assert code == 0 and reason.split(";")[0] in md
+    assert "## Sequential evaluation (anytime-valid)" in md and f"| {seq['cases']} of {CASES} | 3 |" in md, md
     code, flipped, _ = run_cli("--workspace", tiny_ws, "flip", "lossy", "on", "--evaluation", str(out["evaluation_id"]),
                                "--operator", "ops", "--reason", "sequential evidence passed", "--json")
     assert code == 0 and json.loads(flipped)["state"] == "on", flipped

@@ -145,6 +145,8 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         "probes": summary.get("probes") or {}, "probe_seconds": summary.get("probe_seconds"),
         # records written before paired verdicts have none: their exports read as they did
         **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
+        **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
+        **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
     }
 
 
@@ -161,6 +163,32 @@ def _paired_rows(p: dict[str, Any] | None) -> list[list[str]]:
              f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
              "no finite number" if s["needed"] is None else str(s["needed"]), f"{s['supported_margin']:.3f}", s["verdict"]]
             for name, s in judged]
+
+
+SEQUENTIAL_HEAD = ["cases run", "seed", "harmful", "beneficial", "loss per case", "bounds (one-sided)", "margin", "alpha",
+                   "decision", "stopped"]
+
+
+def _sequential_rows(s: dict[str, Any]) -> list[list[str]]:
+    """A sequential evaluation's rule where it stopped (gate/sequential.py), as one table row."""
+    return [[f"{s['cases']} of {s['battery_cases']}", str(s["seed"]), str(s["harmful"]), str(s["beneficial"]),
+             f"{s['loss']:.3f}", f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
+             s["decision"], s["stopped"]]]
+
+
+DISTANCE_HEAD = ["", "positions", "KLD mean ± SE", "KLD median", "KLD p99", "KLD max", "same top-1", "Δp RMS"]
+KLD_QUANTILES = ("min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max")
+
+
+def _distance_view(d: dict[str, Any]) -> dict[str, Any]:
+    """The teacher-forced distance beside its A/A floor as table rows and KLD quantiles; or why it was not read."""
+    if "not_observable" in d:
+        return {"not_observable": d["not_observable"]}
+    rows = [[label, str(x["positions"]), f"{x['kld']['mean']:.3g} ± {x['kld']['se']:.2g}", f"{x['kld']['median']:.3g}",
+             f"{x['kld']['p99']:.3g}", f"{x['kld']['max']:.3g}", f"{100 * x['same_top1']:.2f}% ± {100 * x['same_top1_se']:.2f}%",
+             f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", d["floor"]))]
+    quantiles = [{"q": q, "on": d["distance"]["kld"][q], "floor": d["floor"]["kld"][q]} for q in KLD_QUANTILES]
+    return {"rows": rows, "quantiles": quantiles, "reason": d.get("reason")}
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
@@ -279,6 +307,12 @@ def markdown(v: dict[str, Any]) -> str:
         lines += ["", "## Paired outcomes (flag off vs on)", "", "| " + " | ".join(PAIRED_HEAD) + " |",
                   "|---|" + "---:|" * (len(PAIRED_HEAD) - 2) + "---|"]
         lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["paired"]]
+    if v.get("sequential"):
+        lines += ["", "## Sequential evaluation (anytime-valid)", "", "| " + " | ".join(SEQUENTIAL_HEAD) + " |",
+                  "|" + "---:|" * (len(SEQUENTIAL_HEAD) - 2) + "---|---|"]
+        lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sequential"]]
+    if v.get("distance"):
+        lines += ["", "## Teacher-forced distance (KL(off‖on) per position)", ""] + _distance_md(v["distance"])
     lines += ["", "## Cache probes", ""] + (["| probe | outcome |", "|---|---|"] + [
         f"| {name} | {_md(status)} |" for name, status in v["probes"].items()] + ["", f"{v['probe_seconds']} s in all"]
         if v["probes"] else ["None ran."])
@@ -347,6 +381,15 @@ tr.insensitive,p.insensitive{background:#ddf4ff}td.grade{font-weight:700}
 """
 
 
+def _distance_md(d: dict[str, Any]) -> list[str]:
+    if "not_observable" in d:
+        return [f"Not observable: {_md(d['not_observable'])}"]
+    return (["| " + " | ".join(DISTANCE_HEAD) + " |", "|---|" + "---:|" * (len(DISTANCE_HEAD) - 1)]
+            + ["| " + " | ".join(_md(x) for x in row) + " |" for row in d["rows"]]
+            + ["", "| KLD quantile | off~on | A/A floor |", "|---|---:|---:|"]
+            + [f"| {q['q']} | {q['on']:.3g} | {q['floor']:.3g} |" for q in d["quantiles"]])
+
+
 def _e(x: Any) -> str:
     return html.escape(_value(x), quote=True)
 
@@ -413,6 +456,33 @@ def curve_svg(faults: list[dict[str, Any]]) -> str:
                      f'<text x="{x}" y="{top + h + 16}" text-anchor="middle">{_e(f["spec"])}</text>'
                      f'<text x="{x + 7}" y="{y + 4:.1f}">{f["share"]:.0%}</text>')
     return "".join(parts) + "</svg>"
+
+
+def kld_svg(quantiles: list[dict[str, Any]]) -> str:
+    """KLD quantiles, flag on against the A/A floor, as bars on a log scale (1e-8 nats at the baseline)."""
+    floor_, top = -8.0, max(-1.0, *(math.log10(max(q[k], 1e-8)) for q in quantiles for k in ("on", "floor")))
+    w, row = 420, 16
+
+    def bar(x: float) -> float:
+        return round(w * (math.log10(max(x, 1e-8)) - floor_) / (top - floor_), 1)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w + 170}" height="{row * 2 * len(quantiles) + 10}" '
+           'role="img" aria-label="KLD quantiles, log scale">']
+    for i, q in enumerate(quantiles):
+        y = i * 2 * row
+        out += [f'<text x="0" y="{y + 12}" font-size="11">{_e(q["q"])}</text>',
+                f'<rect x="50" y="{y + 2}" width="{bar(q["on"])}" height="{row - 4}" fill="#c0392b"/>',
+                f'<text x="{56 + bar(q["on"])}" y="{y + 12}" font-size="10">{q["on"]:.2g}</text>',
+                f'<rect x="50" y="{y + row}" width="{bar(q["floor"])}" height="{row - 4}" fill="#95a5a6"/>',
+                f'<text x="{56 + bar(q["floor"])}" y="{y + row + 10}" font-size="10">floor {q["floor"]:.2g}</text>']
+    return "\n".join(out + ["</svg>"])
+
+
+def _distance_html(d: dict[str, Any]) -> str:
+    if "not_observable" in d:
+        return f"<p>Not observable: {_e(d['not_observable'])}</p>"
+    return (_table(DISTANCE_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in d["rows"]])
+            + "<p>KLD quantiles, flag on (red) against the A/A floor (grey), log scale:</p>" + kld_svg(d["quantiles"]))
 
 
 def _pct(share: float | None) -> str:
@@ -504,6 +574,11 @@ def page(v: dict[str, Any]) -> str:
             "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),
             *(["<h2>Paired outcomes <small>(flag off vs on)</small></h2>",
                _table(PAIRED_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["paired"]])] if v.get("paired") else []),
+            *(["<h2>Sequential evaluation <small>(anytime-valid)</small></h2>",
+               _table(SEQUENTIAL_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["sequential"]])]
+              if v.get("sequential") else []),
+            *(["<h2>Teacher-forced distance <small>(KL(off‖on) per position)</small></h2>", _distance_html(v["distance"])]
+              if v.get("distance") else []),
             "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]
                                                                    for k, st in v["probes"].items()])
                                       if v["probes"] else "<p>None ran.</p>"),
