@@ -50,6 +50,12 @@ def served_ws(workspace, **profiles: str):
     return workspace
 
 
+def read_distance(ws) -> None:
+    """The prefix_cache policy as shipped: the teacher-forced distance read (the fixture turns it off)."""
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("distance: false\n", ""))
+
+
 def _cpus() -> set[int]:
     """The logical CPUs this process may run on."""
     return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))

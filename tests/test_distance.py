@@ -314,3 +314,25 @@ def test_statistics_match_llama_perplexity(llama_perplexity, tmp_path):
     assert 100 * d.delta_p.mean == pytest.approx(dp, abs=0.01) and 100 * d.delta_p.se == pytest.approx(dp_se, abs=0.01)
     ratio, ratio_se = printed(r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s+([-\d.]+)\s+±\s+([\d.]+)", out)
     assert d.ln_ppl_ratio == pytest.approx(ratio, abs=1e-3) and d.ln_ppl_ratio_se == pytest.approx(ratio_se, abs=1e-3)
+
+
+def test_vllm_prompt_logprobs_become_top_k_rows_with_the_own_token_wherever_it_ranks():
+    """vLLM's ``prompt_logprobs`` rows (``{id: {logprob, rank}}``: its top 20, and the position's own token at its
+    rank) read as top-20 rows, best first with the lowest id first on a tie, the own token's log-probability kept."""
+    from gatekeeper.engines.dialects import PROMPT_TOP_K
+    from gatekeeper.engines.http import _top_k
+
+    def row(own: int, own_rank: int):
+        r = {str(100 + j): {"logprob": -0.1 * j - (0.05 if j == 3 else 0), "rank": j + 1} for j in range(PROMPT_TOP_K)}
+        r["104"]["logprob"] = r["105"]["logprob"] = -0.45  # a tie: 104 before 105
+        if own_rank > PROMPT_TOP_K:
+            r[str(own)] = {"logprob": -9.5, "rank": own_rank}
+        return r
+
+    scored = _top_k([row(100, 1), row(7, 4000)], [100, 7], cached_tokens=0)
+    assert scored.kind == "top20" and scored.ids.shape == (2, 20) and scored.cached_tokens == 0
+    assert scored.ids[0][:6].tolist() == [100, 101, 102, 103, 104, 105] and 7 not in scored.ids[1].tolist()
+    assert scored.token_logprobs.tolist() == pytest.approx([0.0, -9.5])
+    assert (np.diff(scored.logprobs, axis=1) <= 0).all()  # best first
+    with pytest.raises(ValueError, match="2 positions for 3 tokens"):
+        _top_k([row(100, 1), row(7, 4000)], [100, 7, 8], cached_tokens=None)

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ledger
-from served import BAD_ANSWERS, assert_aborted, evaluate, faulty_front, free_port, llama_server, served_ws
+from served import BAD_ANSWERS, assert_aborted, evaluate, faulty_front, free_port, llama_server, read_distance, served_ws
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
@@ -50,9 +50,12 @@ def engine(url: str, **fields):
 
 def test_pass_with_cache_prompt_off_and_on(server, workspace, run_cli):
     ws = served_ws(workspace, served=http_profile(server))
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "served")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
+    # llama-server has no prompt log-probabilities: nothing is asked, and the record says why
+    assert "llama-server gives probabilities only for the tokens it generates" in out["distance"]["not_observable"]
     assert out["tokens"]["cached_on"] > 0 and out["exercised_share"] >= 0.5
 
     lg = ledger(ws)

@@ -23,6 +23,7 @@ from served import (
     llama_cpp_python_server,
     mlx_server,
     not_blamed_on_batching,
+    read_distance,
     served_ws,
     vllm_server,
 )
@@ -75,9 +76,15 @@ def vllm(tmp_path_factory):
 
 def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, workspace, run_cli):
     ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "vllm")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
+    # read teacher-forced from vLLM's prompt log-probabilities (top 20, the rest lumped): the same weights and
+    # dtype move nothing, and the record says the flag-on server reads no cached prefix for such a request
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert moved["positions"] > 0 and moved["approximation"].startswith("top20") and floor["kld"]["max"] < 1e-4, moved
+    assert moved["kld"]["mean"] < 1e-3 and moved["same_top1"] == 1 and "no cached prefix" in out["distance"]["caveat"]
     bound = out["tokens"]["stable_prefix_bound"]
     assert bound > 0 and bound % 32 == 0  # whole 32-token blocks: what vLLM can serve
     assert out["exercised_share"] >= 0.95, out["tokens"]
@@ -108,10 +115,14 @@ def test_vllm_under_load_batches_the_battery_and_never_blames_batching_on_the_fl
 
 def test_vllm_fail_against_another_dtype(vllm, workspace, run_cli):
     ws = served_ws(workspace, planted=profile(vllm["off"], vllm["bf16"]))
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "planted")
     assert code == 1, out
     assert out["verdict"] == "FAIL" and out["differing_cases"]
-    assert all(r.startswith("differs:") for r in out["reasons"] if not r.startswith("insensitive:"))
+    assert all(r.startswith("differs:") for r in out["reasons"] if not r.startswith(("insensitive:", "kld:")))
+    # bfloat16 moves every distribution, far above the A/A floor of the float32 server against itself
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert moved["kld"]["mean"] > max(1e-5, 10 * floor["kld"]["mean"]), (moved["kld"], floor["kld"])
 
 
 def test_vllm_a_cached_baseline_is_no_baseline(vllm, workspace, run_cli):

@@ -288,6 +288,7 @@ class Engine(ABC):
     early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
     weights: Path | None = None  # the local weights it loads (a file or a model folder); None: a server's
     dialect_name: str | None = None  # served engines: the kind of server (vllm, llamacpp, mlx, ...)
+    score_caveat: str | None = None  # what its teacher-forced distributions leave out, where it gives them
 
     def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
         self.profile = profile
@@ -319,6 +320,10 @@ class Engine(ABC):
         max tokens). Only served engines batch other people's requests with the battery's."""
         raise GatekeeperError(f"the {self.name} adapter runs the model in this process, one request at a time: a load "
                               "(policy 'load', evaluate --load) needs a served engine (adapter http)")
+
+    def unscored(self) -> str | None:
+        """Why its sessions give no teacher-forced distributions (``Session.score``); None: they give them."""
+        return None if self.session_class.score is not Session.score else f"the {self.name} adapter gives none"
 
     def check_fault(self, fault: Fault) -> None:
         """Exit 2 unless this adapter can plant ``fault`` (before any model time is spent on it)."""

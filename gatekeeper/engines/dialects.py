@@ -26,6 +26,7 @@ from ..errors import GatekeeperError
 from ..workspace import EngineProfile
 
 NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
+PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabilities a position returns
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
 
@@ -45,6 +46,10 @@ class Dialect:
     name: ClassVar[str]
     token_prompts: ClassVar[bool] = True  # prompts go as token ids (else as text, tokenized by the server)
     local_tokenizer: ClassVar[bool] = False  # renders and tokenizes with the profile's ``tokenizer``
+    # why the server gives no teacher-forced distributions (None: ``score_request`` asks it for them)
+    unscored: ClassVar[str | None] = "the server's API returns no log-probabilities for a prompt's positions"
+    # what its distributions leave out, where it gives them (gate/forced.py puts it in the record)
+    score_caveat: ClassVar[str | None] = None
 
     def __init__(self, engine: Server):
         self.engine = engine
@@ -73,6 +78,10 @@ class Dialect:
         """The generated token of one ``logprobs.content`` step."""
         return int(step["id"])
 
+    def score_request(self, tokens: list[int]) -> dict[str, Any] | None:
+        """The completion request that returns the top log-probabilities at every position of ``tokens``."""
+        return None
+
     def granularity(self, url: str) -> int:
         """Tokens per unit the server's prefix cache reuses (1: any prefix)."""
         return 1
@@ -80,6 +89,8 @@ class Dialect:
 
 class LlamaCpp(Dialect):
     name = "llamacpp"
+    unscored = ("llama-server gives probabilities only for the tokens it generates (n_probs), never for a prompt's "
+                "positions (it refuses echo)")
 
     def render(self, messages):
         return self.engine.text_op("/apply-template", {"messages": [dict(m) for m in messages]}, "prompt")
@@ -94,6 +105,10 @@ class LlamaCpp(Dialect):
 
 class VLLM(Dialect):
     name = "vllm"
+    unscored = None
+    # vLLM's Request sets skip_reading_prefix_cache for any request with prompt_logprobs (v0.32.0)
+    score_caveat = ("vLLM reads no cached prefix for a request that asks for prompt log-probabilities, so the "
+                    "flag-on side is read without its prefix cache: this distance sees what else the flag changes")
 
     def render(self, messages):
         tokens = self.engine.text_op("/tokenize", {"messages": [dict(m) for m in messages], "add_generation_prompt": True,
@@ -114,6 +129,9 @@ class VLLM(Dialect):
     def request(self, prompt):
         return {"prompt": prompt, "logprobs": 2, "return_token_ids": True}
 
+    def score_request(self, tokens):
+        return {"prompt": tokens, "prompt_logprobs": PROMPT_TOP_K, "max_tokens": 1}
+
     def granularity(self, url):
         try:
             metrics = self.engine.call_text(url, "/metrics")
@@ -125,6 +143,8 @@ class VLLM(Dialect):
 
 class MLX(Dialect):
     name = "mlx"
+    unscored = ("mlx_lm.server gives log-probabilities only for the tokens it generates (top_logprobs), never for "
+                "a prompt's positions")
     token_prompts = False
     local_tokenizer = True
 

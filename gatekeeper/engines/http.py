@@ -36,8 +36,8 @@ from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
 from . import telemetry
-from .base import Engine, Generation, Session, Until, attention_limits, checked_request, labelled, request_labels
-from .dialects import DIALECTS, detect
+from .base import Engine, Generation, Scored, Session, Until, attention_limits, checked_request, labelled, request_labels
+from .dialects import DIALECTS, PROMPT_TOP_K, detect
 
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
@@ -88,6 +88,14 @@ class HTTPSession(Session):
             self.stats.add(g)
         return g
 
+    def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored | None:
+        """The server's own top-k log-probabilities at each position of ``continuation`` (its prompt log-probabilities:
+        vLLM's ``prompt_logprobs``), or None where its dialect cannot ask for them (``Dialect.unscored``)."""
+        if self._pins and self.model.profile.warm_up:  # as a case would: the stage prefix is sent first
+            self._warm_up(list(prompt), 1, ())
+        scored = self.model.score(self.config, list(prompt), list(continuation))
+        return scored if scored is None or top_k is None else scored.top(min(top_k, scored.k or top_k))
+
 
 class HTTPEngine(Engine):
     name = "http"
@@ -130,6 +138,7 @@ class HTTPEngine(Engine):
         else:
             self.dialect_name, self.detected = profile.dialect, "set in the profile"
         self.dialect = DIALECTS[self.dialect_name](self)
+        self.score_caveat = self.dialect.score_caveat
         self.granularity = self.dialect.granularity(self.urls["on"])
         self.context = _context(self.servers["off"])
         if self.dialect.tokenizer is not None:  # the served model's own folder: its config names its window
@@ -279,6 +288,33 @@ class HTTPEngine(Engine):
         g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
 
+    def unscored(self) -> str | None:
+        return self.dialect.unscored
+
+    def score(self, config: str, prompt: list[int], continuation: list[int]) -> Scored | None:
+        """``Session.score`` on the deployment of ``config``: one request, with the whole conversation as its prompt."""
+        body = self.dialect.score_request(prompt + continuation)
+        if body is None:
+            return None
+        body = {**self.profile.options.get("request", {}), **body, "temperature": 0, "stream": False}
+        if self.model_ids[config]:
+            body["model"] = self.model_ids[config]
+        if self.profile.cache_switch:
+            body[self.profile.cache_switch] = config == "on"
+        with self._slots:
+            url = self._pick(config)
+            try:
+                answer = self.call(url, "/v1/completions", body, _headers(request_labels()))
+            finally:
+                with self._lock:
+                    self._busy[url][0] -= 1
+        try:
+            rows = answer["choices"][0]["prompt_logprobs"][len(prompt):]
+            return _top_k(rows, continuation, telemetry.read(answer).cached_tokens)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise GatekeeperError(f"{url}/v1/completions: no prompt log-probabilities at every position (bad or missing "
+                                  f"{e}); check that {self._where} points at a {self.dialect_name} server") from None
+
     def _pick(self, config: str, replica: str | None = None) -> str:
         """``replica``, else the side's replica with the fewest calls in flight, then the fewest sent; counted as busy."""
         with self._lock:
@@ -426,6 +462,23 @@ class Background:
 
 # A request's labels as the headers ``gatekeeper proxy`` reads (UTF-8: stage names are the user's).
 _HEADERS = {"stage": "X-Gatekeeper-Stage", "stream": "X-Gatekeeper-Stream"}
+
+
+def _top_k(rows: list[Any], continuation: list[int], cached_tokens: int | None) -> Scored:
+    """``Scored`` from vLLM's prompt log-probabilities, one ``{token id: {logprob, rank}}`` per position: its top
+    ``PROMPT_TOP_K`` (the position's own token comes too, at its rank), best first, the lowest id first on a tie."""
+    import numpy as np
+
+    if len(rows) != len(continuation):
+        raise ValueError(f"{len(rows)} positions for {len(continuation)} tokens")
+    tops = [sorted(((int(i), float(v["logprob"])) for i, v in row.items() if int(v["rank"]) <= PROMPT_TOP_K),
+                   key=lambda x: (-x[1], x[0])) for row in rows]
+    k = min((len(t) for t in tops), default=1)  # a vocabulary smaller than PROMPT_TOP_K gives fewer
+    ids = np.array([[i for i, _ in t[:k]] for t in tops], dtype=np.int64).reshape(len(rows), k)
+    lps = np.array([[lp for _, lp in t[:k]] for t in tops], dtype=np.float32).reshape(len(rows), k)
+    own = np.array([float(row[str(t)]["logprob"]) for row, t in zip(rows, continuation)], dtype=np.float32)
+    return Scored(tokens=list(continuation), kind=f"top{k}", logprobs=lps, token_logprobs=own, ids=ids,
+                  cached_tokens=cached_tokens)
 
 
 def _headers(labels: dict[str, str]) -> dict[str, bytes]:

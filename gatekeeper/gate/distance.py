@@ -238,6 +238,7 @@ class Compared:
     distance: Distance
     floor: Distance | None
     seconds: float | None = None  # what reading both sides teacher-forced cost (three prefills a turn), when timed
+    caveat: str | None = None  # what the engines' distributions leave out (a server's, Engine.score_caveat)
 
     def within_floor(self, bound: Bound) -> Check:
         """``check(distance, floor, bound)``: a bound is met when the statistic minus the floor's is within it."""
@@ -245,13 +246,14 @@ class Compared:
 
     def to_dict(self) -> dict[str, Any]:
         return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None,
-                **({"seconds": self.seconds} if self.seconds is not None else {})}
+                **({"seconds": self.seconds} if self.seconds is not None else {}),
+                **({"caveat": self.caveat} if self.caveat else {})}
 
     def reason(self) -> str:
         floor = self.floor
         tail = (f"; A/A floor: kld mean {_g(floor.kld.mean)}, same top-1 {100 * floor.same_top1:.1f}%"
                 if floor is not None else "; no A/A floor")
-        return self.distance.reason() + tail
+        return self.distance.reason() + tail + (f"; {self.caveat}" if self.caveat else "")
 
 
 def compare(a: Scored | Sequence[Scored], b: Scored | Sequence[Scored],

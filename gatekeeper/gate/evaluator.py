@@ -23,7 +23,7 @@ from weakref import WeakKeyDictionary
 
 from ..battery import partition
 from ..battery import suites as battery
-from ..engines.base import Engine, Session, plus
+from ..engines.base import Engine, plus
 from ..errors import GatekeeperError
 from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
@@ -378,8 +378,8 @@ def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
     """The teacher-forced distance (gate/forced.py), or why it cannot be read; None where the policy wants none."""
     if not p.policy.distance:
         return None
-    if any(m.session_class.score is Session.score for m in models.values()):  # served engines: no request is sent
-        return "an engine here gives no next-token distributions to read teacher-forced"
+    if why := next((w for w in (m.unscored() for m in models.values()) if w), None):  # nothing is sent to ask
+        return f"an engine here gives no next-token distributions to read teacher-forced: {why}"
     t0 = time.perf_counter()
     found = forced.measure(p, models, runs.results["off"][0], progress)
     if not isinstance(found, str):

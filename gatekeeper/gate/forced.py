@@ -48,7 +48,8 @@ def measure(p: Plan, models: dict[str, Engine], reference: Run, progress: Callab
                 pooled["floor"].append(distance.positions(a, a2))
             except ValueError as e:  # rows of different widths: the sides read different vocabularies
                 return f"the two sides' distributions cannot be compared position by position ({e})"
-    return distance.Compared(_pool(pooled["distance"]).summary(), _pool(pooled["floor"]).summary())
+    caveat = "; ".join(dict.fromkeys(m.score_caveat for m in models.values() if m.score_caveat)) or None
+    return distance.Compared(_pool(pooled["distance"]).summary(), _pool(pooled["floor"]).summary(), caveat=caveat)
 
 
 def _pool(parts: list[distance.PerPosition]) -> distance.PerPosition:
