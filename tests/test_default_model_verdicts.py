@@ -12,7 +12,7 @@ from conftest import profile
 pytestmark = pytest.mark.slow
 
 MARGIN = 0.1  # with nothing flipping, ruling out a 0.1 loss at alpha 0.05 takes 25 cases; 8 support only 0.25
-CASES = 30
+CASES = 27
 
 
 def facts(ws, n: int) -> None:
@@ -21,7 +21,7 @@ def facts(ws, n: int) -> None:
                  ("What is the capital of Japan?", "Tokyo"), ("What is the capital of Germany?", "Berlin"),
                  ("What is the capital of Italy?", "Rome"), ("What is the largest planet in our solar system?", "Jupiter")]
     lines = ["suite: facts\nstage: facts\nprompt:\n  - {role: system, static: true, text: \"Answer in a few words.\"}\n"
-             "  - {role: user, static: false, text: \"{{query}}\"}\ndecoding: {max_tokens: 12}\ncases:"]
+             "  - {role: user, static: false, text: \"{{query}}\"}\ndecoding: {max_tokens: 9}\ncases:"]
     for i in range(n):
         q, a = questions[i % len(questions)]
         lines.append(f"  - id: f{i}\n    vars: {{query: \"Question {i + 1}. {q}\"}}\n"
