@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import evaluate, ledger, profile, wait_for_case_results
+from conftest import evaluate, ledger, profile, wait_for_case_results, wide_suite
 
 TESTS = Path(__file__).resolve().parent
 
@@ -144,6 +144,7 @@ def _default_sigint() -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_is_aborted_never_a_verdict(tiny_ws, sig):
+    wide_suite(tiny_ws, 40)  # far more cases than the two it waits for: the signal lands while the run goes on
     proc = _start_evaluation(tiny_ws, "tiny")
     try:
         eid = wait_for_case_results(tiny_ws, 2)
