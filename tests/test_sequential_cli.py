@@ -69,6 +69,11 @@ def test_a_change_within_the_margin_stops_early_with_pass(run_cli, tiny_ws):
     code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
     assert code == 0 and reason.split(";")[0] in md
     assert "## Sequential evaluation (anytime-valid)" in md and f"| {seq['cases']} of {CASES} | 3 |" in md, md
+    from gatekeeper.ledger.intoto import predicate  # the in-toto predicate carries the rule where it stopped
+
+    with ledger(tiny_ws) as lg:
+        claim = predicate(lg, lg.evaluation(out["evaluation_id"]), {}, {})
+    assert claim["sequential"] == seq and "paired" not in claim
     code, flipped, _ = run_cli("--workspace", tiny_ws, "flip", "lossy", "on", "--evaluation", str(out["evaluation_id"]),
                                "--operator", "ops", "--reason", "sequential evidence passed", "--json")
     assert code == 0 and json.loads(flipped)["state"] == "on", flipped
