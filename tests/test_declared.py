@@ -2,6 +2,7 @@
 in force with and without it, and a flag that is on applies its change everywhere."""
 
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 from conftest import ledger, profile, wide_suite
@@ -103,13 +104,13 @@ def test_planted_token_change_is_caught(run_cli, tiny_ws):
 
 
 @pytest.mark.parametrize("broken, verdict", [(2, "PASS"), (30, "FAIL")])
-def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, verdict):
+def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, verdict, tmp_path):
     # 60 cases; the first ``broken`` also assert not-contains zebra, which the change breaks (every answer ends
     # with ' zebra'): 2 lost of 62 assertions is within a 0.2 margin at alpha 0.05, 30 of 90 is beyond it.
     wide_suite(tiny_ws, 60, lambda i: [{"type": "max-length", "value": 10000}] +
                ([{"type": "not-contains", "value": "zebra"}] if i < broken else []))
     policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.2\nprobes: off\n")
-    code, out = evaluate(run_cli, tiny_ws, "lossy", "tiny", "ci", "--suite", "wide")
+    code, out = evaluate(run_cli, tiny_ws, "lossy", "tiny", "ci", "--suite", "wide", "--junit", tmp_path / "j.xml")
     assert out["verdict"] == verdict and code == (0 if verdict == "PASS" else 1), out
     assert out["passes"]["on"] == out["passes"]["off"] - broken
     assert "regressed: wide/w0 assertion '#2 not-contains' passes without lossy, fails with lossy" in out["reasons"]
@@ -121,6 +122,13 @@ def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, ver
     assert out["distance"]["distance"]["kld"]["max"] == 0 and out["distance"]["distance"]["same_top1"] == 1
     with ledger(tiny_ws) as lg:  # recorded with the verdict
         assert lg.evaluation(out["evaluation_id"])["verdict_record"]["summary"]["paired"] == stats
+    # and in JUnit: the flips and the bound as the suite's properties, each case's flips beside its assertions
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert (props["harmful_flips"], props["beneficial_flips"], props["margin"]) == (str(broken), "0", "0.2"), props
+    assert props["loss_bounds"] == f"[{stats['lower']:.4g}, {stats['upper']:.4g}]" and "kld_mean" in props
+    outs = {tc.get("name"): tc.find("system-out").text for tc in suite.iter("testcase")}
+    assert outs["w0"].endswith("flips: harmful 1, beneficial 0") and outs["w59"].endswith("flips: harmful 0, beneficial 0")
     code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
     row = f"| all | {60 + broken} | 60 | {broken} | 0 | {stats['loss']:.3f} | [{stats['lower']:.3f}, {stats['upper']:.3f}] | 0.2 |"
     assert code == 0 and "## Paired outcomes (flag off vs on)" in md and row in md, md

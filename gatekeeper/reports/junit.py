@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from typing import Any
 
 from ..evidence import EvaluationRecord
 from .outcomes import DIFFERS, CaseOutcome, case_outcomes, divergence_text
@@ -44,9 +45,46 @@ def _verdict_of(record: EvaluationRecord, case: CaseOutcome) -> tuple[str, str, 
     return "pass", "", ""
 
 
+def _summary(record: EvaluationRecord) -> dict[str, Any]:
+    verdict = record.get("verdict_record")
+    return (verdict["summary"] if verdict else None) or {}
+
+
+def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
+    """What a paired or sequential verdict rests on, and the teacher-forced distance, as suite properties (none for
+    the evaluations that have neither, so their XML reads as it did)."""
+    summary = _summary(record)
+    stats, out = summary.get("sequential") or summary.get("paired"), []
+    if stats and "suites" not in stats:  # per-suite margins: each suite's bound is in the reasons
+        out += [("harmful_flips", str(stats["harmful"])), ("beneficial_flips", str(stats["beneficial"])),
+                ("loss", f"{stats['loss']:.4g}"), ("loss_bounds", f"[{stats['lower']:.4g}, {stats['upper']:.4g}]"),
+                ("margin", f"{stats['margin']:g}"), ("alpha", f"{stats['alpha']:g}")]
+        if summary.get("sequential"):
+            out += [("sequential_cases", f"{stats['cases']} of {stats['battery_cases']}"), ("sequential_stopped", stats["stopped"])]
+    moved = (summary.get("distance") or {}).get("distance")
+    if moved:
+        out += [("kld_mean", f"{moved['kld']['mean']:.4g}"), ("same_top1", f"{moved['same_top1']:.4f}")]
+    return out
+
+
+def _flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
+    """Per case, its (harmful, beneficial) assertion flips, off#0 against on#0, for the gates judged on them."""
+    summary = _summary(record)
+    if not (summary.get("paired") or summary.get("sequential")):
+        return {}
+    firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}
+    out = {}
+    for (cid, config), off in firsts.items():
+        if config == "off" and (cid, "on") in firsts:
+            pairs = list(zip(off, firsts[(cid, "on")]))
+            out[cid] = (sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs))
+    return out
+
+
 def render(record: EvaluationRecord) -> str:
     """The evaluation as a JUnit XML document (testsuites > testsuite per suite > testcase per case)."""
     flag, eid = record["flag"], record["id"]
+    statistics, flips = _statistics(record), _flips(record)
     root = ET.Element("testsuites", name=f"gatekeeper {flag} evaluation {eid}")
     suites: dict[str, ET.Element] = {}
     counts: dict[str, dict[str, float]] = {}
@@ -58,7 +96,7 @@ def render(record: EvaluationRecord) -> str:
             props = ET.SubElement(suite, "properties")
             for name, value in (("evaluation", eid), ("flag", flag), ("gate", record["gate"]),
                                 ("verdict", record.get("verdict") or record.get("status")),
-                                ("operator", record["operator"])):
+                                ("operator", record["operator"]), *statistics):
                 ET.SubElement(props, "property", name=name, value=_safe(str(value)))
             counts[case.suite] = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
         seconds = sum(case.seconds.values())
@@ -73,7 +111,8 @@ def render(record: EvaluationRecord) -> str:
         ET.SubElement(tc, "system-out").text = (
             f"status: {case.status}; drift: {'n/a' if case.drift is None else f'{case.drift:.3g}'}; "
             f"assertions passed: {', '.join(f'{k} {v}' for k, v in case.passed.items())}; "
-            f"model seconds: {', '.join(f'{k} {v:g}' for k, v in case.seconds.items())}")
+            f"model seconds: {', '.join(f'{k} {v:g}' for k, v in case.seconds.items())}"
+            + (f"; flips: harmful {flips[case.case_id][0]}, beneficial {flips[case.case_id][1]}" if case.case_id in flips else ""))
         c = counts[case.suite]
         c["tests"] += 1
         c["time"] += seconds
