@@ -269,8 +269,17 @@ class HTTPEngine(Engine):
         """One completion from the deployment of ``config`` (off or on); ``warm``: a prefix sent ahead;
         ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
         battery's concurrency limit. It carries the labels in force (``base.labelled``) as headers."""
-        body: dict[str, Any] = {**self.profile.options.get("request", {}), **self.dialect.request(prompt),
-                                "max_tokens": max_tokens, "temperature": 0, "stream": False, "stop": list(stop)}
+        url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
+                                                "stop": list(stop)}, replica, background)
+        g = self._parse(url, answer, prompt, wall)
+        g.replica = url  # the server that answered: the evidence says which server each side reached
+        return g
+
+    def _send(self, config: str, request: dict[str, Any], replica: str | None = None,
+              background: bool = False) -> tuple[str, Any, float]:
+        """``request`` (the dialect's fields) as a greedy ``/v1/completions`` call to the deployment of ``config``, with
+        the profile's extra fields, its model and cache switch, and the labels in force: (url, answer, wall seconds)."""
+        body: dict[str, Any] = {**self.profile.options.get("request", {}), **request, "temperature": 0, "stream": False}
         if self.model_ids[config]:
             body["model"] = self.model_ids[config]
         if self.profile.cache_switch:
@@ -284,30 +293,17 @@ class HTTPEngine(Engine):
             finally:
                 with self._lock:
                     self._busy[url][0] -= 1
-        g = self._parse(url, answer, prompt, wall)
-        g.replica = url  # the server that answered: the evidence says which server each side reached
-        return g
+        return url, answer, wall
 
     def unscored(self) -> str | None:
         return self.dialect.unscored
 
     def score(self, config: str, prompt: list[int], continuation: list[int]) -> Scored | None:
         """``Session.score`` on the deployment of ``config``: one request, with the whole conversation as its prompt."""
-        body = self.dialect.score_request(prompt + continuation)
-        if body is None:
+        request = self.dialect.score_request(prompt + continuation)
+        if request is None:
             return None
-        body = {**self.profile.options.get("request", {}), **body, "temperature": 0, "stream": False}
-        if self.model_ids[config]:
-            body["model"] = self.model_ids[config]
-        if self.profile.cache_switch:
-            body[self.profile.cache_switch] = config == "on"
-        with self._slots:
-            url = self._pick(config)
-            try:
-                answer = self.call(url, "/v1/completions", body, _headers(request_labels()))
-            finally:
-                with self._lock:
-                    self._busy[url][0] -= 1
+        url, answer, _ = self._send(config, request)
         try:
             rows = answer["choices"][0]["prompt_logprobs"][len(prompt):]
             return _top_k(rows, continuation, telemetry.read(answer).cached_tokens)

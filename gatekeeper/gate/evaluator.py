@@ -25,7 +25,7 @@ from ..battery import partition
 from ..battery import suites as battery
 from ..engines.base import Engine, plus
 from ..errors import GatekeeperError
-from ..evidence import Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
+from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
 from ..workspace import EngineProfile, Load, Workspace
 from . import crashes as crashes_
@@ -282,19 +282,31 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
             results: Run = {}
             t0 = time.perf_counter()
             for item, result in runs_.cases(session, p, c.render, workers=1 if config == ALONE else None, graders=graders):
-                progress(f"{config}#{repeat} {item.case_id}")
-                runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
-                ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
-                results[item.case_id] = result
+                _recorded(runs, results, ledger, evaluation_id, config, repeat, item.case_id, result, progress)
             runs.seconds[config] += time.perf_counter() - t0
             if config != ALONE and probing:  # after the battery, in every run, in one order
-                progress(f"{config}#{repeat} cache probes")
-                probed = probes_.run(session, p, c.render)
-                for pid, result in probed.results.items():
-                    ledger.add_case_result(evaluation_id, pid, config, repeat, result)
-                runs.probes.setdefault(config, []).append(probed)
+                _probe(runs, session, p, ledger, evaluation_id, config, repeat, progress)
         runs.results[config].append(results)
     return runs
+
+
+def _recorded(runs: Runs, results: Run, ledger, evaluation_id: int, config: str, repeat: int, case_id: str,
+              result: CaseResult, progress: Callable[[str], None]) -> None:
+    """One case's result, as it finishes: in the ledger, in its run, and in the model seconds."""
+    progress(f"{config}#{repeat} {case_id}")
+    runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
+    ledger.add_case_result(evaluation_id, case_id, config, repeat, result)
+    results[case_id] = result
+
+
+def _probe(runs: Runs, session, p: Plan, ledger, evaluation_id: int, config: str, repeat: int,
+           progress: Callable[[str], None]) -> None:
+    """The cache probes at the end of one run, on its session, each recorded as a case is."""
+    progress(f"{config}#{repeat} cache probes")
+    probed = probes_.run(session, p, p.configs[config].render)
+    for pid, result in probed.results.items():
+        ledger.add_case_result(evaluation_id, pid, config, repeat, result)
+    runs.probes.setdefault(config, []).append(probed)
 
 
 def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
@@ -337,10 +349,8 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
             for config, repeat, c, session in sessions:
                 t1 = time.perf_counter()
                 for item, result in runs_.cases(session, p, c.render, graders=graders, items=chunk):
-                    progress(f"{config}#{repeat} {item.case_id}")
-                    runs.model_s += sum(t["prefill_s"] + t["decode_s"] for t in result["turns"])
-                    ledger.add_case_result(evaluation_id, item.case_id, config, repeat, result)
-                    runs.results[config][repeat][item.case_id] = result
+                    _recorded(runs, runs.results[config][repeat], ledger, evaluation_id, config, repeat, item.case_id,
+                              result, progress)
                 runs.seconds[config] += time.perf_counter() - t1
             ran += chunk
             for item in chunk:
@@ -356,12 +366,8 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
         rule.stop(stopped, round(time.perf_counter() - t0, 3))
         probed_plan = dataclasses.replace(p, items=ran)
         if probes_.why_not(probed_plan) is None:  # after the cases run, in every run, in one order (as in _run)
-            for config, repeat, c, session in sessions:
-                progress(f"{config}#{repeat} cache probes")
-                probed = probes_.run(session, probed_plan, c.render)
-                for pid, result in probed.results.items():
-                    ledger.add_case_result(evaluation_id, pid, config, repeat, result)
-                runs.probes.setdefault(config, []).append(probed)
+            for config, repeat, _, session in sessions:
+                _probe(runs, session, probed_plan, ledger, evaluation_id, config, repeat, progress)
     return runs
 
 
