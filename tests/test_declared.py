@@ -134,6 +134,26 @@ def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, ver
     assert code == 0 and "## Paired outcomes (flag off vs on)" in md and row in md, md
 
 
+def test_ledger_diff_shows_each_cases_flips(run_cli, tiny_ws):
+    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.2\nprobes: off\n")
+    ids = []
+    for broken in (2, 5):  # the same change on a battery where 2, then 5, cases assert what it breaks
+        wide_suite(tiny_ws, 12, lambda i, b=broken: [{"type": "max-length", "value": 10000}] +
+                   ([{"type": "not-contains", "value": "zebra"}] if i < b else []))
+        ids.append(evaluate(run_cli, tiny_ws, "lossy", "tiny", "ci", "--suite", "wide")[1]["evaluation_id"])
+    code, d = cli(run_cli, tiny_ws, "ledger", "diff", *map(str, ids))
+    assert code == 0 and d["a"]["flips"]["harmful"] == 2 and d["b"]["flips"]["harmful"] == 5, d["a"]
+    rows = {r["case_id"]: r for r in d["cases"]}
+    assert rows["wide/w0"]["a"]["flips"] == rows["wide/w0"]["b"]["flips"] == [1, 0] and not rows["wide/w0"]["changed"]
+    assert rows["wide/w3"]["a"]["flips"] == [0, 0] and rows["wide/w3"]["b"]["flips"] == [1, 0]
+    assert d["changed_cases"] == ["wide/w2", "wide/w3", "wide/w4"], d["changed_cases"]
+    code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "diff", *map(str, ids), "--format", "md")
+    w3 = next(line for line in md.splitlines() if line.startswith("| **`wide/w3`**"))
+    assert w3.endswith("| 0 / 0 | 1 / 0 |") and "| flips | 2 harmful / 0 beneficial;" in md, md
+    code, text, _ = run_cli("--workspace", tiny_ws, "ledger", "diff", *map(str, ids))
+    assert code == 0 and f"flips {ids[1]}: 5 harmful / 0 beneficial; loss " in text and "(harmful /" in text, text
+
+
 def test_a_lossy_change_on_too_few_cases_is_never_a_pass(run_cli, tiny_ws):
     """The tiny suite's 4 assertions cannot rule out any margin below 0.4: INCONCLUSIVE, with the cases it needs."""
     policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.34\nprobes: off\n")

@@ -20,19 +20,23 @@ def print_diff(d: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..reports.diff import num, status_text
+    from ..reports.diff import flips_text, num, status_text, totals_text
 
     a, b = d["a"], d["b"]
     console = Console()
     typer.echo(f"evaluation {a['id']} ({a['flag']}, {a['status']}) vs {b['id']} ({b['flag']}, {b['status']}): "
                   f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed")
+    paired = "flips" in a or "flips" in b
+    if paired:
+        typer.echo(f"flips {a['id']}: {totals_text(a)}\nflips {b['id']}: {totals_text(b)}")
     total = lambda side: "-" if side is None else f"{sum(side['seconds'].values()):.3g}"  # noqa: E731
-    table = Table("case", f"{a['id']}", f"{b['id']}", "drift", "model seconds")
+    table = Table("case", f"{a['id']}", f"{b['id']}", "drift", "model seconds", *(["flips (harmful / beneficial)"] if paired else []))
     for r in d["cases"]:
         style = "bold" if r["changed"] else None
         table.add_row(r["case_id"], status_text(r["a"]), status_text(r["b"]),
                       f"{num(r['a'] and r['a']['drift'])} -> {num(r['b'] and r['b']['drift'])}",
-                      f"{total(r['a'])} -> {total(r['b'])}", style=style)
+                      f"{total(r['a'])} -> {total(r['b'])}",
+                      *([f"{flips_text(r['a'])} -> {flips_text(r['b'])}"] if paired else []), style=style)
     console.print(table)
     for title, rows in (("identity", d["identity"]), ("configuration", d["config"])):
         if rows:

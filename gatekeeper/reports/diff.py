@@ -7,20 +7,25 @@ from typing import Any
 
 from ..evidence import EvaluationRecord
 from ..identity import flatten
-from .outcomes import CaseOutcome, case_outcomes, divergence_text
+from .outcomes import CaseOutcome, case_flips, case_outcomes, divergence_text
 
 
 def _header(record: EvaluationRecord) -> dict[str, Any]:
     verdict = record.get("verdict_record")
     summary = (verdict["summary"] if verdict else None) or {}
+    stats = summary.get("sequential") or summary.get("paired")
     return {"id": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
             "operator": record["operator"], "started_at": record["started_at"],
-            "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or []}
+            "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or [],
+            # a paired or sequential verdict's totals (absent for the others, whose diff reads as it did)
+            **({"flips": {k: stats.get(k) for k in ("harmful", "beneficial", "loss", "lower", "upper", "margin")}}
+               if stats and "suites" not in stats else {})}
 
 
-def _side(case: CaseOutcome | None) -> dict[str, Any] | None:
+def _side(case: CaseOutcome | None, flips: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
     if case is None:
         return None
+    extra = {"flips": list(flips[case.case_id])} if case.case_id in flips else {}  # [harmful, beneficial]
     d = case.divergence or case.unstable
     a, b = (d or {}).get("a"), (d or {}).get("b")
     return {"status": case.status, "first_divergence": None if d is None else {
@@ -28,7 +33,7 @@ def _side(case: CaseOutcome | None) -> dict[str, Any] | None:
                 "tokens": [a.get("token") if a else None, b.get("token") if b else None],
                 "margins": [a.get("margin") if a else None, b.get("margin") if b else None],
                 "near_tie": d.get("near_tie"), "collapse": d.get("collapse"), "text": divergence_text(d)},
-            "drift": case.drift, "seconds": case.seconds, "passed": case.passed}
+            "drift": case.drift, "seconds": case.seconds, "passed": case.passed, **extra}
 
 
 def _where(side: dict[str, Any] | None) -> tuple | None:
@@ -46,10 +51,12 @@ def diff(a: EvaluationRecord, b: EvaluationRecord) -> dict[str, Any]:
     drift and seconds are shown for every case but differ on every rerun, so they do not count."""
     cases_a = {c.case_id: c for c in case_outcomes(a)}
     cases_b = {c.case_id: c for c in case_outcomes(b)}
+    flips_a, flips_b = case_flips(a), case_flips(b)
     rows = []
     for cid in [*cases_a, *(c for c in cases_b if c not in cases_a)]:
-        sa, sb = _side(cases_a.get(cid)), _side(cases_b.get(cid))
-        changed = (sa is None or sb is None or sa["status"] != sb["status"] or _where(sa) != _where(sb))
+        sa, sb = _side(cases_a.get(cid), flips_a), _side(cases_b.get(cid), flips_b)
+        changed = (sa is None or sb is None or sa["status"] != sb["status"] or _where(sa) != _where(sb)
+                   or sa.get("flips") != sb.get("flips"))
         rows.append({"case_id": cid, "a": sa, "b": sb, "changed": changed})
     return {
         "a": _header(a), "b": _header(b),
@@ -76,6 +83,17 @@ def num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
 
+def flips_text(side: dict[str, Any] | None) -> str:
+    """A case's assertion flips off -> on: harmful / beneficial."""
+    return "-" if side is None or "flips" not in side else f"{side['flips'][0]} / {side['flips'][1]}"
+
+
+def totals_text(header: dict[str, Any]) -> str:
+    f = header.get("flips")
+    return "-" if not f else (f"{f['harmful']} harmful / {f['beneficial']} beneficial; loss {f['loss']:.3f}, "
+                              f"bounds [{f['lower']:.3f}, {f['upper']:.3f}], margin {f['margin']:g}")
+
+
 def seconds_text(side: dict[str, Any] | None) -> str:
     return "-" if side is None else " / ".join(f"{k} {v:.3g}" for k, v in side["seconds"].items())
 
@@ -83,16 +101,21 @@ def seconds_text(side: dict[str, Any] | None) -> str:
 def markdown(d: dict[str, Any]) -> str:
     a, b = d["a"], d["b"]
     esc = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    paired = "flips" in a or "flips" in b  # flips columns only where a side was judged on them
     lines = [f"# gatekeeper: evaluation {a['id']} vs {b['id']}", "",
              "| | A | B |", "|---|---|---|",
              *(f"| {k} | {esc(a[k])} | {esc(b[k])} |" for k in ("flag", "gate", "status", "operator", "started_at", "model_seconds")),
-             "", f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed outcome or first divergence.", "",
-             "## Cases", "", "| case | A | B | drift A | drift B | seconds A | seconds B |", "|---|---|---|---|---|---|---|"]
+             *([f"| flips | {esc(totals_text(a))} | {esc(totals_text(b))} |"] if paired else []),
+             "", f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed outcome{', flips' if paired else ''} or first divergence.",
+             "", "## Cases", "",
+             "| case | A | B | drift A | drift B | seconds A | seconds B |" + (" flips A | flips B |" if paired else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|" if paired else "")]
     for r in d["cases"]:
         mark = "**" if r["changed"] else ""
         lines.append(f"| {mark}`{r['case_id']}`{mark} | {esc(status_text(r['a']))} | {esc(status_text(r['b']))} | "
                      f"{num(r['a'] and r['a']['drift'])} | {num(r['b'] and r['b']['drift'])} | "
-                     f"{seconds_text(r['a'])} | {seconds_text(r['b'])} |")
+                     f"{seconds_text(r['a'])} | {seconds_text(r['b'])} |"
+                     + (f" {flips_text(r['a'])} | {flips_text(r['b'])} |" if paired else ""))
     for title, rows in (("Identity that differs", d["identity"]), ("Configuration that differs", d["config"])):
         lines += ["", f"## {title}", ""]
         lines += (["| part | A | B |", "|---|---|---|", *(f"| `{r['part']}` | `{esc(r['a'])}` | `{esc(r['b'])}` |" for r in rows)]

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from ..evidence import EvaluationRecord
-from .outcomes import DIFFERS, CaseOutcome, case_outcomes, divergence_text
+from .outcomes import DIFFERS, CaseOutcome, case_flips, case_outcomes, divergence_text
 
 # What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -67,24 +67,10 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     return out
 
 
-def _flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
-    """Per case, its (harmful, beneficial) assertion flips, off#0 against on#0, for the gates judged on them."""
-    summary = _summary(record)
-    if not (summary.get("paired") or summary.get("sequential")):
-        return {}
-    firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}
-    out = {}
-    for (cid, config), off in firsts.items():
-        if config == "off" and (cid, "on") in firsts:
-            pairs = list(zip(off, firsts[(cid, "on")]))
-            out[cid] = (sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs))
-    return out
-
-
 def render(record: EvaluationRecord) -> str:
     """The evaluation as a JUnit XML document (testsuites > testsuite per suite > testcase per case)."""
     flag, eid = record["flag"], record["id"]
-    statistics, flips = _statistics(record), _flips(record)
+    statistics, flips = _statistics(record), case_flips(record)
     root = ET.Element("testsuites", name=f"gatekeeper {flag} evaluation {eid}")
     suites: dict[str, ET.Element] = {}
     counts: dict[str, dict[str, float]] = {}

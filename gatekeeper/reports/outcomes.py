@@ -64,6 +64,22 @@ def case_outcomes(record: EvaluationRecord) -> list[CaseOutcome]:
     return list(out.values())
 
 
+def case_flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
+    """Per case, its (harmful, beneficial) assertion flips, off#0 against on#0, for the gates judged on them
+    (a paired or sequential verdict); empty for the others, whose reports then read as they did."""
+    verdict = record.get("verdict_record")
+    summary = (verdict["summary"] if verdict else None) or {}
+    if not (summary.get("paired") or summary.get("sequential")):
+        return {}
+    firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}
+    out = {}
+    for (cid, config), off in firsts.items():
+        if config == "off" and (cid, "on") in firsts:
+            pairs = list(zip(off, firsts[(cid, "on")]))
+            out[cid] = (sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs))
+    return out
+
+
 def divergence_text(d: Comparison | None) -> str:
     """Where two runs parted, in one line: the turn, position, both tokens and their top-2 margins."""
     if not d:
