@@ -2,16 +2,17 @@
 
 The ladder, on the default model's GGUF in-process (llama.cpp, flash attention on both sides so only the
 change differs): an A/A rung (a change that changes nothing), then the KV cache stored as q8_0, q5_1 and q4_0
-(keys and values). Each rung is a declared change gated by ``non_inferiority`` at ``--margin``; the row gives
+(keys and values); then the weights, against the model's weights as F16 (``bench/gguf_rungs.py``): quantized
+to q8_0, q5_1 and q4_0, and F16 with seeded Gaussian noise (5% of each matrix's standard deviation). Each rung is a declared change gated by ``non_inferiority`` at ``--margin``; the row gives
 the teacher-forced distance (mean KL(off||on) ± SE, p99, same top-1), the harmful and beneficial flips, the
 loss in pass rate with its one-sided bound, the verdict, the cases used and the seconds, and the cost of the
 teacher-forced pass against decoding the flag-on side (both measured in the same evaluation).
 
 What to expect: the A/A rung never FAILs (its KL is the floor, 0 on a deterministic engine) and the KL column
-grows down the ladder as llama.cpp's published KV-quantization tables do (q8_0 << q5_1 < q4_0). On the shipped
+grows down each part of the ladder as llama.cpp's published quantization tables do (q8_0 << q5_1 < q4_0). On the shipped
 battery (20 cases) no rung can PASS a small margin: the verdicts say how many cases it would need.
 
-    python bench/lossy.py [--limit N] [--margin 0.05] [--only aa q8_0 ...]
+    python bench/lossy.py [--limit N] [--margin 0.05] [--only aa q8_0 w_q4_0 ...]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ RUNGS = {"aa": {"chunk": 256},  # the profile as it is: a change that changes no
          "q8_0": {"options": {"type_k": "q8_0", "type_v": "q8_0"}},
          "q5_1": {"options": {"type_k": "q5_1", "type_v": "q5_1"}},
          "q4_0": {"options": {"type_k": "q4_0", "type_v": "q4_0"}}}
+WEIGHTS = ("w_q8_0", "w_q5_1", "w_q4_0", "w_noise")  # against engines/f16.yaml: the model field names the rung's file
 
 
 def workspace(into: Path, margin: float, rungs: list[str]) -> Path:
@@ -39,14 +41,25 @@ def workspace(into: Path, margin: float, rungs: list[str]) -> Path:
         shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
     (ws / "engines").mkdir()
     (ws / "engines" / "lc.yaml").write_text(f"adapter: llamacpp\nmodel: default\nchunk: 256\noptions: {json.dumps(BASE)}\n")
+    weights = {}
+    if any(r in WEIGHTS for r in rungs):
+        from gguf_rungs import ladder
+
+        from gatekeeper.setup.models import find_gguf
+
+        weights = {f"w_{k}": str(v) for k, v in ladder(find_gguf(), into / "weights").items()}
+        (ws / "engines" / "f16.yaml").write_text(f"adapter: llamacpp\nmodel: {weights['w_f16']}\nchunk: 256\n"
+                                                 f"options: {json.dumps(BASE)}\n")
     for name in rungs:
+        change = {"model": weights[name]} if name in WEIGHTS else RUNGS[name]
         (ws / "policies" / f"{name}.yaml").write_text(
-            f"flag: {name}\ngate: non_inferiority\nmargin: {margin}\nprobes: off\nchange: {{profile: {json.dumps(RUNGS[name])}}}\n")
+            f"flag: {name}\ngate: non_inferiority\nmargin: {margin}\nprobes: off\nchange: {{profile: {json.dumps(change)}}}\n")
     return ws
 
 
 def evaluate(ws: Path, flag: str, limit: int | None) -> tuple[dict, float]:
-    args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", flag, "--engine", "lc",
+    engine = "f16" if flag in WEIGHTS else "lc"
+    args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", flag, "--engine", engine,
             "--operator", "bench", "--json", *(["--limit", str(limit)] if limit else [])]
     t0 = time.perf_counter()
     done = subprocess.run(args, capture_output=True, text=True)
@@ -59,11 +72,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="cases per suite (default: every case)")
     ap.add_argument("--margin", type=float, default=0.05)
-    ap.add_argument("--only", nargs="*", default=list(RUNGS), choices=list(RUNGS))
+    ap.add_argument("--only", nargs="*", default=[*RUNGS, *WEIGHTS], choices=[*RUNGS, *WEIGHTS])
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gatekeeper-lossy-") as tmp:
         ws = workspace(Path(tmp), a.margin, a.only)
-        print(f"margin {a.margin}, alpha 0.05; default model's GGUF in-process, flash attention on both sides")
+        print(f"margin {a.margin}, alpha 0.05; default model's GGUF in-process, flash attention on both sides; "
+              "KV rungs against the packaged Q4_1 weights, w_ rungs against the same weights as F16")
         head = ("rung", "mean KLD ± SE", "p99 KLD", "same top-1", "harmful", "beneficial", "loss [bound]", "verdict",
                 "cases", "seconds", "forced / decode on")
         print(" | ".join(head))

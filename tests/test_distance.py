@@ -16,7 +16,7 @@ from tiny_models import CORPUS, tiny_llama  # noqa: F401  (fixture)
 
 from gatekeeper.engines.base import Scored, Session
 from gatekeeper.engines.registry import build_engine
-from gatekeeper.gate.distance import APPROXIMATION, Bound, Summary, check, compare, distance, positions
+from gatekeeper.gate.distance import APPROXIMATION, Bound, Summary, beyond, check, compare, distance, positions
 from gatekeeper.workspace import EngineProfile
 
 SYSTEM = ("You are a careful assistant. Answer the question using the notes below, and say when the notes do not cover it. "
@@ -107,6 +107,22 @@ def test_bounds_are_judged_against_the_floor():
     assert not check(moved, floor, Bound(max_kld=1e-4, kld_stat="max")).met
     with pytest.raises(ValueError):
         Bound(kld_stat="p42")
+
+
+def test_only_a_distance_far_outside_its_bound_is_beyond_doubt():
+    n = 100  # B moves ids 0/1 of a uniform by e on half the positions and 2e on the rest (so the KL has an SE);
+    a = Scored.from_logprobs(np.log(np.full((n, 4), 0.25)), [0] * n)  # its first 20 positions favour id 1
+    q = np.array([[0.25 + e, 0.25 - e, 0.25, 0.25] for e in [0.02, 0.04] * (n // 2)])
+    q[:20, :2] = q[:20, 1::-1]
+    moved = distance(a, Scored.from_logprobs(np.log(q), [0] * n))
+    k, z = moved.kld, 1.6448536269514722
+    assert k.se > 0 and moved.same_top1 == 0.8 and moved.same_top1_se > 0
+    far = beyond(moved, None, Bound(max_kld=(k.mean - z * k.se) / 2, min_same_top1=0.95), 0.05)
+    assert len(far) == 2 and far[0].startswith("kld mean") and "even its lower 95% bound" in far[0], far
+    near = Bound(max_kld=k.mean - k.se, min_same_top1=1 - (0.2 - moved.same_top1_se))  # over at the point estimate only
+    assert not check(moved, None, near).met and beyond(moved, None, near, 0.05) == []
+    assert beyond(moved, None, Bound(max_kld=k.p99 / 100, kld_stat="p99"), 0.05) == []  # a quantile has no SE
+    assert beyond(moved, moved, Bound(max_kld=k.se, min_same_top1=0.99), 0.05) == []  # against itself: the floor
 
 
 def test_different_tokens_are_refused():

@@ -198,6 +198,23 @@ def test_the_distance_is_read_teacher_forced_and_a_kld_bound_refuses_a_pass(lora
     assert code == 1 and out["verdict"] == "FAIL" and out["reasons"][0].startswith("distance:"), out["reasons"]
 
 
+def test_a_distance_beyond_doubt_refuses_a_change_too_few_cases_cannot_judge(lora_ws, tiny_llama, tmp_path, run_cli):
+    """Four cases cannot bound the flips (INCONCLUSIVE, underpowered), but a KL far above max_kld is a FAIL on its
+    own; one above it only at the point estimate leaves the verdict INCONCLUSIVE."""
+    cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
+    wide_suite(lora_ws, 4)
+    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
+    code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+    k = out["distance"]["distance"]["kld"]
+    assert out["verdict"] == "INCONCLUSIVE" and any(r.startswith("underpowered:") for r in out["reasons"])
+    assert k["mean"] > 1.645 * k["se"] > 0, k
+    for bound, verdict in ((k["mean"] - k["se"], "INCONCLUSIVE"), ((k["mean"] - 1.645 * k["se"]) / 2, "FAIL")):
+        (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: 0.15\nmax_kld: {bound}\n")
+        code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
+        assert out["verdict"] == verdict, out["reasons"]
+    assert code == 1 and out["reasons"][0].startswith("distance: kld mean") and "even its lower 95% bound" in out["reasons"][0]
+
+
 def test_flip_with_a_swapped_adapter_file_is_refused_as_stale(lora_ws, tiny_llama, tmp_path, run_cli):
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
     wide_suite(lora_ws, 30)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 from typing import Any, Sequence
 
 from ..engines.base import Scored
@@ -231,6 +232,30 @@ def check(dist: Distance, floor: Distance | None, bound: Bound) -> Check:
     return Check(met=not failed, lines=failed + passed)
 
 
+def beyond(dist: Distance, floor: Distance | None, bound: Bound, alpha: float) -> list[str]:
+    """The bounds ``dist`` exceeds beyond doubt: even the one-sided (1 − alpha) confidence bound taken in the flag's
+    favour (mean KL − z·SE, same top-1 + z·SE), against the floor's least favourable bound, is outside the bound.
+    Only the mean KL and same top-1 carry an SE; a quantile bound is never judged so. The SE treats positions as
+    independent, which tokens of one answer are not: so this reads only distances far outside a bound."""
+    if not dist.positions:
+        return []
+    z, out = NormalDist().inv_cdf(1 - alpha), []
+    of = "the A/A floor" if floor is not None else "no A/A floor (taken as 0)"
+    if bound.max_kld is not None and bound.kld_stat == "mean":
+        base = floor.kld.mean + z * floor.kld.se if floor is not None else 0.0
+        low = dist.kld.mean - z * dist.kld.se - base
+        if low > bound.max_kld:
+            out.append(f"kld mean {_g(dist.kld.mean)} ± {_g(dist.kld.se)}: even its lower {1 - alpha:.0%} bound is "
+                       f"{_g(low)} above {of}; bound {_g(bound.max_kld)}")
+    if bound.min_same_top1 is not None:
+        base = floor.same_top1 - z * floor.same_top1_se if floor is not None else 1.0
+        short = base - (dist.same_top1 + z * dist.same_top1_se)
+        if short > 1 - bound.min_same_top1:
+            out.append(f"same top-1 {100 * dist.same_top1:.2f}% ± {100 * dist.same_top1_se:.2f}%: even its upper "
+                       f"{1 - alpha:.0%} bound is {100 * short:.2f} points below {of}; bound {100 * (1 - bound.min_same_top1):.2f} points")
+    return out
+
+
 @dataclass
 class Compared:
     """A against B, and A against a repeat of A (the floor: what the engine's own nondeterminism moves)."""
@@ -243,6 +268,10 @@ class Compared:
     def within_floor(self, bound: Bound) -> Check:
         """``check(distance, floor, bound)``: a bound is met when the statistic minus the floor's is within it."""
         return check(self.distance, self.floor, bound)
+
+    def beyond(self, bound: Bound, alpha: float) -> list[str]:
+        """``beyond(distance, floor, bound, alpha)``: the bounds exceeded beyond doubt."""
+        return beyond(self.distance, self.floor, bound, alpha)
 
     def to_dict(self) -> dict[str, Any]:
         return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None,

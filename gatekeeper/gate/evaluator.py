@@ -588,7 +588,9 @@ def _sum(values: Iterator[int | None]) -> int | None:
 def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str,
                     reasons: list[str]) -> tuple[str, list[str]]:
     """The distance as a reason; a PASS whose distance exceeds the policy's max_kld or min_same_top1 (net of the
-    A/A floor) is a FAIL, and one whose distance cannot be read under such a bound is INCONCLUSIVE."""
+    A/A floor) is a FAIL, and one whose distance cannot be read under such a bound is INCONCLUSIVE. An
+    INCONCLUSIVE whose distance exceeds a bound beyond doubt (``Compared.beyond``, at the policy's alpha) is a
+    FAIL: a change that moved the model that far is refused on a battery too small to count its flips."""
     bound = distance.Bound(max_kld=p.policy.max_kld, min_same_top1=p.policy.min_same_top1)
     bounded = bound.max_kld is not None or bound.min_same_top1 is not None
     if moved is None:
@@ -600,6 +602,8 @@ def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str
         return verdict, reasons
     if bounded and verdict == "PASS" and not (check := moved.within_floor(bound)).met:
         return "FAIL", [f"distance: {line}" for line in check.lines] + reasons + [moved.reason()]
+    if bounded and verdict == "INCONCLUSIVE" and (far := moved.beyond(bound, p.policy.alpha)):
+        return "FAIL", [f"distance: {line}" for line in far] + reasons + [moved.reason()]
     return verdict, reasons + [moved.reason()]
 
 
