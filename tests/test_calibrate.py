@@ -53,6 +53,17 @@ def test_torch_detection_curve_and_its_record(run_cli, tiny_ws, monkeypatch):
     assert "<title>Detection curve" in page and "<polyline" in page
 
 
+def test_only_the_faults_asked_for_run_after_the_unfaulted_one(run_cli, tiny_ws):
+    code, result = calibrate(run_cli, tiny_ws, "--engine", "tiny", "--faults", "other_prefix,noise:1e-3,noise:0")
+    assert code == 0, result
+    assert [r["spec"] for r in result["faults"]] == ["noise:0", "other_prefix", "noise:0.001"]
+    assert rows(result)["noise:0"]["flagged"] == 0 and rows(result)["other_prefix"]["flagged"] > 0
+    code, out = calibrate(run_cli, tiny_ws, "--engine", "tiny", "--faults", "noise,shift")
+    assert code == 2 and out["error"].startswith("--faults 'noise': ") and "noise:SIZE" in out["error"], out
+    with ledger(tiny_ws) as lg:
+        assert len(lg.calibrations()) == 1  # the refused one wrote nothing
+
+
 def test_mlx_detection(run_cli, tiny_ws):
     (tiny_ws / "assertions" / "tiny.yaml").write_text(SUITE.replace("max_tokens: 12", "max_tokens: 6"))
     code, result = calibrate(run_cli, tiny_ws, "--engine", "tiny_mlx", "--limit", "2")

@@ -139,15 +139,23 @@ def calibrate(
         help="Calibrate a served evaluation (--evaluation) through this in-process engine profile on the same weights.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Decode every case of every fault run whole (exact counts by "
                                        "outputs; by default a case stops at its first flag).")] = False,
+    faults: Annotated[Optional[str], typer.Option(
+        help="Only these planted faults, comma-separated (e.g. noise:1e-3,other_prefix; default: the whole graded "
+             "ladder); the unfaulted run (noise:0) always runs first.")] = None,
     skip_unsupported: SkipUnsupported = False,
     json_: Json = False,
 ) -> None:
     """Plant faults of graded size in the flag-on run and record the share of cases the gate would flag."""
     import getpass
 
+    from ..engines.faults import parse
     from ..gate import calibrate as calibration
     from ..gate import pipeline, runs
 
+    try:
+        planted = [parse(f) for f in faults.split(",")] if faults else []
+    except ValueError as e:
+        raise GatekeeperError(f"--faults {e}") from None
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     with settings.opened_ledger(ws, create=False) as ledger:
@@ -165,9 +173,9 @@ def calibrate(
         if twin is not None:
             assert record is not None  # calibration.plan refuses --twin without --evaluation
             twinned = calibration.twin_of(record, models["on"], twin)
-        cases = len(plan.items) * (len(calibration.graded()) + (reference is None))
+        cases = len(plan.items) * (len(calibration.graded(planted)) + (reference is None))
         with progress(cases, enabled=not json_) as advance:
-            result = calibration.run(plan, models, reference, advance, full=full)
+            result = calibration.run(plan, models, reference, advance, full=full, faults=planted)
     finally:
         runs.close_engines(models)
     result.evaluation_id, result.twin = evaluation, twinned

@@ -38,8 +38,11 @@ class Fault:
         return {"kind": self.kind, "size": self.size, "seed": self.seed, "spec": self.spec}
 
 
-def graded() -> list[Fault]:
-    """Every fault a calibration plants, smallest first."""
+def graded(only: Sequence[Fault] = ()) -> list[Fault]:
+    """Every fault a calibration plants, smallest first; with ``only``, those, after the unfaulted run (noise 0,
+    which always runs first: the drift every other run is judged against)."""
+    if only:
+        return [Fault("noise", 0.0), *dict.fromkeys(f for f in only if f != Fault("noise", 0.0))]
     return [*(Fault("noise", s) for s in NOISE), Fault("shift"), Fault("drop"), Fault("other_prefix")]
 
 

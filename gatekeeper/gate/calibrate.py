@@ -17,9 +17,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from ..engines.faults import graded
+from ..engines.faults import Fault, graded
 from ..engines.registry import check_profile
 from ..errors import GatekeeperError
 from ..evidence import CaseResult, EvaluationRecord, Run
@@ -149,8 +149,10 @@ class Watch:
 
 
 def run(p: evaluator.Plan, models: dict, ref: Run | None,
-        progress: Callable[[str], None] = lambda label: None, *, full: bool = False) -> Calibration:
-    """Every graded fault on a fresh flag-on session each; a fault the adapter cannot plant is listed as such.
+        progress: Callable[[str], None] = lambda label: None, *, full: bool = False,
+        faults: Sequence[Fault] = ()) -> Calibration:
+    """Every graded fault (or only ``faults``, after the unfaulted run) on a fresh flag-on session each; a fault
+    the adapter cannot plant is listed as such.
     The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
     seconds: dict[str, float] = {}
     off = p.configs["off"]
@@ -167,16 +169,16 @@ def run(p: evaluator.Plan, models: dict, ref: Run | None,
         # The stage prefixes are pinned once (by the unfaulted run) and loaded by every fault run from
         # this result layer: faults act on what a hit restores, never on the pins themselves.
         early = models["on"].early_stop and not full
-        rows = _faults(p, models["on"], ref, progress, early, Path(layer), graders)
+        rows = _faults(p, models["on"], ref, progress, early, Path(layer), graders, graded(faults))
     return _summary(p, rows, seconds, early)
 
 
 def _faults(p: evaluator.Plan, model, ref: Run, progress, early: bool, layer: Path,
-            graders=None) -> list[dict[str, Any]]:
+            graders, faults: list[Fault]) -> list[dict[str, Any]]:
     on, rows = p.configs["on"], []
     rule = DriftRule.of(p.policy)
     unfaulted: dict[str, dict[tuple[int, int], float]] = {}
-    for fault in graded():
+    for fault in faults:
         if fault.kind not in model.faults:
             rows.append({**fault.to_dict(), "supported": False})
             continue
