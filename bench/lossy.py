@@ -10,9 +10,12 @@ teacher-forced pass against decoding the flag-on side (both measured in the same
 
 What to expect: the A/A rung never FAILs (its KL is the floor, 0 on a deterministic engine) and the KL column
 grows down each part of the ladder as llama.cpp's published quantization tables do (q8_0 << q5_1 < q4_0). On the shipped
-battery (20 cases) no rung can PASS a small margin: the verdicts say how many cases it would need.
+battery (20 cases) no rung can PASS a small margin: the verdicts say how many cases it would need. ``--battery world``
+runs the country facts of ``bench/world_battery.py`` instead (answers from a data package, clustered by country),
+large enough for the flips to decide; ``--max-kld`` and ``--min-same-top1`` bound the distance as a policy may.
 
-    python bench/lossy.py [--limit N] [--margin 0.05] [--only aa q8_0 w_q4_0 ...]
+    python bench/lossy.py [--limit N] [--margin 0.05] [--only aa q8_0 w_q4_0 ...] [--battery world --countries 120]
+                          [--max-kld 0.01 --min-same-top1 0.95]
 """
 
 from __future__ import annotations
@@ -35,10 +38,19 @@ RUNGS = {"aa": {"chunk": 256},  # the profile as it is: a change that changes no
 WEIGHTS = ("w_q8_0", "w_q5_1", "w_q4_0", "w_noise")  # against engines/f16.yaml: the model field names the rung's file
 
 
-def workspace(into: Path, margin: float, rungs: list[str]) -> Path:
-    ws = into / "ws"
+def workspace(into: Path, a: argparse.Namespace) -> Path:
+    ws, rungs = into / "ws", a.only
     for folder in ("assertions", "prompts", "policies"):
         shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
+    policy = f"gate: non_inferiority\nmargin: {a.margin}\nprobes: off\n"
+    if a.battery == "world":
+        from world_battery import write
+
+        shutil.rmtree(ws / "assertions")
+        n = write(ws, ["capital", "continent", "demonym"], a.countries)
+        print(f"world battery: {n} cases from {a.countries or 'all'} countries, clustered by country")
+        policy += "cluster: var:country\n"
+    policy += "".join(f"{k}: {v}\n" for k, v in (("max_kld", a.max_kld), ("min_same_top1", a.min_same_top1)) if v is not None)
     (ws / "engines").mkdir()
     (ws / "engines" / "lc.yaml").write_text(f"adapter: llamacpp\nmodel: default\nchunk: 256\noptions: {json.dumps(BASE)}\n")
     weights = {}
@@ -53,7 +65,7 @@ def workspace(into: Path, margin: float, rungs: list[str]) -> Path:
     for name in rungs:
         change = {"model": weights[name]} if name in WEIGHTS else RUNGS[name]
         (ws / "policies" / f"{name}.yaml").write_text(
-            f"flag: {name}\ngate: non_inferiority\nmargin: {margin}\nprobes: off\nchange: {{profile: {json.dumps(change)}}}\n")
+            f"flag: {name}\n{policy}change: {{profile: {json.dumps(change)}}}\n")
     return ws
 
 
@@ -73,9 +85,13 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="cases per suite (default: every case)")
     ap.add_argument("--margin", type=float, default=0.05)
     ap.add_argument("--only", nargs="*", default=[*RUNGS, *WEIGHTS], choices=[*RUNGS, *WEIGHTS])
+    ap.add_argument("--battery", choices=("shipped", "world"), default="shipped")
+    ap.add_argument("--countries", type=int, default=None, help="world battery: a seeded sample of countries")
+    ap.add_argument("--max-kld", type=float, default=None)
+    ap.add_argument("--min-same-top1", type=float, default=None)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="gatekeeper-lossy-") as tmp:
-        ws = workspace(Path(tmp), a.margin, a.only)
+        ws = workspace(Path(tmp), a)
         print(f"margin {a.margin}, alpha 0.05; default model's GGUF in-process, flash attention on both sides; "
               "KV rungs against the packaged Q4_1 weights, w_ rungs against the same weights as F16")
         head = ("rung", "mean KLD ± SE", "p99 KLD", "same top-1", "harmful", "beneficial", "loss [bound]", "verdict",

@@ -62,3 +62,23 @@ def test_a_byte_equivalence_flag_has_no_margin_to_size(ws):
     assert code == 2 and "byte_equivalence" in out["error"]
     code, out = size(ws, "--flag", "half_precision", "--margin", "1.5")
     assert code == 2 and "--margin" in out["error"]
+
+
+def test_a_battery_from_country_data_supports_the_margin_the_shipped_examples_ask(ws, monkeypatch):
+    """bench/world_battery.py: 250 countries' facts from a data package, three cases each, clustered by country;
+    sized before any run it supports kv_q8's margin of 0.02 where the workspace's own battery cannot."""
+    (ws / "ledger" / "evidence.db").unlink()
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from world_battery import write
+
+    (ws / "policies" / "half_precision.yaml").write_text(HALF.replace("0.05", "0.02") + "cluster: var:country\n")
+    code, before = size(ws, "--flag", "half_precision")
+    assert code == 0 and before["supported_margin"] > 0.1
+    n = write(ws, ["capital", "continent", "demonym"])
+    rows = (ws / "world" / "world.csv").read_text().splitlines()
+    assert n == len(rows) - 1 > 700 and "France,capital,What is the capital of France?,icontains:Paris" in rows
+    code, after = size(ws, "--flag", "half_precision")
+    assert code == 0 and after["pairs"] == before["pairs"] + n
+    # clustered: the countries (and the workspace's own cases) count, not the pairs
+    assert after["cases"] == before["cases"] + 250 and after["deff"] > 1
+    assert after["supported_margin"] < 0.02 < before["supported_margin"], after
