@@ -3,10 +3,12 @@
 The ladder, on the default model's GGUF in-process (llama.cpp, flash attention on both sides so only the
 change differs): an A/A rung (a change that changes nothing), then the KV cache stored as q8_0, q5_1 and q4_0
 (keys and values); then the weights, against the model's weights as F16 (``bench/gguf_rungs.py``): quantized
-to q8_0, q5_1 and q4_0, and F16 with seeded Gaussian noise (5% of each matrix's standard deviation). Each rung is a declared change gated by ``non_inferiority`` at ``--margin``; the row gives
-the teacher-forced distance (mean KL(off||on) ± SE, p99, same top-1), the harmful and beneficial flips, the
-loss in pass rate with its one-sided bound, the verdict, the cases used and the seconds, and the cost of the
-teacher-forced pass against decoding the flag-on side (both measured in the same evaluation).
+to q8_0, q5_1 and q4_0, and F16 with seeded Gaussian noise (5% of each matrix's standard deviation); and the
+runtime migration of ``policies/examples/runtime.yaml`` (torch in float32 to llama.cpp's Q4_1 GGUF). Each rung is
+a declared change gated by ``non_inferiority`` at ``--margin``; the row gives the teacher-forced distance (mean
+KL(off||on) ± SE, p99, same top-1), the harmful and beneficial flips, the loss in pass rate with its one-sided
+bound, the verdict, the cases used and the seconds, and the cost of the teacher-forced pass against decoding the
+flag-on side (both measured in the same evaluation).
 
 What to expect: the A/A rung never FAILs (its KL is the floor, 0 on a deterministic engine) and the KL column
 grows down each part of the ladder as llama.cpp's published quantization tables do (q8_0 << q5_1 < q4_0). On the shipped
@@ -36,6 +38,7 @@ RUNGS = {"aa": {"chunk": 256},  # the profile as it is: a change that changes no
          "q5_1": {"options": {"type_k": "q5_1", "type_v": "q5_1"}},
          "q4_0": {"options": {"type_k": "q4_0", "type_v": "q4_0"}}}
 WEIGHTS = ("w_q8_0", "w_q5_1", "w_q4_0", "w_noise")  # against engines/f16.yaml: the model field names the rung's file
+MIGRATION = "runtime"  # policies/examples/runtime.yaml's change: the default model on torch (float32) to llama.cpp (Q4_1)
 
 
 def workspace(into: Path, a: argparse.Namespace) -> Path:
@@ -63,14 +66,18 @@ def workspace(into: Path, a: argparse.Namespace) -> Path:
         (ws / "engines" / "f16.yaml").write_text(f"adapter: llamacpp\nmodel: {weights['w_f16']}\nchunk: 256\n"
                                                  f"options: {json.dumps(BASE)}\n")
     for name in rungs:
-        change = {"model": weights[name]} if name in WEIGHTS else RUNGS[name]
+        change = {"model": weights[name]} if name in WEIGHTS else RUNGS.get(name)
+        if name == MIGRATION:
+            (ws / "engines" / "torch.yaml").write_text("adapter: torch\nmodel: default\ndtype: float32\ndevice: cpu\n")
+            (ws / "policies" / f"{name}.yaml").write_text(f"flag: {name}\n{policy}change: {{engine: lc}}\n")
+            continue
         (ws / "policies" / f"{name}.yaml").write_text(
             f"flag: {name}\n{policy}change: {{profile: {json.dumps(change)}}}\n")
     return ws
 
 
 def evaluate(ws: Path, flag: str, limit: int | None) -> tuple[dict, float]:
-    engine = "f16" if flag in WEIGHTS else "lc"
+    engine = "f16" if flag in WEIGHTS else "torch" if flag == MIGRATION else "lc"
     args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", flag, "--engine", engine,
             "--operator", "bench", "--json", *(["--limit", str(limit)] if limit else [])]
     t0 = time.perf_counter()
@@ -84,7 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="cases per suite (default: every case)")
     ap.add_argument("--margin", type=float, default=0.05)
-    ap.add_argument("--only", nargs="*", default=[*RUNGS, *WEIGHTS], choices=[*RUNGS, *WEIGHTS])
+    ap.add_argument("--only", nargs="*", default=[*RUNGS, *WEIGHTS, MIGRATION],
+                    choices=[*RUNGS, *WEIGHTS, MIGRATION])
     ap.add_argument("--battery", choices=("shipped", "world"), default="shipped")
     ap.add_argument("--countries", type=int, default=None, help="world battery: a seeded sample of countries")
     ap.add_argument("--max-kld", type=float, default=None)
@@ -93,7 +101,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gatekeeper-lossy-") as tmp:
         ws = workspace(Path(tmp), a)
         print(f"margin {a.margin}, alpha 0.05; default model's GGUF in-process, flash attention on both sides; "
-              "KV rungs against the packaged Q4_1 weights, w_ rungs against the same weights as F16")
+              "KV rungs against the packaged Q4_1 weights, w_ rungs against the same weights as F16, "
+              "runtime from torch (float32) to llama.cpp (Q4_1)")
         head = ("rung", "mean KLD ± SE", "p99 KLD", "same top-1", "harmful", "beneficial", "loss [bound]", "verdict",
                 "cases", "seconds", "forced / decode on")
         print(" | ".join(head))

@@ -22,7 +22,8 @@ def copy(tmp_path: Path) -> Path:
 
 
 def seeded_cache(cache: Path) -> Path:
-    """A mypy cache dir for a copy of the package, seeded from the repository's own ``.mypy_cache`` when there is one.
+    """A mypy cache dir for a copy of the package, seeded from `make check`'s (``$MYPY_CACHE_DIR``, which the Makefile
+    sets) or the repository's own ``.mypy_cache``, when there is one.
 
     `make test` runs `make check` (mypy on the package, at the root) before the slow tests, so that cache holds every
     module the copy imports, torch and transformers included, under the same relative paths and options: mypy then
@@ -31,7 +32,7 @@ def seeded_cache(cache: Path) -> Path:
     the ones that do not match, so the seed changes how long the run takes, never what it reports. The files are
     hard-linked where they can be (mypy replaces a cache file, never writes into it, so the repository's copy is
     never touched; the one exception, missing_stubs, is left out), else copied; with no cache at the root the run starts cold."""
-    seed = ROOT / ".mypy_cache"
+    seed = Path(os.environ.get("MYPY_CACHE_DIR") or ROOT / ".mypy_cache")
     if seed.is_dir():
 
         def link(src: str, dst: str) -> None:
