@@ -222,6 +222,7 @@ class FaultSession(GreedySession):
             raise GatekeeperError(f"{model.profile.where}: calibration plants faults in attention states; "
                                   "this model has recurrent layers (snapshots), which it does not cover")
         self.fault = fault
+        self._other: tuple[list[int], Any] | None = None  # the last other_prefix state: a stage's cases share it
 
     def _begin(self, prompt: list[int]) -> tuple[Any, int]:
         state, cached = super()._begin(prompt)
@@ -237,8 +238,11 @@ class FaultSession(GreedySession):
             start = cached // 2
             state = self.ops.drop(state, start, min(cached - 1, start + faults.BLOCK))
         elif f.kind == "other_prefix":
-            state = self.model._new_state()
-            self.model._forward(state, faults.other_prefix(prompt, cached))
+            other = faults.other_prefix(prompt, cached)
+            if self._other is None or self._other[0] != other:  # computed once per prefix, a copy per case
+                self._other = (other, self.model._new_state())
+                self.model._forward(self._other[1], other)
+            state = self.ops.fork(self._other[1], cached)
         return state, cached
 
     def _store(self, prompt: list[int], tokens: list[int], state: Any, kept: Any) -> None:
