@@ -103,6 +103,22 @@ def test_planted_token_change_is_caught(run_cli, tiny_ws):
     assert any(r.startswith("differs: tiny/a turn 1 first divergent token at position 2") for r in out["reasons"])
 
 
+def test_an_exact_gate_counts_the_flips_beside_its_drift(run_cli, tiny_ws):
+    # byte equivalence FAILs on any difference; the assertions the change broke are counted too, as figures
+    wide_suite(tiny_ws, 6, lambda i: [{"type": "max-length", "value": 10000}] +
+               ([{"type": "not-contains", "value": "zebra"}] if i < 2 else []))
+    policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", extra="probes: off\n")
+    code, out = evaluate(run_cli, tiny_ws, "lossy", "tiny", "ci", "--suite", "wide")
+    assert (code, out["verdict"]) == (1, "FAIL") and out["paired"] is None, out["reasons"]
+    assert out["strength"]["flips"] == {"pairs": 8, "harmful": 2, "beneficial": 0}
+    code, text, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "lossy", "--engine", "tiny", "--operator", "ci",
+                            "--suite", "wide")
+    flat = " ".join(w for w in text.split() if w != "│")  # the table's row, read across its wrapped lines
+    assert code == 1 and "steps at risk; 2 harmful / 0 beneficial flips of 8 assertions" in flat, text
+    code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "md")
+    assert code == 0 and "- assertion flips (harmful / beneficial of pairs): 2 / 0 of 8" in md, md
+
+
 @pytest.mark.parametrize("broken, verdict", [(2, "PASS"), (30, "FAIL")])
 def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, verdict, tmp_path):
     # 60 cases; the first ``broken`` also assert not-contains zebra, which the change breaks (every answer ends

@@ -22,6 +22,7 @@ def test_pass_on_tiny_model(run_cli, tiny_ws, engine):
     assert out["tokens"]["computed_on"] < out["tokens"]["prompt_off"]
     assert out["cacheable_share"]["partitioned"] > out["cacheable_share"]["as_written"]
     assert out["distance"] is None  # the fixture's policy says distance: false (below, the default reads it)
+    assert out["strength"]["flips"] == {"pairs": 4, "harmful": 0, "beneficial": 0}  # figures beside the drift
     with ledger(tiny_ws) as lg:
         record = lg.evaluation(out["evaluation_id"])
         assert record["status"] == "PASS"
@@ -70,6 +71,13 @@ def test_shifted_cache_fails_naming_the_cases(run_cli, tiny_ws):
     assert d["pair"] == "off#0~on#0" and d["first_divergent_position"] >= 0
     assert d["a"]["token"] != d["b"]["token"] and isinstance(d["a"]["margin"], float)
     assert isinstance(d["near_tie"], bool)
+    # the assertion flips beside the drift, recounted from the raw outcomes of off#0 and on#0
+    runs = {(r["config"], r["repeat"]): {} for r in record["case_results"]}
+    for r in record["case_results"]:
+        runs[(r["config"], r["repeat"])][r["case_id"]] = [o["pass"] for o in r["result"]["outcomes"]]
+    pairs = [(x, y) for cid, off in runs[("off", 0)].items() for x, y in zip(off, runs[("on", 0)][cid])]
+    assert out["strength"]["flips"] == {"pairs": len(pairs), "harmful": sum(x and not y for x, y in pairs),
+                                        "beneficial": sum(y and not x for x, y in pairs)}
 
 
 def test_cache_never_serving_is_inconclusive(run_cli, tiny_ws):

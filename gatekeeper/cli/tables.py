@@ -106,12 +106,18 @@ def _strength(s: dict[str, Any]) -> str:
 
     grade = s["grade"] or "outputs differ"
     if s["grade"] == "bit_exact":
-        return f"bit_exact: top-2 logits identical at all {s['steps']} steps"
+        return f"bit_exact: top-2 logits identical at all {s['steps']} steps" + _flips(s)
     drift = "unknown" if s["max_drift"] is None else f"{s['max_drift']:.3g}"
     w = s["where"]
     out = f"{grade}: max drift {drift}" + (f" at {escape(w['case'])} turn {w['turn']} step {w['step']}" if w else "")
     out += f"; {s['steps_at_risk']} of {s['steps']} steps at risk"
-    return out + (f"; {s['unknown']} steps without top-2 logits" if s["unknown"] else "")
+    return out + (f"; {s['unknown']} steps without top-2 logits" if s["unknown"] else "") + _flips(s)
+
+
+def _flips(s: dict[str, Any]) -> str:
+    """An exact gate's assertion flips, beside its drift (records before them have none)."""
+    f = s.get("flips")
+    return f"; {f['harmful']} harmful / {f['beneficial']} beneficial flips of {f['pairs']} assertions" if f else ""
 
 
 def _near_ties(row: dict[str, Any]) -> str:

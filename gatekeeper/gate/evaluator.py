@@ -427,9 +427,12 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                 if p.kind.numeric else None)
     census = kinds.near_ties([(i.suite.suite, reference[i.case_id]) for i in p.items])
     g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
+    pairs = pairs_of(p.items, reference, on, p.policy.cluster)
+    if strength is not None:  # an exact gate's flips are figures beside its drift, never its verdict
+        strength = dataclasses.replace(strength, flips=paired.flip_counts(x for suite in pairs.values() for x in suite))
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
                               _sum(t["cached_tokens"] for t in on_turns), sum(t["static_tokens"] // g * g for t in on_turns),
-                              p.exercises_cache, p.policy.baseline_repeats, strength, pairs_of(p.items, reference, on, p.policy.cluster))
+                              p.exercises_cache, p.policy.baseline_repeats, strength, pairs)
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
     judged = (probes_.judge(p, runs.probes["off"], runs.probes["on"][0], detok,

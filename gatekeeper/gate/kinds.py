@@ -41,6 +41,8 @@ class Strength:
     steps: int  # shared steps compared
     unknown: int  # of those, steps where a side gave no top-2 logits: drift unknown there
     unknown_where: Step | None  # the first such step
+    # the assertion outcome pairs beside the drift: {pairs, harmful, beneficial} (paired.flip_counts); None: not counted
+    flips: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

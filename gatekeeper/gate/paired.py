@@ -201,6 +201,12 @@ def _tally(pairs: Iterable[Pair]) -> _Tally:
     return _Tally(sum(sizes.values()), b, c, list(sizes.values()), [totals[k] for k in sizes])
 
 
+def flip_counts(pairs: Iterable[Pair]) -> dict[str, int]:
+    """The assertion outcome pairs and their flips, for a kind that reports them beside another verdict (byte equivalence)."""
+    t = _tally(pairs)
+    return {"pairs": t.n, "harmful": t.harmful, "beneficial": t.beneficial}
+
+
 # Clusters with a net flip needed before the design effect is estimated rather than taken at its worst case.
 MIN_DISCORDANT_CLUSTERS = 10
 

@@ -264,7 +264,9 @@ def _strength_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
             ("max top-2 logit drift", _fmt(s["max_drift"]) if s["max_drift"] is not None else "unknown"),
             ("where", s["where_text"] or "-"),
             (f"steps at risk (top-2 margin within {AT_RISK}× the drift)", f"{s['steps_at_risk']} of {s['steps']}"),
-            ("steps without top-2 logits (drift unknown)", str(s["unknown"]))]
+            ("steps without top-2 logits (drift unknown)", str(s["unknown"]))] + (
+        [("assertion flips (harmful / beneficial of pairs)", "{harmful} / {beneficial} of {pairs}".format(**s["flips"]))]
+        if s.get("flips") else [])
 
 
 def _strength_md(s: dict[str, Any] | None) -> list[str]:
