@@ -65,14 +65,12 @@ def workspace(into: Path, a: argparse.Namespace) -> Path:
         weights = {f"w_{k}": str(v) for k, v in ladder(find_gguf(), into / "weights").items()}
         (ws / "engines" / "f16.yaml").write_text(f"adapter: llamacpp\nmodel: {weights['w_f16']}\nchunk: 256\n"
                                                  f"options: {json.dumps(BASE)}\n")
+    if MIGRATION in rungs:
+        (ws / "engines" / "torch.yaml").write_text("adapter: torch\nmodel: default\ndtype: float32\ndevice: cpu\n")
     for name in rungs:
-        change = {"model": weights[name]} if name in WEIGHTS else RUNGS.get(name)
-        if name == MIGRATION:
-            (ws / "engines" / "torch.yaml").write_text("adapter: torch\nmodel: default\ndtype: float32\ndevice: cpu\n")
-            (ws / "policies" / f"{name}.yaml").write_text(f"flag: {name}\n{policy}change: {{engine: lc}}\n")
-            continue
-        (ws / "policies" / f"{name}.yaml").write_text(
-            f"flag: {name}\n{policy}change: {{profile: {json.dumps(change)}}}\n")
+        change = ("{engine: lc}" if name == MIGRATION else
+                  f"{{profile: {json.dumps({'model': weights[name]} if name in WEIGHTS else RUNGS[name])}}}")
+        (ws / "policies" / f"{name}.yaml").write_text(f"flag: {name}\n{policy}change: {change}\n")
     return ws
 
 

@@ -1,9 +1,9 @@
 """A battery large enough to decide, with answers no model wrote: facts about the world's countries from the
-data the registry package countryinfo ships (MIT), written as a gatekeeper suite whose cases
-come from a promptfoo CSV (vars and ``__expected`` columns).
+data the registry package countryinfo ships (MIT), written as a gatekeeper suite whose cases come from a
+promptfoo CSV (vars and ``__expected`` columns).
 
-Each country gives up to three cases (its capital, its continent, what its people are called), so the cases of one country are
-not independent: policies that run it set ``cluster: var:country`` (docs/verdicts.md).
+Each country gives up to three cases (its capital, its continent, what its people are called), so the cases of
+one country are not independent: policies that run it set ``cluster: var:country`` (docs/verdicts.md).
 
     pip install countryinfo   # in the project's venv: make test installs it (the dev extra)
     python bench/world_battery.py --out WORKSPACE [--kinds capital,continent,demonym] [--countries N]
