@@ -32,15 +32,16 @@ model: setup
 demo: model
 	$(GK) evaluate --flag prefix_cache
 
-# The HTML export test renders its page in Debian's headless chromium; install it once if missing.
+# The HTML export test renders its page in Debian's headless chromium, and the review app's test drives it through
+# Debian's chromium-driver (Selenium, which then downloads nothing); install both once if missing.
 # As root (CI) apt-get runs directly; otherwise only through password-less sudo, else a warning.
 browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if ! command -v apt-get >/dev/null 2>&1; then echo "warning: no chromium and no apt-get; install chromium for the HTML export test" >&2; \
-	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	@{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+	  if ! command -v apt-get >/dev/null 2>&1; then echo "warning: no chromium and no apt-get; install chromium and chromium-driver for the browser tests" >&2; \
+	  elif [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "warning: chromium is missing and cannot be installed without root; the HTML export test will fail" >&2; fi; }
+	    sudo -n apt-get update -qq && sudo -n env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	  else echo "warning: chromium or chromium-driver is missing and cannot be installed without root; the browser tests will fail" >&2; fi; }
 
 # The signing tests check gatekeeper's signatures against the real ssh-keygen (OpenSSH) both ways.
 openssh:

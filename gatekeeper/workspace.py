@@ -583,3 +583,23 @@ class Workspace:
 
         path = self.allowed_signers_path
         return AllowedSigners.load(path) if path.is_file() else None
+
+
+def files_stamp(root: Path, logs: tuple[Path, ...] = ()) -> tuple:
+    """Names, sizes and modification times of what a snapshot reads from the workspace besides the ledger."""
+    out: list[tuple] = []
+    for folder in (POLICIES, ENGINES, ASSERTIONS):
+        try:
+            with os.scandir(root / folder) as entries:
+                for e in entries:
+                    st = e.stat()
+                    out.append((folder, e.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((folder, None, 0, 0))
+    for path in logs:  # the checkpoint files
+        try:
+            st = path.stat()
+            out.append(("checkpoint", path.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            pass
+    return tuple(sorted(out, key=repr))

@@ -237,3 +237,18 @@ class InterruptsOnSession(GreedySession):
 
 class InterruptsOn(TorchEngine):
     session_class = InterruptsOnSession
+
+
+HOSTILE = "<script>alert('output')</script><img src=x onerror=\"alert('output')\">"
+
+
+class HostileTextSession(GreedySession):
+    """With the cache on, the answer's text gains markup a page must show as text (the review app's escaping)."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        return replace(g, text=g.text + HOSTILE) if self.cache else g
+
+
+class HostileText(TorchEngine):
+    session_class = HostileTextSession

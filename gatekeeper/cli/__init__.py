@@ -5,7 +5,7 @@ A command's module is imported, and its click command built, only when that comm
 lists them all), so ``status`` never pays for ``evaluate``'s imports. Heavy imports (torch, transformers,
 mlx) happen only inside command bodies, never at start-up.
 
-Imports: errors, evidence, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature.
+Imports: errors, evidence, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature, review.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ledger": ("ledger", "ledger_app"),
     "battery": ("battery", "battery_app"),
     "flags": ("flagserve", "flags_app"),
+    "review": ("review", "review"),
 }
 
 

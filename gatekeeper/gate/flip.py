@@ -84,7 +84,7 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
     if evaluation is None and evaluation_id is not None:
         evidence = [f"{evidence[0]} (asked for {evaluation_id})"]
     reasons = signature_reasons + evidence
-    prior = _approvers_since_last_flip(ledger, flag, evaluation_id, signed_only=policy.approvals.signed)
+    prior = approvers_since_last_flip(ledger, flag, evaluation_id, signed_only=policy.approvals.signed)
     who = signer or operator  # under signatures, a person is the principal whose key signed, not a typed name
     # evaluation is None only with a no_evaluation reason
     if not reasons and evaluation is not None and not policy.approvals.evaluator_may_approve and who == evaluation["operator"]:
@@ -128,7 +128,7 @@ def _checkpointed(ws: Workspace, result: FlipResult, attestation: Attestation | 
     return result
 
 
-def _approvers_since_last_flip(ledger, flag: str, evaluation_id: int | None, signed_only: bool = False) -> dict[str, int]:
+def approvers_since_last_flip(ledger, flag: str, evaluation_id: int | None, signed_only: bool = False) -> dict[str, int]:
     """Approver -> approval id for this evaluation, counting only approvals after the flag's last flip.
     An approver is the signing principal of a signed approval, else the typed operator name."""
     if evaluation_id is None:

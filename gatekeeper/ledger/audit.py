@@ -57,23 +57,25 @@ class LedgerAudit:
                 "checkpoints": [c.to_dict() for c in self.checkpoints], "checkpoint_sources": self.sources}
 
 
-def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[[Any], SignatureCheck]) -> LedgerAudit:
+def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[[Any], SignatureCheck],
+                 read_only: bool = False) -> LedgerAudit:
     """Everything ``ledger verify`` checks of the ledger at ``url`` and the workspace ``ws``'s checkpoints, and
     each checkpoint file in ``given``; ``signatures(ledger)`` rechecks the ledger's signatures. A checkpoint file
     or line that is no checkpoint, no ledger at ``url``, or a file that is no database is GatekeeperError (exit 2);
     a SQLite ledger SQLite cannot read is the result with ``unreadable`` set; any other error reading an intact
-    ledger is raised as it is (a bug)."""
+    ledger is raised as it is (a bug). ``read_only``: the ledger is read through a connection that cannot write
+    (``gatekeeper review``), so one at an older schema version is an error rather than migrated."""
     # a file or line that is no checkpoint: exit 2, before anything else
     named = [(str(f), cp.load(f)) for f in given]
     own = [(name, c) for name, c in cp.recorded(ws) if all(c != g for _, g in named)]
     loaded = named + own
     sources = {"workspace": len(own), "given": len(named)}
     try:
-        early, unopened = _before_opening(url)  # before opening, which would migrate a ledger whose migrations were edited
+        early, unopened = _before_opening(url, read_only)  # before opening, which would migrate a ledger whose migrations were edited
         if early:
             return LedgerAudit(early, unopened.entries if unopened else None,
                                unopened.first_bad_seq if unopened else None, sources=sources)
-        ledger = open_ledger(url, create=False)
+        ledger = open_ledger(url, create=False, read_only=read_only)
         if ledger is None:
             raise GatekeeperError(f"no ledger at {url}; nothing has been recorded yet")
         with ledger:
@@ -118,7 +120,7 @@ def _reached(report: VerifyReport, what: str, check: Callable[[], T]) -> T | str
         return f"{what}: not checked, the damaged ledger cannot be read for it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
-def _before_opening(url: str) -> tuple[list[str], VerifyReport | None]:
+def _before_opening(url: str, read_only: bool) -> tuple[list[str], VerifyReport | None]:
     """Problems in a ledger's ``migrations`` table and layout, read without opening (migrating) it, with
     everything else verify finds where the tables are the current ones; and that report, if made."""
     from sqlalchemy.exc import OperationalError
@@ -126,7 +128,7 @@ def _before_opening(url: str) -> tuple[list[str], VerifyReport | None]:
     sqlite = url.startswith("sqlite:///")
     if sqlite and not Path(url[len("sqlite:///"):]).is_file() or not (sqlite or url.startswith("postgresql")):
         return [], None  # none there, or another database: opening it says what there is
-    engine = make_engine(url)
+    engine = make_engine(url, read_only=read_only)
     try:
         with read(engine) as conn:
             early = preflight(conn)

@@ -33,8 +33,10 @@ def _postgres(conn_or_engine) -> bool:
     return conn_or_engine.dialect.name == "postgresql"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE for writes."""
+def make_engine(url: str, read_only: bool = False) -> Engine:
+    """An engine for ``url``; SQLite gets WAL, a busy timeout and BEGIN IMMEDIATE for writes. ``read_only``: the
+    database itself refuses every write (SQLite opened with ``mode=ro``; PostgreSQL sessions whose transactions
+    are read-only), for the readers that must never change a ledger (``gatekeeper review``, ``flags serve``)."""
     try:
         parsed = make_url(url)
     except ArgumentError as e:
@@ -43,8 +45,9 @@ def make_engine(url: str) -> Engine:
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")  # psycopg 3 is the driver gatekeeper ships with
         shown = parsed.render_as_string(hide_password=True)
+        args = {"options": "-c default_transaction_read_only=on"} if read_only else {}
         try:
-            return create_engine(parsed, pool_pre_ping=True)
+            return create_engine(parsed, pool_pre_ping=True, connect_args=args)
         except ArgumentError as e:
             raise GatekeeperError(f"ledger URL {shown!r} is not valid ({e}); {URL_HINT}") from e
         except ImportError as e:
@@ -53,7 +56,10 @@ def make_engine(url: str) -> Engine:
 
     database = parsed.database or ""
     memory = database in ("", ":memory:")
-    if not memory and not database.startswith("file:"):
+    if read_only and not memory and not database.startswith("file:"):
+        # SQLite's own read-only mode; it still creates the -wal and -shm files a WAL reader needs, empty of data
+        parsed = parsed.set(database=f"file:{Path(database).expanduser().resolve()}", query={"mode": "ro", "uri": "true"})
+    elif not memory and not database.startswith("file:"):
         Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
     if memory:
@@ -67,7 +73,7 @@ def make_engine(url: str) -> Engine:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA foreign_keys = ON")
-        if not memory:
+        if not memory and not read_only:
             cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writer
         cur.close()
 

@@ -17,7 +17,7 @@ from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
-from gatekeeper.ledger.records import decode, evaluation_record, latest_flips
+from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record, latest_flips
 from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
@@ -43,11 +43,16 @@ def _rows(conn: Connection, kind: str, **equal: Any) -> list[dict[str, Any]]:
 class Ledger:
     """An append-only, hash-chained evidence ledger at a SQLAlchemy URL (SQLite by default)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, read_only: bool = False):
+        """``read_only``: open it without writing anything, ever (the database refuses writes); a ledger at another
+        schema version is then an error, since opening it would migrate it."""
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, read_only=read_only)
         try:
-            migrate(self.engine)
+            if read_only:
+                _at_current_version(self.engine, url)
+            else:
+                migrate(self.engine)
         except BaseException as e:
             self.engine.dispose()
             if isinstance(e, DBAPIError):
@@ -247,6 +252,15 @@ class Ledger:
         return dict(row) if row is not None else None
 
 
+def _at_current_version(engine, url: str) -> None:
+    version = schema_version(engine)
+    if version != CURRENT_VERSION:
+        how = ("upgrade it once with 'gatekeeper ledger verify'" if version < CURRENT_VERSION
+               else "upgrade gatekeeper to read it")
+        raise GatekeeperError(f"the ledger at {shown(url)} is at schema version {version}, not this gatekeeper's "
+                              f"{CURRENT_VERSION}, and a reader never writes; {how}")
+
+
 def _seal(seal: dict[str, str] | None) -> dict[str, str]:
     if not seal:
         return {}
@@ -258,12 +272,13 @@ def _seal(seal: dict[str, str] | None) -> dict[str, str]:
 @overload
 def open_ledger(url: str, *, create: Literal[True]) -> Ledger: ...
 @overload
-def open_ledger(url: str, *, create: bool) -> Ledger | None: ...
-def open_ledger(url: str, *, create: bool) -> Ledger | None:
-    """The ledger at ``url``; with ``create=False`` a missing SQLite file gives None instead of a new database."""
+def open_ledger(url: str, *, create: bool, read_only: bool = False) -> Ledger | None: ...
+def open_ledger(url: str, *, create: bool, read_only: bool = False) -> Ledger | None:
+    """The ledger at ``url``; with ``create=False`` a missing SQLite file gives None instead of a new database;
+    ``read_only``: opened through a connection that cannot write (see ``Ledger``)."""
     if not create and url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
         return None
-    return Ledger(url)
+    return Ledger(url, read_only=read_only)
 
 
 def shown(url: str) -> str:

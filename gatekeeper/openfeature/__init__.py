@@ -6,7 +6,7 @@ An unverifiable or unreadable ledger is an error on every evaluation, never the 
 ``GatekeeperProvider`` is loaded on first use: the SDK (``pip install gatekeeper[openfeature]``) is optional,
 and the CLI, which serves OFREP, never imports it.
 
-Imports: errors, identity, workspace, engines, gate, ledger.
+Imports: errors, identity, listen, workspace, engines, gate, ledger.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from typing import Any, Callable
 
 from ..errors import GatekeeperError
+from ..listen import bind
 from .resolve import FlagNotFound, Resolution, Resolver, Snapshot
 
 PREFIX = "/ofrep/v1"
@@ -123,34 +123,13 @@ async def _bad_request(request) -> dict[str, str] | None:
     return None
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise GatekeeperError(f"--listen {listen!r}: give HOST:PORT or PORT, e.g. {DEFAULT_LISTEN}")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def bind(listen: str) -> socket.socket:
-    """The listening socket, bound before anything is read: a port in use is an error at once."""
-    host, port = parse_listen(listen)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise GatekeeperError(f"cannot listen on {host}:{port} ({e.strerror or e}); stop what uses it or pick "
-                              "another --listen HOST:PORT") from None
-    return sock
-
-
 def serve(resolver: Resolver, listen: str = DEFAULT_LISTEN,
           ready: Callable[[str, Snapshot], None] | None = None) -> None:
     """Serve until Ctrl-C or SIGTERM. The first snapshot (verify, engine identity) is made before the address is
     announced, so a client's first request is answered at once."""
     from aiohttp import web
 
-    sock = bind(listen)
+    sock = bind(listen, DEFAULT_LISTEN)
     try:
         first = resolver.snapshot()
     except BaseException:

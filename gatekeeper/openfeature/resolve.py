@@ -27,7 +27,6 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..engines.registry import identity, resolve_profile
@@ -37,11 +36,12 @@ from ..gate import flags as flag_states
 from ..identity import digest
 from ..ledger import CURRENT_VERSION, Ledger
 from ..ledger import checkpoint as checkpoints
+from ..ledger.stamp import LedgerStamp
 from ..ledger.store import shown
-from ..workspace import ASSERTIONS, ENGINES, POLICIES, EngineProfile, Workspace, find_root
+from ..workspace import EngineProfile, Workspace, files_stamp, find_root
 
 if TYPE_CHECKING:
-    import sqlalchemy
+    pass
 
 # OpenFeature's reasons, as the spec defines them.
 DEFAULT = "DEFAULT"  # never flipped: the policy's default (off), "a pre-configured value"
@@ -109,7 +109,7 @@ class Resolver:
         self.url = ledger or f"sqlite:///{ws.ledger_path}"
         self.engine = engine
         self.checkpoints = (ws.checkpoint_path, checkpoints.log_path(ws))
-        self._probe = _Probe(self.url, recheck_s)
+        self._probe = LedgerStamp(self.url, recheck_s)
         self._identities: dict[str, dict[str, Any]] = {}  # resolved engine profile -> its identity
         self._building = threading.Lock()
         self._snapshot: Snapshot | None = None
@@ -129,7 +129,7 @@ class Resolver:
     def stamp(self) -> tuple:
         now = time.monotonic()
         if now - self._files_at >= FILES_EVERY_S:  # a stat per file: 0.2 ms for 100 policies, so not every call
-            self._files, self._files_at = _files(self.root, self.checkpoints), now
+            self._files, self._files_at = files_stamp(self.root, self.checkpoints), now
         return (self._probe.stamp(), self._files)
 
     def fresh(self) -> Snapshot | None:
@@ -212,7 +212,7 @@ class Resolver:
             raise Unservable(f"the ledger at {shown(self.url)} is at schema version {version}, older than this "
                              f"gatekeeper's {CURRENT_VERSION}, and serving never writes; upgrade it once with "
                              "'gatekeeper ledger verify'")
-        ledger = Ledger(self.url)  # at the current version: opening migrates nothing
+        ledger = Ledger(self.url, read_only=True)
         try:
             yield ledger
         finally:
@@ -243,87 +243,3 @@ def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:
     checked = [checkpoints.check(c, name, ledger, where, ws.allowed_signers) for name, c in recorded]
     out += [p for c in checked for p in c.problems]
     return out + checkpoints.uncovered_flips(ws, ledger, [c for c in checked if c.ok])
-
-
-def _files(root: Path, logs: tuple[Path, ...]) -> tuple:
-    """Names, sizes and modification times of what a snapshot reads from the workspace besides the ledger."""
-    out: list[tuple] = []
-    for folder in (POLICIES, ENGINES, ASSERTIONS):
-        try:
-            with os.scandir(root / folder) as entries:
-                for e in entries:
-                    st = e.stat()
-                    out.append((folder, e.name, st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append((folder, None, 0, 0))
-    for path in logs:  # the checkpoint files
-        try:
-            st = path.stat()
-            out.append(("checkpoint", path.name, st.st_size, st.st_mtime_ns))
-        except OSError:
-            pass
-    return tuple(sorted(out, key=repr))
-
-
-class _Probe:
-    """What identifies the ledger's state, read without reading the ledger."""
-
-    def __init__(self, url: str, recheck_s: float):
-        from sqlalchemy.engine import make_url
-
-        u = make_url(url)
-        db = u.database or ""
-        self.path = Path(db).expanduser().resolve() if u.get_backend_name() == "sqlite" and db not in ("", ":memory:") \
-            and not db.startswith("file:") else None
-        self.url, self.recheck_s = url, recheck_s
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        self._file: tuple[int, int] | None = None
-        self._engine: sqlalchemy.Engine | None = None
-
-    def stamp(self) -> tuple:
-        with self._lock:
-            try:
-                return self._sqlite() if self.path is not None else self._other()
-            except Exception as e:  # noqa: BLE001 - unreadable now: a stamp of its own, so a repair is a change
-                self.close_unlocked()
-                return ("unreadable", type(e).__name__, str(e))
-
-    def _sqlite(self) -> tuple:
-        assert self.path is not None  # stamp reads the file only for a SQLite ledger
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            self.close_unlocked()
-            return ("missing",)
-        file = (st.st_dev, st.st_ino)  # a file put in its place is another database
-        if self._conn is None or file != self._file:
-            self.close_unlocked()
-            self._conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, isolation_level=None,
-                                         check_same_thread=False)
-            self._file = file
-        (version,) = self._conn.execute("PRAGMA data_version").fetchone()
-        head = self._conn.execute("SELECT seq, hash FROM entry ORDER BY seq DESC LIMIT 1").fetchone()
-        return (file, version, head)
-
-    def _other(self) -> tuple:
-        from sqlalchemy import text
-
-        from ..ledger.database import make_engine
-
-        if self._engine is None:
-            self._engine = make_engine(self.url)
-        with self._engine.connect() as conn:
-            head = conn.execute(text("SELECT seq, hash FROM entry ORDER BY seq DESC LIMIT 1")).first()
-        return (tuple(head) if head else None, int(time.monotonic() // self.recheck_s))
-
-    def close_unlocked(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        if self._engine is not None:
-            self._engine.dispose()
-        self._conn = self._file = self._engine = None
-
-    def close(self) -> None:
-        with self._lock:
-            self.close_unlocked()

@@ -4,5 +4,5 @@ pass-through proxy that captures calls with their telemetry (``proxy``), llama.c
 (``forensics``), with reuse across requests (``reuse``) and advice on server settings (``advice``), and
 replaying a trace under snapshot policies (``replay``).
 
-Imports: errors, workspace, cache, battery, engines, runtime.
+Imports: errors, listen, workspace, cache, battery, engines, runtime.
 """

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from ..engines.telemetry import Telemetry
 from ..engines.telemetry import read as read_telemetry
 from ..errors import GatekeeperError
+from ..listen import bind, parse_listen
 from .capture import CaptureWriter, check_path, metadata
 
 if TYPE_CHECKING:
@@ -51,11 +52,7 @@ def _error(status: int, kind: str, message: str):
                              status=status)
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not port.isdigit() or not 0 <= int(port) < 65536:
-        raise GatekeeperError(f"--listen {listen!r}: give HOST:PORT or PORT, e.g. 127.0.0.1:8081")
-    return host.strip("[]") or "127.0.0.1", int(port)
+EXAMPLE = "127.0.0.1:8081"  # what --listen looks like
 
 
 def check_upstream(url: str) -> str:
@@ -288,16 +285,10 @@ def serve(upstream: str, listen: str, capture: str | Path, *, no_text: bool = Fa
     """Run until interrupted (Ctrl-C or SIGTERM); the capture is flushed line by line and closed at the end."""
     from aiohttp import web
 
-    host, port = parse_listen(listen)
+    host, _ = parse_listen(listen, EXAMPLE)
     check_path(capture)
     check_upstream(upstream)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:  # bound before the capture is opened: a port in use writes nothing
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise GatekeeperError(f"cannot listen on {host}:{port} ({e.strerror or e}); pick another --listen") from None
+    sock = bind(listen, EXAMPLE)  # bound before the capture is opened: a port in use writes nothing
     proxy = Proxy(upstream, capture, no_text=no_text, timeout=timeout)
 
     def printed(*_args: Any) -> None:

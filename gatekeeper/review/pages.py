@@ -1,0 +1,251 @@
+"""Each page's data, as plain JSON: what ``PAGE.json`` returns and what the page's template draws. Every page
+carries the integrity badge, and names its ledger records by their entry hash (the permalink)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from .. import signing
+from ..cache.trie import common_prefix
+from ..evidence import CaseResult, EvaluationRecord
+from ..gate import flags as flag_states
+from ..gate.kinds import drifts
+from ..reports import export
+from ..reports.diff import diff
+from ..reports.outcomes import case_outcomes, divergence_text, sides
+from .source import PAGE, NotFound, Source
+
+CASE_FILTERS = ("all", "differs", "regressed", "improved", "unchanged")
+VERDICT_FILTERS = ("PASS", "FAIL", "INCONCLUSIVE", "none")
+
+
+def badge(src: Source) -> dict[str, Any]:
+    """The integrity badge every page shows: ``ledger verify``'s result in one line."""
+    view = src.view()
+    i = view.integrity
+    return {"ok": view.ok, "problem": i.get("problem") or "", "problems": len(i.get("problems") or []),
+            "entries": i.get("entries"), "head": view.head}
+
+
+def flags(src: Source) -> dict[str, Any]:
+    view = src.view()
+    return {"page": "flags", "integrity": badge(src), "flags": view.flags, "flags_error": view.flags_error,
+            "workspace": str(src.root)}
+
+
+def integrity(src: Source) -> dict[str, Any]:
+    view = src.view()
+    return {"page": "integrity", "integrity": badge(src), "verify": view.integrity, "head": view.head}
+
+
+def evaluations(src: Source, query: dict[str, str]) -> dict[str, Any]:
+    """The evaluations list, one page of ``PAGE`` at a time, with its filters."""
+    filters = {k: (query.get(k) or "").strip() for k in ("flag", "verdict", "since", "until")}
+    if filters["verdict"] and filters["verdict"] not in VERDICT_FILTERS:
+        raise BadRequest(f"verdict must be one of {', '.join(VERDICT_FILTERS)}, not {filters['verdict']!r}")
+    for k in ("since", "until"):
+        if filters[k] and not _is_date(filters[k]):
+            raise BadRequest(f"{k} must be a date YYYY-MM-DD, not {filters[k]!r}")
+    before = query.get("before")
+    if before is not None and not before.isdigit():
+        raise BadRequest(f"before must be an evaluation id, not {before!r}")
+    page = src.evaluations(flag=filters["flag"] or None, verdict=filters["verdict"] or None, since=filters["since"] or None,
+                           until=filters["until"] or None, before=int(before) if before else None)
+    policies = src.workspace.policies
+    for row in page["rows"]:
+        row["power"] = _power(row.pop("calibrations"), policies.get(row["flag"]))
+    kept = {k: v for k, v in filters.items() if v}
+    return {"page": "evaluations", "integrity": badge(src), "filters": filters, "page_size": PAGE,
+            "flags": sorted(policies), "rows": page["rows"], "total": page["total"], "before": before,
+            "next": f"/evaluations?{urlencode({**kept, 'before': page['next_before']})}" if page["next_before"] else None,
+            "first": f"/evaluations?{urlencode(kept)}" if kept else "/evaluations"}
+
+
+def evaluation(src: Source, ref: str, cases: str = "all") -> dict[str, Any]:
+    """One evaluation: its export view (verdict, reasons, stages, strength, calibrations, distances), the per-case
+    table under a filter, and its approvals and flips with their signers."""
+    if cases not in CASE_FILTERS:
+        raise BadRequest(f"cases must be one of {', '.join(CASE_FILTERS)}, not {cases!r}")
+    record = src.evaluation(ref)
+    v = export.view(record)
+    rows = case_rows(record)
+    with src.ledger() as ledger:
+        assert ledger is not None  # src.evaluation found the record in it
+        flips = [f for f in ledger.flips(record["flag"]) if f["evaluation_id"] == record["id"]]
+        refusals = ledger.refusals(record["flag"], record["id"])
+    return {"page": "evaluation", "integrity": badge(src), "id": record["id"],
+            "permalink": _permalink(src, "evaluation", record["id"]), "previous": src.previous(record["id"], record["flag"]),
+            **{k: v[k] for k in (
+                "flag", "gate", "status", "verdict", "reasons", "operator", "started_at", "finished_at", "aborted",
+                "config", "identity_rows", "stages", "chart", "strength", "near_ties", "calibrations", "probes")},
+            **{k: v[k] for k in ("paired", "sequential", "distance") if k in v},
+            "flips_by_suite": _flips_by_suite(rows),
+            "cases_filter": cases, "case_counts": {f: sum(_matches(r, f) for r in rows) for f in CASE_FILTERS},
+            "cases": [r for r in rows if _matches(r, cases)],
+            "approvals": [_signed(a) for a in record.get("approvals") or []],
+            "flips": [_signed(f) for f in flips], "refusals": refusals,
+            "attest": f"gatekeeper ledger attest {record['id']} --sign KEY --output {record['flag']}-{record['id']}.intoto.json"}
+
+
+def case_rows(record: EvaluationRecord) -> list[dict[str, Any]]:
+    """Per case: its status, where it parted, its drift, and its assertion flips off -> on (harmful: a pass that
+    became a fail; beneficial: the reverse)."""
+    firsts = {(r["case_id"], r["config"]): r["result"] for r in record["case_results"] if r["repeat"] == 0}
+    out = []
+    for c in case_outcomes(record):
+        off, on = firsts.get((c.case_id, "off")), firsts.get((c.case_id, "on"))
+        harmful, beneficial = _flips(off, on)
+        out.append({"case_id": c.case_id, "href": case_href(record["id"], c.case_id), "status": c.status,
+                    "where": divergence_text(c.divergence or c.unstable), "drift": c.drift, "passed": c.passed,
+                    "seconds": c.seconds, "harmful": harmful, "beneficial": beneficial})
+    return out
+
+
+def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
+    """One case: both outputs side by side per turn, token by token, where they part with both margins, the
+    drift per step, and each assertion's outcome with the flag off and on."""
+    record = src.evaluation(ref)
+    runs = {(r["config"], r["repeat"]): r["result"] for r in record["case_results"] if r["case_id"] == case_id}
+    if not runs:
+        raise NotFound(f"evaluation {record['id']} has no case {case_id!r}")
+    comparisons = [c["detail"] for c in record["comparisons"] if c["case_id"] == case_id and not c["equal"]]
+    off, on = runs.get(("off", 0)), runs.get(("on", 0))
+    turns = []
+    for n in range(max(len(off["turns"]) if off else 0, len(on["turns"]) if on else 0)):
+        a, b = _turn(off, n), _turn(on, n)
+        turns.append({"turn": n + 1, "off": a, "on": b, "tokens": _aligned(a, b),
+                      "divergent_char": common_prefix(a.get("text") or "", b.get("text") or "")})
+    steps = drifts(off, on) if off and on else {}
+    return {"page": "case", "integrity": badge(src), "evaluation": record["id"], "flag": record["flag"],
+            "status": record["status"], "case_id": case_id, "href": case_href(record["id"], case_id),
+            "previous": src.previous(record["id"], record["flag"]),
+            "permalink": _permalink(src, "evaluation", record["id"]) + f"/cases/{quote(case_id, safe='')}",
+            "divergences": [{**d, "sides": list(sides(d)), "text": divergence_text(d)} for d in comparisons],
+            "turns": turns, "drift": [{"turn": t, "step": s, "drift": d} for (t, s), d in sorted(steps.items())],
+            "outcomes": _outcomes(off, on), "crash": {k: r["crash"] for k, r in (("off", off), ("on", on)) if r and r.get("crash")}}
+
+
+def compare(src: Source, a: str, b: str) -> dict[str, Any]:
+    """Two evaluations case by case (``ledger diff``), ``a`` the reference."""
+    ra, rb = src.evaluation(a), src.evaluation(b)
+    d = diff(ra, rb)
+    for row in d["cases"]:
+        row["href_a"] = case_href(ra["id"], row["case_id"]) if row["a"] else None
+        row["href_b"] = case_href(rb["id"], row["case_id"]) if row["b"] else None
+    return {"page": "compare", "integrity": badge(src), "reference": ra["id"], "candidate": rb["id"],
+            "permalink": f"/compare/{_entry_ref(src, ra['id'])}/{_entry_ref(src, rb['id'])}", **d}
+
+
+def case_href(evaluation_id: int, case_id: str) -> str:
+    return f"/evaluations/{evaluation_id}/cases/{quote(case_id, safe='')}"
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+
+class BadRequest(ValueError):
+    """A query parameter out of range: 400 with the message."""
+
+
+def _is_date(s: str) -> bool:
+    from datetime import date
+
+    try:
+        date.fromisoformat(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _entry_ref(src: Source, evaluation_id: int) -> str:
+    return src.entry_hash("evaluation", evaluation_id) or str(evaluation_id)
+
+
+def _permalink(src: Source, kind: str, record_id: int) -> str:
+    return f"/evaluations/{_entry_ref(src, record_id)}"
+
+
+def _power(calibrations: list[dict[str, Any]], policy) -> dict[str, Any] | None:
+    """The share of cases the best calibration flagged at the policy's ``min_power`` noise (else the largest)."""
+    if not calibrations:
+        return None
+    noise = policy.min_power.noise if policy is not None and policy.min_power is not None else 1.0
+    share = max(flag_states.detected(c["result"], noise) for c in calibrations)
+    wanted = policy.min_power.share if policy is not None and policy.min_power is not None else None
+    return {"share": share, "noise": noise, "wanted": wanted, "calibrations": len(calibrations)}
+
+
+def _flips(off: CaseResult | None, on: CaseResult | None) -> tuple[int, int]:
+    if not off or not on:
+        return 0, 0
+    pairs = list(zip(off.get("outcomes") or [], on.get("outcomes") or []))
+    return sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs)
+
+
+def _matches(row: dict[str, Any], f: str) -> bool:
+    return (f == "all" or (f == "differs" and row["status"] != "equal") or (f == "regressed" and row["harmful"] > 0)
+            or (f == "improved" and row["beneficial"] > 0) or (f == "unchanged" and row["status"] == "equal"
+                                                               and not row["harmful"] and not row["beneficial"]))
+
+
+def _flips_by_suite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    suites: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = suites.setdefault(r["case_id"].split("/", 1)[0], {"suite": r["case_id"].split("/", 1)[0], "harmful": 0,
+                                                               "beneficial": 0, "cases": 0})
+        s["harmful"] += r["harmful"]
+        s["beneficial"] += r["beneficial"]
+        s["cases"] += 1
+    return list(suites.values())
+
+
+def _signed(row: dict[str, Any]) -> dict[str, Any]:
+    """An approval or flip with its signer's key fingerprint (read from its signature), as ssh-keygen -l prints it."""
+    out = {k: row.get(k) for k in ("id", "flag", "state", "evaluation_id", "operator", "reason", "at", "signer",
+                                    "signed_at") if k in row}
+    try:
+        out["fingerprint"] = signing.parse(row["signature"]).fingerprint if row.get("signature") else None
+    except Exception:  # noqa: BLE001 - a damaged signature: the integrity badge names it; here it is just unknown
+        out["fingerprint"] = "unreadable"
+    return out
+
+
+def _turn(result: CaseResult | None, n: int) -> dict[str, Any]:
+    turns = result["turns"] if result else []
+    if n >= len(turns):
+        return {}
+    t = turns[n]
+    return {"text": t.get("text", ""), "tokens": t.get("tokens") or [], "top2": t.get("top2"),
+            **{k: t.get(k) for k in ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")}}
+
+
+def _margin(top2: list | None, i: int) -> float | None:
+    if not top2 or i >= len(top2) or not top2[i] or len(top2[i]) < 2:
+        return None
+    return top2[i][0][1] - top2[i][1][1]
+
+
+def _aligned(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Both sides' generated tokens position by position, with their top-2 margins, marked where they differ."""
+    ta, tb = a.get("tokens") or [], b.get("tokens") or []
+    rows = []
+    for i in range(max(len(ta), len(tb))):
+        x, y = (ta[i] if i < len(ta) else None), (tb[i] if i < len(tb) else None)
+        rows.append({"position": i, "off": x, "on": y, "off_margin": _margin(a.get("top2"), i),
+                     "on_margin": _margin(b.get("top2"), i), "differs": x != y})
+    return rows
+
+
+def _outcomes(off: CaseResult | None, on: CaseResult | None) -> list[dict[str, Any]]:
+    oa: list[dict[str, Any]] = [dict(o) for o in (off["outcomes"] if off else [])]
+    ob: list[dict[str, Any]] = [dict(o) for o in (on["outcomes"] if on else [])]
+    rows = []
+    for i in range(max(len(oa), len(ob))):
+        x, y = (oa[i] if i < len(oa) else {}), (ob[i] if i < len(ob) else {})
+        name = x.get("name") or y.get("name") or f"#{i + 1} {x.get('type') or y.get('type')}"
+        rows.append({"assertion": name, "type": x.get("type") or y.get("type"), "off": x.get("pass"),
+                     "on": y.get("pass"), "reason_off": x.get("reason"), "reason_on": y.get("reason"),
+                     "flip": "harmful" if x.get("pass") and y.get("pass") is False else
+                     "beneficial" if y.get("pass") and x.get("pass") is False else None})
+    return rows

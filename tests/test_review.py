@@ -1,0 +1,289 @@
+"""``gatekeeper review``: every page and its JSON on a ledger real evaluations made (SQLite and a real PostgreSQL
+server), the workstation safeguards (Host, Origin, methods, CSP, loopback), hostile text shown as text, a tampered
+ledger in red on every page, and nothing under the workspace changed while it runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sqlite3
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from review_ledger import HOSTILE, OPERATOR, REASON, build, cli, get, review
+from trust import keys  # noqa: F401  (fixture)
+
+from gatekeeper.review.app import CSP
+
+pytest_plugins = ["postgres"]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, tiny_llama, keys):  # noqa: F811
+    root = tmp_path_factory.mktemp("review") / "ws"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("GATEKEEPER_WORKSPACE", raising=False)
+        mp.delenv("GATEKEEPER_SIGNING_KEY", raising=False)
+        ids = build(root, tiny_llama, keys["ana"])
+    return root, ids
+
+
+@pytest.fixture(scope="module")
+def url(made):
+    with review(made[0]) as u:
+        yield u
+
+
+def page(url: str, path: str) -> str:
+    status, headers, body = get(url + path)
+    assert status == 200, (path, body[:500])
+    assert headers["Content-Security-Policy"] == CSP
+    return body
+
+
+def data(url: str, path: str) -> dict:
+    status, headers, body = get(url + path)
+    assert status == 200 and headers["Content-Type"].startswith("application/json"), (path, body[:500])
+    return json.loads(body)
+
+
+def differing(record: dict) -> dict:
+    """A case whose outputs part after a few shared steps, so it has drift to draw."""
+    parted = [c for c in record["cases"] if c["status"] == "differs" and c["where"].startswith("turn")]
+    return max(parted, key=lambda c: int(re.search(r"position (\d+)", c["where"]).group(1)))
+
+
+def test_every_page_and_its_json_on_a_real_ledger(made, url):
+    ws, ids = made
+    with_ledger = lambda *a: cli(ws, *a)[1]  # noqa: E731
+
+    flags = data(url, "/flags.json")
+    (flag,) = flags["flags"]
+    assert flag["flag"] == "prefix_cache" and flag["state"] == "on" and flag["evaluation_id"] == ids["pass"]
+    assert flag["safely_on"] and flag["evidence_current"] and flags["integrity"]["ok"]
+    assert flag["pipeline_hash"] == with_ledger("hash", "--engine", "tiny")["pipeline_hash"]
+    assert "ON" in page(url, "/flags") and f'href="/evaluations/{ids["pass"]}"' in page(url, "/flags")
+
+    listed = data(url, "/evaluations.json")
+    assert [r["id"] for r in listed["rows"]] == sorted(ids.values(), reverse=True) and listed["total"] == 4
+    assert {r["id"]: r["status"] for r in listed["rows"]} == {
+        ids["pass"]: "PASS", ids["fail"]: "FAIL", ids["inconclusive"]: "INCONCLUSIVE", ids["hostile"]: "FAIL"}
+    power = next(r for r in listed["rows"] if r["id"] == ids["pass"])["power"]
+    assert power["calibrations"] == 1 and 0 <= power["share"] <= 1
+    assert [r["id"] for r in data(url, "/evaluations.json?verdict=FAIL")["rows"]] == [ids["hostile"], ids["fail"]]
+    assert data(url, "/evaluations.json?flag=static_first")["rows"] == []
+    assert data(url, "/evaluations.json?since=2999-01-01")["total"] == 0
+
+    # One evaluation: the planted FAIL, its cases under each filter, its differing case's first divergence as recorded.
+    with_record = with_ledger("ledger", "show", ids["fail"])
+    ev = data(url, f"/evaluations/{ids['fail']}.json")
+    assert ev["verdict"] == "FAIL" and ev["reasons"] == with_record["reasons"]
+    recorded = [c for c in with_record["comparisons"] if not c["equal"]]
+    assert ev["case_counts"]["differs"] == len({c["case_id"] for c in recorded}) > 0
+    assert {c["case_id"] for c in data(url, f"/evaluations/{ids['fail']}.json?cases=differs")["cases"]} == \
+        {c["case_id"] for c in recorded}
+    assert get(url + f"/evaluations/{ids['fail']}?cases=bogus")[0] == 400
+    html = page(url, f"/evaluations/{ids['fail']}")
+    assert "<svg" in html and "Tokens per stage" in html and "FAIL" in html
+
+    case = differing(ev)
+    detail = next(c["detail"] for c in recorded if c["case_id"] == case["case_id"])
+    shown = data(url, case["href"] + ".json")
+    (where,) = shown["divergences"]
+    assert (where["turn"], where["first_divergent_position"]) == (detail["turn"], detail["first_divergent_position"])
+    assert (where["a"]["token"], where["b"]["token"]) == (detail["a"]["token"], detail["b"]["token"])
+    turn = shown["turns"][detail["turn"] - 1]
+    first = next(r for r in turn["tokens"] if r["differs"])
+    assert first["position"] == detail["first_divergent_position"]
+    assert (first["off"], first["on"]) == (detail["a"]["token"], detail["b"]["token"])
+    assert shown["drift"] and all(p["drift"] >= 0 for p in shown["drift"])
+    case_html = page(url, case["href"])
+    assert f'<strong class="position">{detail["first_divergent_position"]}</strong>' in case_html
+    assert "Drift per step" in case_html and "<polyline" in case_html
+
+    # The PASS: its calibration's detection curve, and the signed flip with the signer's fingerprint.
+    passed = data(url, f"/evaluations/{ids['pass']}.json")
+    assert len(passed["calibrations"]) == 1 and passed["calibrations"][0]["faults"]
+    (flip,) = passed["flips"]
+    assert flip["signer"] == "ana" and flip["state"] == "on"  # its fingerprint: test_signed_flip_fingerprint...
+    assert "Detection curve" in page(url, f"/evaluations/{ids['pass']}")
+
+    # Compare, with the first as reference; ledger diff computes the same.
+    compared = data(url, f"/compare/{ids['pass']}/{ids['fail']}.json")
+    assert compared["changed_cases"] == with_ledger("ledger", "diff", ids["pass"], ids["fail"])["changed_cases"]
+    assert "changed" in page(url, f"/compare/{ids['pass']}/{ids['fail']}")
+    assert get(url + f"/compare?a={ids['pass']}&b={ids['fail']}")[1]["Location"] == f"/compare/{ids['pass']}/{ids['fail']}"
+
+    integrity = data(url, "/integrity.json")
+    assert integrity["verify"] == with_ledger("ledger", "verify") and integrity["verify"]["ok"]
+    assert "ledger verifies" in page(url, "/integrity")
+
+    # Permalinks name entries by hash, and lead where the id does.
+    assert re.fullmatch(r"/evaluations/[0-9a-f]{64}", ev["permalink"])
+    assert data(url, ev["permalink"] + ".json")["id"] == ids["fail"]
+    assert get(url + "/entries/" + ev["permalink"].rsplit("/", 1)[1][:16])[1]["Location"] == f"/evaluations/{ids['fail']}"
+    assert get(url + "/evaluations/999.json")[0] == 404 and get(url + "/entries/" + "0" * 64)[0] == 404
+
+
+def test_signed_flip_fingerprint_is_the_one_ssh_keygen_prints(made, url, keys):  # noqa: F811
+    ws, ids = made
+    (flip,) = data(url, f"/evaluations/{ids['pass']}.json")["flips"]
+    printed = subprocess.run(["ssh-keygen", "-l", "-f", f"{keys['ana']}.pub"], capture_output=True, text=True, check=True)
+    assert flip["fingerprint"] == printed.stdout.split()[1]
+    assert flip["fingerprint"] in page(url, f"/evaluations/{ids['pass']}")
+
+
+class Tags(HTMLParser):
+    """Every element and attribute of a page, to show no markup from the ledger became an element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attributes: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attributes += [name for name, _ in attrs]
+
+
+def test_hostile_text_is_shown_as_text(made, url):
+    ws, ids = made
+    ev = data(url, f"/evaluations/{ids['hostile']}.json")
+    (case,) = ev["cases"]
+    assert "<script>" in case["case_id"] and ev["operator"] == OPERATOR
+    paths = ["/flags", "/evaluations", f"/evaluations/{ids['hostile']}", case["href"], f"/evaluations/{ids['pass']}",
+             f"/compare/{ids['hostile']}/{ids['pass']}"]
+    for path in paths:
+        body = page(url, path)
+        tags = Tags()
+        tags.feed(body)
+        assert "script" not in tags.tags and "img" not in tags.tags, path
+        assert not [a for a in tags.attributes if a.startswith("on")], path
+    case_page = page(url, case["href"])
+    assert "&lt;script&gt;alert(&#39;output&#39;)&lt;/script&gt;" in case_page  # the model's output, as text
+    assert json.loads(get(url + case["href"] + ".json")[2])["turns"][0]["on"]["text"].endswith(HOSTILE)
+    assert "&lt;img src=x onerror=alert(&#39;op&#39;)&gt;" in page(url, f"/evaluations/{ids['hostile']}")
+    assert "&lt;script&gt;alert(&#39;reason&#39;)&lt;/script&gt; reviewed" in page(url, f"/evaluations/{ids['pass']}")
+    assert REASON in json.dumps(data(url, f"/evaluations/{ids['pass']}.json")["flips"])
+
+
+def test_only_this_servers_pages_may_ask_it(url):
+    host = url.removeprefix("http://")
+    status, headers, body = get(url + "/flags.json", {"Host": f"evil.example:{host.rsplit(':', 1)[1]}"})
+    assert status == 403 and "not served here" in body and headers["Content-Security-Policy"] == CSP
+    assert get(url + "/flags.json", {"Host": host.replace("127.0.0.1", "localhost")})[0] == 200
+    assert get(url + "/flags.json", {"Origin": "http://evil.example"})[0] == 403
+    assert get(url + "/flags.json", {"Origin": url})[0] == 200
+    assert get(url + "/flags.json", {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "cors"})[0] == 403
+    assert get(url + "/flags", {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"})[0] == 200  # a link
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        status, headers, body = get(url + "/flags", method=method)
+        assert status == 405 and "only reads" in body, method
+    for path in ("/flags", "/evaluations.json", "/static/review.css", "/nope", "/evaluations/999"):
+        headers = get(url + path)[1]
+        assert headers["Content-Security-Policy"] == CSP and headers["X-Frame-Options"] == "DENY", path
+        assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_a_non_loopback_bind_needs_the_option(made, run_cli):
+    code, out, err = run_cli("--workspace", made[0], "review", "--listen", "0.0.0.0:0", "--json")
+    assert code == 2 and "not a loopback address" in json.loads(out)["error"] and "--allow-remote" in json.loads(out)["error"]
+    code, out, _ = run_cli("--workspace", made[0], "review", "--listen", "127.0.0.1:nope", "--json")
+    assert code == 2 and "HOST:PORT" in json.loads(out)["error"]
+
+
+def digests(ws: Path) -> dict[str, str]:
+    """Every file under the workspace by content; SQLite's -wal and -shm beside a read-only reader are left out
+    (they hold no data: see test_nothing_under_the_workspace_changes)."""
+    return {str(p.relative_to(ws)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ws.rglob("*"))
+            if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+
+
+def test_nothing_under_the_workspace_changes(made, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(made[0], ws)
+    for extra in ("evidence.db-wal", "evidence.db-shm"):
+        (ws / "ledger" / extra).unlink(missing_ok=True)
+    before = digests(ws)
+    ids = made[1]
+    with review(ws) as u:
+        for path in ("/flags", "/evaluations", "/integrity", f"/evaluations/{ids['fail']}", f"/compare/1/{ids['fail']}",
+                     f"/evaluations/{ids['fail']}/cases/{quote('tiny/loop', safe='')}", "/flags.json"):
+            assert get(u + path)[0] == 200, path
+        assert get(u + "/flags", method="POST")[0] == 405
+    assert digests(ws) == before
+    wal = ws / "ledger" / "evidence.db-wal"
+    assert not wal.exists() or wal.stat().st_size == 0  # a read-only reader wrote no page of the database
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_apps_connection_cannot_write(made, tmp_path, backend, request):
+    from gatekeeper.ledger import Ledger
+
+    ws = tmp_path / "ws"
+    shutil.copytree(made[0], ws)
+    url = f"sqlite:///{ws / 'ledger' / 'evidence.db'}"
+    if backend == "postgresql":
+        pg = request.getfixturevalue("pg_url")
+        assert cli(ws, "ledger", "copy", url, pg)[0] == 0
+        url = pg
+    with Ledger(url, read_only=True) as ledger:
+        entries = ledger.head()["entries"]
+        with pytest.raises(Exception, match="readonly|read-only"):
+            ledger.add_flush("model", {}, {})
+    with Ledger(url) as ledger:
+        assert ledger.head()["entries"] == entries
+
+
+def tamper(db: Path) -> None:
+    """Edit one case's recorded text behind the ledger's back (dropping the trigger that forbids it)."""
+    conn = sqlite3.connect(db)
+    triggers = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'case_result'")]
+    for name in triggers:
+        conn.execute(f"DROP TRIGGER {name}")
+    conn.execute("UPDATE case_result SET result = replace(result, '\"text\"', '\"text \"') WHERE id = 1")
+    conn.commit()
+    conn.close()
+
+
+def test_a_tampered_ledger_is_red_on_every_page_and_no_flag_is_safely_on(made, tmp_path):
+    ws = tmp_path / "ws"
+    shutil.copytree(made[0], ws)
+    tamper(ws / "ledger" / "evidence.db")
+    ids = made[1]
+    with review(ws) as u:
+        for path in ("/flags", "/evaluations", "/integrity", f"/evaluations/{ids['pass']}", f"/compare/1/{ids['fail']}",
+                     f"/evaluations/{ids['fail']}/cases/{quote('tiny/loop', safe='')}", "/evaluations/999"):
+            body = get(u + path)[2]
+            assert 'class="badge bad"' in body and "LEDGER DOES NOT VERIFY" in body, path
+            assert "ledger verifies" not in body, path
+        flags = data(u, "/flags.json")
+        assert not flags["integrity"]["ok"] and "seq" in flags["integrity"]["problem"]
+        assert all(not f.get("safely_on") for f in flags["flags"])
+        assert ">ON<" not in page(u, "/flags")
+
+
+def test_every_page_on_a_real_postgresql_server(made, url, pg_url, tmp_path):
+    ids = made[1]
+    ws = tmp_path / "ws"
+    shutil.copytree(made[0], ws)
+    for recorded in ws.glob("ledger/checkpoint*"):  # they name the SQLite ledger: the copy is another one
+        recorded.unlink()
+    code, out = cli(ws, "ledger", "copy", f"sqlite:///{ws / 'ledger' / 'evidence.db'}", pg_url)
+    assert code == 0 and out["ok"], out
+    assert cli(ws, "ledger", "checkpoint", "--record", ledger=pg_url)[0] == 0  # the policy's checkpoint_after_flip
+    paths = ["/evaluations.json", "/evaluations.json?verdict=FAIL", f"/evaluations/{ids['fail']}.json",
+             f"/compare/{ids['pass']}/{ids['fail']}.json", f"/evaluations/{ids['fail']}/cases/{quote('tiny/loop', safe='')}.json"]
+    with review(ws, ledger=pg_url) as u:
+        for path in paths:
+            assert data(u, path) == data(url, path), path
+        assert data(u, "/integrity.json")["verify"]["ok"]
+        flags = data(u, "/flags.json")["flags"]
+        assert [f["safely_on"] for f in flags] == [True]
+        for path in ("/flags", "/evaluations", f"/evaluations/{ids['pass']}"):
+            assert 'class="badge ok"' in page(u, path)
