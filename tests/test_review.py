@@ -10,6 +10,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
@@ -287,3 +288,45 @@ def test_every_page_on_a_real_postgresql_server(made, url, pg_url, tmp_path):
         assert [f["safely_on"] for f in flags] == [True]
         for path in ("/flags", "/evaluations", f"/evaluations/{ids['pass']}"):
             assert 'class="badge ok"' in page(u, path)
+
+
+def test_pages_walk_a_long_ledger_once_each(made, tmp_path):
+    """Paging by id: following 'older' from the newest page visits every evaluation once, newest first, under a
+    filter too, and the totals are the ledger's (230 evaluations appended to a real chain)."""
+    from gatekeeper.ledger import Ledger
+    from gatekeeper.ledger.chain import append
+    from gatekeeper.ledger.database import write
+
+    ws = tmp_path / "ws"
+    shutil.copytree(made[0], ws)
+    with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+        template = ledger.evaluation(made[1]["fail"])
+        with write(ledger.engine) as conn:
+            for n in range(230):
+                eid = append(conn, "evaluation", {k: template[k] for k in ("flag", "operator", "pid", "host", "gate",
+                                                                          "identity", "config")})
+                append(conn, "verdict", {"evaluation_id": eid, "verdict": ("PASS", "FAIL", "INCONCLUSIVE")[n % 3],
+                                         "reasons": [], "summary": {}})
+        expected = [e["id"] for e in ledger.evaluations()]
+        failed = [e["id"] for e in ledger.evaluations() if e["verdict"] == "FAIL"]
+    with review(ws) as u:
+        for query, ids in (("", expected), ("verdict=FAIL", failed)):
+            seen, path = [], f"/evaluations.json?{query}"
+            while path:
+                d = data(u, path.replace("/evaluations?", "/evaluations.json?"))
+                assert d["total"] == len(ids) and len(d["rows"]) <= 50
+                seen += [r["id"] for r in d["rows"]]
+                path = d["next"]
+            assert seen == ids, query
+        assert get(u + "/evaluations.json?before=x")[0] == 400 and get(u + "/evaluations.json?verdict=MAYBE")[0] == 400
+        assert data(u, "/integrity.json")["verify"]["ok"]
+
+
+def test_the_cli_never_imports_the_review_app(made):
+    """Like the OpenFeature server, the app is imported only by 'gatekeeper review'."""
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom gatekeeper.cli import app\n"
+            f"for args in (['--help'], ['--workspace', {str(made[0])!r}, 'status', '--json']):\n"
+            "    assert CliRunner().invoke(app, args).exit_code == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('gatekeeper.review', 'aiohttp'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
