@@ -66,7 +66,7 @@ class LedgerStamp:
         from gatekeeper.ledger.database import make_engine
 
         if self._engine is None:
-            self._engine = make_engine(self.url)
+            self._engine = make_engine(self.url, read_only=True)
         with self._engine.connect() as conn:
             head = conn.execute(text("SELECT seq, hash FROM entry ORDER BY seq DESC LIMIT 1")).first()
         return (tuple(head) if head else None, int(time.monotonic() // self.recheck_s))
