@@ -133,10 +133,17 @@ def test_every_page_and_its_json_on_a_real_ledger(made, url):
 
 def test_signed_flip_fingerprint_is_the_one_ssh_keygen_prints(made, url, keys):  # noqa: F811
     ws, ids = made
-    (flip,) = data(url, f"/evaluations/{ids['pass']}.json")["flips"]
+    passed = data(url, f"/evaluations/{ids['pass']}.json")
+    (flip,) = passed["flips"]
     printed = subprocess.run(["ssh-keygen", "-l", "-f", f"{keys['ana']}.pub"], capture_output=True, text=True, check=True)
     assert flip["fingerprint"] == printed.stdout.split()[1]
     assert flip["fingerprint"] in page(url, f"/evaluations/{ids['pass']}")
+    (attested,) = passed["attestations"]  # ledger attest's envelope in the workspace, checked as verify-attestation does
+    assert attested["ok"] and attested["file"] == "pass.intoto.json" and attested["signer"]["keyid"] == flip["fingerprint"]
+    by_cli = cli(ws, "ledger", "verify-attestation", ws / "pass.intoto.json")[1]
+    assert [attested[k] for k in ("signer", "statement", "problems")] == [by_cli[k] for k in ("signer", "statement", "problems")]
+    assert attested["ledger"]["checked"] and by_cli["ledger"]["checked"]
+    assert data(url, f"/evaluations/{ids['fail']}.json")["attestations"] == []
 
 
 class Tags(HTMLParser):

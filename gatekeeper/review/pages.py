@@ -84,7 +84,7 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> dict[str, Any]:
             "cases_filter": cases, "case_counts": {f: sum(_matches(r, f) for r in rows) for f in CASE_FILTERS},
             "cases": [r for r in rows if _matches(r, cases)],
             "approvals": [_signed(a) for a in record.get("approvals") or []],
-            "flips": [_signed(f) for f in flips], "refusals": refusals,
+            "flips": [_signed(f) for f in flips], "refusals": refusals, "attestations": src.attestations(record["id"]),
             "attest": f"gatekeeper ledger attest {record['id']} --sign KEY --output {record['flag']}-{record['id']}.intoto.json"}
 
 

@@ -256,6 +256,30 @@ class Source:
                                     {"f": flag, "i": evaluation_id}).scalar()
 
 
+    def attestations(self, evaluation_id: int) -> list[dict[str, Any]]:
+        """The in-toto attestations of this evaluation kept in the workspace (``*.intoto.json``, as ``ledger attest
+        --output`` names them), each checked as ``ledger verify-attestation`` checks it: signer, key, and whether
+        the ledger still holds what it states."""
+        from ..ledger import intoto
+
+        ws = self.workspace
+        found = sorted(p for p in self.root.rglob("*.intoto.json") if p.is_file())
+        if not found or ws.allowed_signers is None:
+            return []
+        out = []
+        with self.ledger() as ledger:
+            where = checkpoints.location(ledger.url, ws.root) if ledger is not None else None
+            for path in found:
+                try:
+                    checked = intoto.verify(intoto.load(path), str(path.relative_to(self.root)), ws.allowed_signers,
+                                            ledger, where)
+                except GatekeeperError:
+                    continue  # not an envelope: not an attestation of anything here
+                if (checked.statement or {}).get("evaluation") == evaluation_id:
+                    out.append(checked.to_dict())
+        return out
+
+
 def strength_text(summary: dict[str, Any]) -> str | None:
     """What a verdict is worth, in a few words: the grade of an exact gate, or the bound of a paired one."""
     if s := summary.get("strength"):
