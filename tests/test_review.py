@@ -102,6 +102,7 @@ def test_every_page_and_its_json_on_a_real_ledger(made, url):
     first = next(r for r in turn["tokens"] if r["differs"])
     assert first["position"] == detail["first_divergent_position"]
     assert (first["off"], first["on"]) == (detail["a"]["token"], detail["b"]["token"])
+    assert (first["off_piece"], first["on_piece"]) == (detail["a"]["piece"], detail["b"]["piece"])  # the model's tokenizer
     assert shown["drift"] and all(p["drift"] >= 0 for p in shown["drift"])
     case_html = page(url, case["href"])
     assert f'<strong class="position">{detail["first_divergent_position"]}</strong>' in case_html

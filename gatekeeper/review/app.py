@@ -47,6 +47,7 @@ def templates():
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(charts=charts, num=_num, pct=_pct)
+    env.filters["quoted"] = lambda text: json.dumps(text, ensure_ascii=False)  # a token's text, whitespace visible
     return env
 
 

@@ -3,7 +3,9 @@ carries the integrity badge, and names its ledger records by their entry hash (t
 
 from __future__ import annotations
 
-from typing import Any
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import quote, urlencode
 
 from .. import signing
@@ -11,6 +13,7 @@ from ..cache.trie import common_prefix
 from ..evidence import CaseResult, EvaluationRecord
 from ..gate import flags as flag_states
 from ..gate.kinds import drifts
+from ..identity import directory_digest
 from ..reports import export
 from ..reports.diff import diff
 from ..reports.outcomes import case_outcomes, divergence_text, sides
@@ -111,10 +114,12 @@ def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
         raise NotFound(f"evaluation {record['id']} has no case {case_id!r}")
     comparisons = [c["detail"] for c in record["comparisons"] if c["case_id"] == case_id and not c["equal"]]
     off, on = runs.get(("off", 0)), runs.get(("on", 0))
+    identity = record.get("identity") or {}
+    piece = {side: pieces(identity.get(side) or {}) for side in ("off", "on")}
     turns = []
     for n in range(max(len(off["turns"]) if off else 0, len(on["turns"]) if on else 0)):
         a, b = _turn(off, n), _turn(on, n)
-        turns.append({"turn": n + 1, "off": a, "on": b, "tokens": _aligned(a, b),
+        turns.append({"turn": n + 1, "off": a, "on": b, "tokens": _aligned(a, b, piece["off"], piece["on"]),
                       "divergent_char": common_prefix(a.get("text") or "", b.get("text") or "")})
     steps = drifts(off, on) if off and on else {}
     return {"page": "case", "integrity": badge(src), "evaluation": record["id"], "flag": record["flag"],
@@ -226,15 +231,38 @@ def _margin(top2: list | None, i: int) -> float | None:
     return top2[i][0][1] - top2[i][1][1]
 
 
-def _aligned(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
-    """Both sides' generated tokens position by position, with their top-2 margins, marked where they differ."""
+def _aligned(a: dict[str, Any], b: dict[str, Any], piece_a: Callable[[int], str | None],
+             piece_b: Callable[[int], str | None]) -> list[dict[str, Any]]:
+    """Both sides' generated tokens position by position, with their text and top-2 margins, marked where they
+    differ."""
     ta, tb = a.get("tokens") or [], b.get("tokens") or []
     rows = []
     for i in range(max(len(ta), len(tb))):
         x, y = (ta[i] if i < len(ta) else None), (tb[i] if i < len(tb) else None)
-        rows.append({"position": i, "off": x, "on": y, "off_margin": _margin(a.get("top2"), i),
+        rows.append({"position": i, "off": x, "on": y, "off_piece": None if x is None else piece_a(x),
+                     "on_piece": None if y is None else piece_b(y), "off_margin": _margin(a.get("top2"), i),
                      "on_margin": _margin(b.get("top2"), i), "differs": x != y})
     return rows
+
+
+def pieces(side: dict[str, Any]) -> Callable[[int], str | None]:
+    """Token id -> its text, from the tokenizer of the model a side ran, when that model is on this machine with the
+    digest the evidence recorded (else no text: a tokenizer that changed since would mislabel the ids)."""
+    profile, engine = side.get("profile") or {}, side.get("engine") or {}
+    folder = Path(profile.get("tokenizer") or profile.get("model") or "")
+    if not (folder / "tokenizer.json").is_file() or engine.get("model_digest") is None:
+        return lambda _: None
+    return _tokenizer(str(folder), engine["model_digest"] if not profile.get("tokenizer") else "")
+
+
+@lru_cache(maxsize=8)
+def _tokenizer(folder: str, model_digest: str) -> Callable[[int], str | None]:
+    from tokenizers import Tokenizer
+
+    if model_digest and directory_digest(folder) != model_digest:
+        return lambda _: None
+    tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    return lambda i: tok.decode([i], skip_special_tokens=False)
 
 
 def _outcomes(off: CaseResult | None, on: CaseResult | None) -> list[dict[str, Any]]:
