@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
@@ -338,3 +339,25 @@ def test_the_cli_never_imports_the_review_app(made):
             "print(sorted(m for m in sys.modules if m.startswith(('gatekeeper.review', 'aiohttp'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_flags_page_says_what_a_flip_needs_and_what_went_stale(made, tmp_path):
+    ws, ids = tmp_path / "ws", made[1]
+    shutil.copytree(made[0], ws)
+    assert cli(ws, "flip", "prefix_cache", "off", "--operator", "ana", "--reason", "pause")[0] == 0
+    with review(ws) as u:
+        (flag,) = data(u, "/flags.json")["flags"]
+        assert flag["state"] == "off" and not flag["safely_on"]
+        needs = flag["next"]
+        assert needs["evaluation_id"] == ids["pass"] and needs["approvals"] == {"recorded": 0, "required": 1,
+                                                                               "signed": False, "by": []}
+        assert needs["needs"] == ["1 more approval by distinct operators, not ci who ran it"]
+        assert any(f"flip prefix_cache on --evaluation {ids['pass']}" in c for c in needs["commands"])
+        assert f"flip prefix_cache on --evaluation {ids['pass']}" in page(u, "/flags")
+        # the battery changes: the PASS no longer speaks for the pipeline, and the page says so and what to run
+        suite = ws / "assertions" / "tiny.yaml"
+        suite.write_text(suite.read_text().replace("max_tokens: 12", "max_tokens: 11"))
+        time.sleep(1.1)  # the workspace's files are looked at once a second
+        (flag,) = data(u, "/flags.json")["flags"]
+        assert any(p.startswith("stale:") and "max_tokens" in p for p in flag["next"]["needs"]), flag["next"]
+        assert flag["next"]["commands"][0].endswith("evaluate --flag prefix_cache")

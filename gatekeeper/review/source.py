@@ -101,8 +101,8 @@ class Source:
 
         ws = self.workspace
         if self._stamp.path is not None and not self._stamp.path.is_file():
-            problems = [p for c in checkpoints.recorded(ws) for p in [f"there is no ledger at {shown(self.url)}, yet "
-                        f"{c[0]} records one up to seq {c[1]['seq']}: it was deleted or moved"]][:1]
+            problems = [f"there is no ledger at {shown(self.url)}, yet {name} records one up to seq {c['seq']}: it was "
+                        "deleted or moved" for name, c in checkpoints.recorded(ws)[:1]]
             return View({"ok": not problems, "entries": 0, "problem": problems[0] if problems else "",
                          "problems": problems, "checkpoints": [], "signatures": {"checked": 0, "problems": []}})
         try:
@@ -132,7 +132,7 @@ class Source:
         with self.ledger() as ledger:
             if ledger is None:
                 raise NotFound("nothing has been recorded yet")
-            eid = int(ref) if ref.isdigit() else self.entry(ref)["evaluation_id"]
+            eid = int(ref) if ref.isdigit() and len(ref) < 12 else self.entry(ref)["evaluation_id"]  # else a hash
             record = ledger.evaluation(eid) if eid is not None else None
         if record is None:
             raise NotFound(f"no evaluation {ref} in the ledger")
