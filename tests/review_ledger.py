@@ -1,6 +1,7 @@
 """A workspace whose ledger real evaluations made, for the review app's tests: a PASS, a planted FAIL (the cache
 restores one position short), an INCONCLUSIVE (a baseline that disagrees with itself), a FAIL whose outputs, case
-id, operator and reasons carry hostile markup, a calibration, a signed flip and an attestation; and the running
+id, operator and reasons carry hostile markup, a change that is not exact (bfloat16, non_inferiority, its paired
+bound and teacher-forced distance), a calibration, a signed flip and an attestation; and the running
 app over it (``gatekeeper review`` as a real server process on a free loopback port)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from conftest import SUITE, profile
+from conftest import SUITE, profile, wide_suite
 from fault_engines import HOSTILE  # noqa: F401  (what the flag-on side's answers end with)
 from trust import allowed_line
 
@@ -69,6 +70,15 @@ def build(root: Path, tiny_llama: Path, key: Path) -> dict[str, int]:
     assert out["verdict"] == "FAIL", out
     ids["hostile"] = out["evaluation_id"]
     (root / "assertions" / "hostile.yaml").unlink()  # the PASS stays current evidence for the flag
+    # a change that is not exact: bfloat16 against float32, judged on paired outcomes with its distance read
+    wide_suite(root, 30)
+    (root / "policies" / "bf16.yaml").write_text("flag: bf16\ngate: non_inferiority\nmargin: 0.2\ndistance: true\n"
+                                                 "change: {profile: {dtype: bfloat16}}\n")
+    code, out = cli(root, "evaluate", "--flag", "bf16", "--engine", "tiny", "--suite", "wide", "--operator", "ci")
+    assert out["verdict"] in ("PASS", "INCONCLUSIVE", "FAIL") and out.get("distance"), out
+    ids["bf16"] = out["evaluation_id"]
+    for made in ("assertions/wide.yaml", "policies/bf16.yaml"):  # the battery and flags the PASS was judged on
+        (root / made).unlink()
     code, out = cli(root, "calibrate", "--evaluation", ids["pass"], "--operator", "cal")
     assert code == 0, out
     code, out = cli(root, "flip", "prefix_cache", "on", "--evaluation", ids["pass"], "--operator", "ana",

@@ -72,12 +72,12 @@ def test_every_page_and_its_json_on_a_real_ledger(made, url):
     assert "ON" in page(url, "/flags") and f'href="/evaluations/{ids["pass"]}"' in page(url, "/flags")
 
     listed = data(url, "/evaluations.json")
-    assert [r["id"] for r in listed["rows"]] == sorted(ids.values(), reverse=True) and listed["total"] == 4
-    assert {r["id"]: r["status"] for r in listed["rows"]} == {
+    assert [r["id"] for r in listed["rows"]] == sorted(ids.values(), reverse=True) and listed["total"] == 5
+    assert {r["id"]: r["status"] for r in listed["rows"] if r["flag"] == "prefix_cache"} == {
         ids["pass"]: "PASS", ids["fail"]: "FAIL", ids["inconclusive"]: "INCONCLUSIVE", ids["hostile"]: "FAIL"}
     power = next(r for r in listed["rows"] if r["id"] == ids["pass"])["power"]
     assert power["calibrations"] == 1 and 0 <= power["share"] <= 1
-    assert [r["id"] for r in data(url, "/evaluations.json?verdict=FAIL")["rows"]] == [ids["hostile"], ids["fail"]]
+    assert [r["id"] for r in data(url, "/evaluations.json?verdict=FAIL&flag=prefix_cache")["rows"]] == [ids["hostile"], ids["fail"]]
     assert data(url, "/evaluations.json?flag=static_first")["rows"] == []
     assert data(url, "/evaluations.json?since=2999-01-01")["total"] == 0
 
@@ -131,6 +131,21 @@ def test_every_page_and_its_json_on_a_real_ledger(made, url):
     assert data(url, ev["permalink"] + ".json")["id"] == ids["fail"]
     assert get(url + "/entries/" + ev["permalink"].rsplit("/", 1)[1][:16])[1]["Location"] == f"/evaluations/{ids['fail']}"
     assert get(url + "/evaluations/999.json")[0] == 404 and get(url + "/entries/" + "0" * 64)[0] == 404
+
+
+def test_a_change_that_is_not_exact_shows_its_bound_flips_and_distance(made, url):
+    ws, ids = made
+    recorded = cli(ws, "ledger", "show", ids["bf16"])[1]["verdict_record"]["summary"]
+    ev = data(url, f"/evaluations/{ids['bf16']}.json")
+    assert ev["gate"] == "non_inferiority" and ev["paired"] and ev["distance"]["rows"][0][0] == "off~on"
+    paired = recorded["paired"]
+    assert ev["paired"][0][3:5] == [str(paired["harmful"]), str(paired["beneficial"])]
+    assert sum(s["harmful"] for s in ev["flips_by_suite"]) == paired["harmful"]
+    (row,) = [r for r in data(url, "/evaluations.json?flag=bf16")["rows"]]
+    assert row["strength"] == f"loss ≤ {paired['upper']:.3f} (margin {paired['margin']:g})"
+    html = page(url, f"/evaluations/{ids['bf16']}")
+    assert "Paired outcomes and distances" in html and 'aria-label="KLD quantiles, log scale"' in html
+    assert f"{recorded['distance']['distance']['kld']['max']:.2g}</text>" in html
 
 
 def test_signed_flip_fingerprint_is_the_one_ssh_keygen_prints(made, url, keys):  # noqa: F811
