@@ -376,3 +376,13 @@ def test_the_flags_page_says_what_a_flip_needs_and_what_went_stale(made, tmp_pat
         (flag,) = data(u, "/flags.json")["flags"]
         assert any(p.startswith("stale:") and "max_tokens" in p for p in flag["next"]["needs"]), flag["next"]
         assert flag["next"]["commands"][0].endswith("evaluate --flag prefix_cache")
+
+
+def test_a_workspace_with_nothing_recorded_yet(workspace):
+    """No ledger yet: every page answers, nothing is created, and the flags page says a flip needs an evaluation."""
+    with review(workspace) as u:
+        (flag,) = data(u, "/flags.json")["flags"]
+        assert flag["state"] == "off" and flag["next"]["needs"][0].startswith("a passing evaluation")
+        assert data(u, "/evaluations.json")["total"] == 0 and data(u, "/integrity.json")["verify"]["ok"]
+        assert get(u + "/evaluations/1")[0] == 404 and 'class="badge ok"' in page(u, "/integrity")
+    assert not (workspace / "ledger" / "evidence.db").exists()

@@ -17,7 +17,8 @@ from ..workspace import Workspace
 
 
 def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[str, Any]]:
-    """One row per policy. ``trusted``: the ledger verified; a flag is shown as safely on only then."""
+    """One row per policy. ``ledger``: None while nothing was recorded. ``trusted``: the ledger verified; a flag is
+    shown as safely on only then."""
     states = flag_states.states(ws, ledger)
     force = pipeline.in_force(ws, ledger)
     try:
@@ -45,7 +46,7 @@ def _next_flip(ws: Workspace, ledger, flag: str) -> dict[str, Any]:
     """What turning ``flag`` on (again) needs now, from its newest passing evaluation, and the commands that do it."""
     policy = ws.policy(flag)
     approvals = policy.approvals
-    newest = _newest_pass(ledger, flag)
+    newest = _newest_pass(ledger, flag) if ledger is not None else None
     sign = " --sign KEY" if approvals.signed else ""
     where = f"--workspace {shlex.quote(str(ws.root))} "
     if newest is None:

@@ -100,22 +100,21 @@ class Source:
         from .flags import flags_view
 
         ws = self.workspace
-        if self._stamp.path is not None and not self._stamp.path.is_file():
+        if self._stamp.path is not None and not self._stamp.path.is_file():  # nothing recorded, unless a checkpoint says so
             problems = [f"there is no ledger at {shown(self.url)}, yet {name} records one up to seq {c['seq']}: it was "
                         "deleted or moved" for name, c in checkpoints.recorded(ws)[:1]]
-            return View({"ok": not problems, "entries": 0, "problem": problems[0] if problems else "",
-                         "problems": problems, "checkpoints": [], "signatures": {"checked": 0, "problems": []}})
-        try:
-            audit = audit_ledger(self.url, ws, [], lambda lg: attestation.audit_signatures(ws, lg), read_only=True)
-            integrity = audit.to_dict()
-        except GatekeeperError as e:
-            integrity = {"ok": False, "problem": str(e), "problems": [str(e)]}
+            integrity = {"ok": not problems, "entries": 0, "problem": problems[0] if problems else "",
+                         "problems": problems, "checkpoints": [], "signatures": {"checked": 0, "problems": []}}
+        else:
+            try:
+                audit = audit_ledger(self.url, ws, [], lambda lg: attestation.audit_signatures(ws, lg), read_only=True)
+                integrity = audit.to_dict()
+            except GatekeeperError as e:
+                integrity = {"ok": False, "problem": str(e), "problems": [str(e)]}
         view = View(integrity)
         with self.ledger() as ledger:
-            if ledger is None:
-                return view
             try:
-                view.head = ledger.head()
+                view.head = ledger.head() if ledger is not None else None
                 view.flags = flags_view(ws, ledger, self.engine, trusted=view.ok)
             except GatekeeperError as e:
                 view.flags_error = str(e)
