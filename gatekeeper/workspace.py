@@ -65,6 +65,9 @@ class EngineProfile(Strict):
     cache: CacheLimits = CacheLimits()
     snapshots: str = "boundaries"
     options: dict[str, Any] = {}  # free-form settings for plugin adapters
+    # in-process adapters: the Python interpreter (a path, or an environment 'gatekeeper runtime prepare NAME' made)
+    # the adapter runs under, in a worker process; None: this process. Its packages are the runtime's version.
+    python: str | None = Field(None, exclude_if=lambda v: v is None)
     # served engines (adapter: http): ``url`` is the server; for the prefix cache flag, ``url_on`` is the
     # deployment with its cache on, or ``cache_switch`` one request field that turns it off and on. Requests
     # time out after ``timeout`` s, at most ``concurrency`` in flight
@@ -122,6 +125,16 @@ class EngineProfile(Strict):
                 raise ValueError("adapter http needs 'url': the server's base URL, e.g. http://127.0.0.1:8080")
             # url_on or cache_switch is asked for where the prefix cache is the flag (evaluator.plan), not here:
             # a profile evaluated for another flag, whose change names its own 'url', needs neither
+        return self
+
+    @model_validator(mode="after")
+    def _python(self) -> "EngineProfile":
+        if self.python is not None and self.adapter == "http":
+            raise ValueError("python: a server runs in its own environment; 'python' names the environment of an "
+                             "in-process adapter (torch, mlx, llamacpp, a plugin). Remove it, or use one of those")
+        if self.python is not None and self.executor == "ray":
+            raise ValueError("python: an engine in another environment runs in a worker process, not on Ray actors; "
+                             "remove 'executor: ray' or 'python'")
         return self
 
     @model_validator(mode="after")

@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "battery": ("battery", "battery_app"),
     "flags": ("flagserve", "flags_app"),
     "review": ("review", "review"),
+    "runtime": ("runtime", "runtime_app"),
 }
 
 

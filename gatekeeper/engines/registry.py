@@ -72,6 +72,10 @@ def check_profile(profile: EngineProfile) -> type[Engine]:
 def build_engine(profile: EngineProfile, *, workspace_root: Path | None = None) -> Engine:
     """The model a profile describes, loaded once; open a session per configuration on it."""
     profile = resolve_profile(profile)
+    if profile.python is not None:  # the adapter runs in its own environment: the worker checks it there
+        from .worker import WorkerEngine
+
+        return WorkerEngine(profile, workspace_root=workspace_root)
     cls = check_profile(profile)
     # Built-ins resolve relative model paths against the workspace; a plugin gets the root if it asks.
     if "workspace_root" in inspect.signature(cls).parameters:
@@ -85,6 +89,9 @@ def identity(profile: EngineProfile, *, workspace_root: Path | None = None) -> d
     A subclass that redefines ``identity`` or where it finds its files (``_locate``) below the class that
     computes ``identity_of`` is loaded: the inherited computation would not know what it changed."""
     profile = resolve_profile(profile)
+    if profile.python is not None:  # its versions are the other environment's: asked there
+        with build_engine(profile, workspace_root=workspace_root) as model:
+            return model.identity()
     cls = check_profile(profile)
     if all(issubclass(_owner(cls, "identity_of"), _owner(cls, name)) for name in ("identity", "_locate") if hasattr(cls, name)):
         known = cls.identity_of(profile, workspace_root=workspace_root)

@@ -1,0 +1,276 @@
+"""An in-process engine run under another Python environment: the profile's ``python`` names the interpreter (or an
+environment ``gatekeeper runtime prepare`` made), and the adapter runs there, in a worker process, behind the same
+model and session contract. So a transformers or mlx-lm upgrade is evaluated side by side with the version in
+production: each side's worker imports its own environment's packages.
+
+The parent (``WorkerEngine``) and the worker (``main``, run as ``python -m gatekeeper.engines.worker``) speak one
+JSON document per line over the worker's stdin and a private copy of its stdout (what libraries print goes to
+stderr). A request is ``{"op": ..., ...}``; the answer ``{"ok": value}`` or ``{"error": ..., "gatekeeper": bool}``.
+While a ``generate`` with an ``until`` runs, the worker asks ``{"until": [tokens, top2]}`` after each token and the
+parent answers ``{"stop": bool}``: early stopping crosses the process as it would a call. A worker that dies is an
+error naming its exit and last lines of output: the evaluation is aborted, never a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import GatekeeperError
+from ..workspace import EngineProfile
+from .base import Engine, Generation, Scored, Session, Until
+from .faults import Fault
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # the folder holding the gatekeeper package
+DECLARED = ("name", "concurrency", "hybrid", "persists", "granularity", "window", "context", "early_stop", "weights",
+            "dialect_name", "score_caveat")
+
+
+def interpreter(python: str) -> str:
+    """The interpreter a profile's ``python`` names: a path, a command on PATH, or an environment made by
+    ``gatekeeper runtime prepare NAME``; exit 2 naming the field when there is none."""
+    from ..setup.runtimes import environment
+
+    named = environment(python)
+    found = named if named is not None else shutil.which(python) if os.sep not in python else python
+    if not found or not os.access(found, os.X_OK) or Path(found).is_dir():
+        raise GatekeeperError(f"field 'python': {python!r} is neither an interpreter nor an environment made by "
+                              f"'gatekeeper runtime prepare {python} PACKAGE==VERSION'; make it, or name an existing "
+                              "python executable")
+    return str(found)
+
+
+class WorkerSession(Session):
+    """A session of the model the worker holds: every call is forwarded."""
+
+    def __init__(self, model: "WorkerEngine", *, cache: bool = False, results: Path | None = None,
+                 fault: Fault | None = None):
+        super().__init__(model, cache=cache, results=results)
+        self.worker = model
+        self.id = model.call("session", cache=cache, results=str(results) if results else None,
+                             fault=fault.to_dict() if fault else None)
+
+    def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+                 until: Until | None = None) -> Generation:
+        g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
+                                          stop=list(stop), top2=top2, until=until is not None, callback=until))
+        self.stats.add(g)
+        return g
+
+    def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored | None:
+        import numpy as np
+
+        s = self.worker.call("score", sid=self.id, prompt=list(prompt), continuation=list(continuation), top_k=top_k)
+        if s is None:
+            return None
+        arrays = {k: None if s[k] is None else np.asarray(s[k], dtype=np.int64 if k == "ids" else np.float32)
+                  for k in ("logprobs", "token_logprobs", "ids")}
+        return Scored(tokens=s["tokens"], kind=s["kind"], cached_tokens=s["cached_tokens"], **arrays)
+
+    def pin(self, prefix: Sequence[int]) -> None:
+        self.pin_sources.update({tuple(prefix): self.worker.call("pin", sid=self.id, prefix=list(prefix))})
+
+    def held(self) -> tuple[int | None, int | None]:
+        n, size = self.worker.call("held", sid=self.id)
+        return n, size
+
+    def snapshot_stats(self) -> dict[str, Any] | None:
+        return self.worker.call("snapshot_stats", sid=self.id)
+
+    def close(self) -> None:
+        if self.worker.alive:
+            self.worker.call("close_session", sid=self.id)
+
+
+class WorkerEngine(Engine):
+    """The adapter a profile names, run by a worker process under the profile's ``python``."""
+
+    session_class = WorkerSession
+    fault_session_class = WorkerSession
+
+    def __init__(self, profile: EngineProfile, *, workspace_root: Path | None = None):
+        super().__init__(profile, workspace_root=workspace_root)
+        assert profile.python is not None  # registry builds a worker only for a profile that names one
+        self.python = interpreter(profile.python)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
+        self._proc = subprocess.Popen([self.python, "-m", "gatekeeper.engines.worker"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
+        self._said: deque[str] = deque(maxlen=20)  # the worker's last lines on stderr, for the error that names them
+        threading.Thread(target=self._drain, daemon=True).start()
+        self._lock = threading.Lock()
+        try:
+            declared = self.call("load", profile=profile.model_copy(update={"python": None}).model_dump(mode="json"),
+                                 name=profile.name, root=str(workspace_root) if workspace_root else None)
+        except BaseException:
+            self.close()
+            raise
+        # what the adapter declares, as its own class says it (the worker's check_fault refuses what it cannot plant)
+        for k in DECLARED:
+            setattr(self, k, declared[k])
+        for k in ("observes", "eos_ids", "faults"):
+            setattr(self, k, frozenset(declared[k]))
+        self.notices = tuple(declared["notices"])
+        self._unscored = declared["unscored"]
+        self.weights = Path(declared["weights"]) if declared["weights"] else None
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _drain(self) -> None:
+        assert self._proc.stderr is not None
+        for line in self._proc.stderr:
+            self._said.append(line.rstrip())
+
+    def call(self, op: str, callback: Until | None = None, **args: Any) -> Any:
+        """One request to the worker and its answer (answering its ``until`` questions on the way)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with self._lock:
+            try:
+                self._proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+                self._proc.stdin.flush()
+                while True:
+                    line = self._proc.stdout.readline()
+                    if not line:
+                        raise EOFError
+                    answer = json.loads(line)
+                    if "until" not in answer:
+                        break
+                    stop = callback is not None and bool(callback(*answer["until"]))
+                    self._proc.stdin.write(json.dumps({"stop": stop}) + "\n")
+                    self._proc.stdin.flush()
+            except (EOFError, BrokenPipeError, OSError):
+                raise self._died(op) from None
+        if "error" in answer:
+            raise (GatekeeperError if answer["gatekeeper"] else RuntimeError)(answer["error"])
+        return answer["ok"]
+
+    def _died(self, op: str) -> GatekeeperError:
+        try:
+            code = self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        said = " | ".join(list(self._said)[-5:]) or "nothing"
+        return GatekeeperError(f"the engine's worker under {self.python} died during {op!r} (exit {code}); its last "
+                               f"lines: {said}")
+
+    def check_fault(self, fault: Fault) -> None:
+        self.call("check_fault", fault=fault.to_dict())
+
+    def unscored(self) -> str | None:
+        return self._unscored
+
+    def render(self, messages: Sequence[dict[str, str]]) -> str:
+        return self.call("render", messages=list(messages))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.call("tokenize", text=text)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.call("detokenize", tokens=list(tokens))
+
+    def identity(self) -> dict[str, Any]:
+        """The worker's adapter's identity (its own environment's library versions) and the interpreter it ran."""
+        return {**self.call("identity"), "python": self.call("python")}
+
+    def close(self) -> None:
+        if self.alive:
+            try:
+                self.call("close")
+            except GatekeeperError:
+                pass
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# --- the worker's side -------------------------------------------------------------------------------
+
+
+def main() -> None:
+    """Serve one engine over this process's stdin and stdout, until told to close or stdin ends."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what libraries print goes to stderr, never into the protocol
+    state: dict[str, Any] = {"engine": None, "sessions": {}}
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            answer: dict[str, Any] = {"ok": _handle(request, state, out)}
+        except GatekeeperError as e:
+            answer = {"error": str(e), "gatekeeper": True}
+        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it there
+            answer = {"error": f"{type(e).__name__}: {e}", "gatekeeper": False}
+        out.write(json.dumps(answer) + "\n")
+        if request["op"] == "close":
+            break
+
+
+def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
+    from .faults import Fault
+    from .registry import build_engine
+
+    op, engine, sessions = r["op"], state["engine"], state["sessions"]
+    if op == "load":
+        profile = EngineProfile.model_validate({**r["profile"]}).model_copy(update={"name": r["name"]})
+        engine = state["engine"] = build_engine(profile, workspace_root=Path(r["root"]) if r["root"] else None)
+        return {**{k: getattr(engine, k) if k != "weights" else str(engine.weights or "") for k in DECLARED},
+                "observes": sorted(engine.observes), "eos_ids": sorted(engine.eos_ids), "notices": list(engine.notices),
+                "faults": sorted(engine.faults), "unscored": engine.unscored()}
+    if op == "python":
+        return {"executable": sys.executable, "version": sys.version.split()[0]}
+    if op in ("identity", "render", "tokenize", "detokenize"):
+        arg = {"render": "messages", "tokenize": "text", "detokenize": "tokens"}.get(op)
+        return getattr(engine, op)(r[arg]) if arg else engine.identity()
+    if op == "check_fault":
+        return engine.check_fault(Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}))
+    if op == "session":
+        fault = Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}) if r["fault"] else None
+        sid = len(sessions) + 1
+        sessions[sid] = engine.session(cache=r["cache"], results=Path(r["results"]) if r["results"] else None, fault=fault)
+        return sid
+    if op == "close":
+        for s in sessions.values():
+            s.close()
+        if engine is not None:
+            engine.close()
+        return None
+    session = sessions[r["sid"]]
+    if op == "generate":
+        def until(tokens: list[int], top2: Any) -> bool:
+            out.write(json.dumps({"until": [tokens, top2]}) + "\n")
+            return bool(json.loads(sys.stdin.readline())["stop"])
+
+        g = session.generate(r["prompt"], max_tokens=r["max_tokens"], stop=r["stop"], top2=r["top2"],
+                             until=until if r["until"] else None)
+        return {k: v for k, v in vars(g).items()}
+    if op == "score":
+        s = session.score(r["prompt"], r["continuation"], top_k=r["top_k"])
+        return None if s is None else {"tokens": list(s.tokens), "kind": s.kind, "cached_tokens": s.cached_tokens,
+                                       **{k: None if getattr(s, k) is None else getattr(s, k).tolist()
+                                          for k in ("logprobs", "token_logprobs", "ids")}}
+    if op == "pin":
+        session.pin(r["prefix"])
+        return session.pin_sources.get(tuple(r["prefix"]), "computed")
+    if op == "held":
+        return list(session.held())
+    if op == "snapshot_stats":
+        return session.snapshot_stats()
+    if op == "close_session":
+        sessions.pop(r["sid"]).close()
+        return None
+    raise GatekeeperError(f"the worker does not know the request {op!r}")
+
+
+if __name__ == "__main__":
+    main()
