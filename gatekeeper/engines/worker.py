@@ -3,7 +3,7 @@ environment ``gatekeeper runtime prepare`` made), and the adapter runs there, in
 model and session contract. So a transformers or mlx-lm upgrade is evaluated side by side with the version in
 production: each side's worker imports its own environment's packages.
 
-The parent (``WorkerEngine``) and the worker (``main``, run as ``python -m gatekeeper.engines.worker``) speak one
+The parent (``WorkerEngine``) and the worker (``worker_main``, run as ``python -m gatekeeper.engines.worker_main``) speak one
 JSON document per line over the worker's stdin and a private copy of its stdout (what libraries print goes to
 stderr). A request is ``{"op": ..., ...}``; the answer ``{"ok": value}`` or ``{"error": ..., "gatekeeper": bool}``.
 While a ``generate`` with an ``until`` runs, the worker asks ``{"until": [tokens, top2]}`` after each token and the
@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from collections import deque
 from pathlib import Path
@@ -100,7 +99,7 @@ class WorkerEngine(Engine):
         assert profile.python is not None  # registry builds a worker only for a profile that names one
         self.python = interpreter(profile.python)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
-        self._proc = subprocess.Popen([self.python, "-m", "gatekeeper.engines.worker"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([self.python, "-m", "gatekeeper.engines.worker_main"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
         self._said: deque[str] = deque(maxlen=20)  # the worker's last lines on stderr, for the error that names them
         threading.Thread(target=self._drain, daemon=True).start()
@@ -193,84 +192,3 @@ class WorkerEngine(Engine):
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-
-
-# --- the worker's side -------------------------------------------------------------------------------
-
-
-def main() -> None:
-    """Serve one engine over this process's stdin and stdout, until told to close or stdin ends."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # what libraries print goes to stderr, never into the protocol
-    state: dict[str, Any] = {"engine": None, "sessions": {}}
-    for line in sys.stdin:
-        request = json.loads(line)
-        try:
-            answer: dict[str, Any] = {"ok": _handle(request, state, out)}
-        except GatekeeperError as e:
-            answer = {"error": str(e), "gatekeeper": True}
-        except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it there
-            answer = {"error": f"{type(e).__name__}: {e}", "gatekeeper": False}
-        out.write(json.dumps(answer) + "\n")
-        if request["op"] == "close":
-            break
-
-
-def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
-    from .faults import Fault
-    from .registry import build_engine
-
-    op, engine, sessions = r["op"], state["engine"], state["sessions"]
-    if op == "load":
-        profile = EngineProfile.model_validate({**r["profile"]}).model_copy(update={"name": r["name"]})
-        engine = state["engine"] = build_engine(profile, workspace_root=Path(r["root"]) if r["root"] else None)
-        return {**{k: getattr(engine, k) if k != "weights" else str(engine.weights or "") for k in DECLARED},
-                "observes": sorted(engine.observes), "eos_ids": sorted(engine.eos_ids), "notices": list(engine.notices),
-                "faults": sorted(engine.faults), "unscored": engine.unscored()}
-    if op == "python":
-        return {"executable": sys.executable, "version": sys.version.split()[0]}
-    if op in ("identity", "render", "tokenize", "detokenize"):
-        arg = {"render": "messages", "tokenize": "text", "detokenize": "tokens"}.get(op)
-        return getattr(engine, op)(r[arg]) if arg else engine.identity()
-    if op == "check_fault":
-        return engine.check_fault(Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}))
-    if op == "session":
-        fault = Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}) if r["fault"] else None
-        sid = len(sessions) + 1
-        sessions[sid] = engine.session(cache=r["cache"], results=Path(r["results"]) if r["results"] else None, fault=fault)
-        return sid
-    if op == "close":
-        for s in sessions.values():
-            s.close()
-        if engine is not None:
-            engine.close()
-        return None
-    session = sessions[r["sid"]]
-    if op == "generate":
-        def until(tokens: list[int], top2: Any) -> bool:
-            out.write(json.dumps({"until": [tokens, top2]}) + "\n")
-            return bool(json.loads(sys.stdin.readline())["stop"])
-
-        g = session.generate(r["prompt"], max_tokens=r["max_tokens"], stop=r["stop"], top2=r["top2"],
-                             until=until if r["until"] else None)
-        return {k: v for k, v in vars(g).items()}
-    if op == "score":
-        s = session.score(r["prompt"], r["continuation"], top_k=r["top_k"])
-        return None if s is None else {"tokens": list(s.tokens), "kind": s.kind, "cached_tokens": s.cached_tokens,
-                                       **{k: None if getattr(s, k) is None else getattr(s, k).tolist()
-                                          for k in ("logprobs", "token_logprobs", "ids")}}
-    if op == "pin":
-        session.pin(r["prefix"])
-        return session.pin_sources.get(tuple(r["prefix"]), "computed")
-    if op == "held":
-        return list(session.held())
-    if op == "snapshot_stats":
-        return session.snapshot_stats()
-    if op == "close_session":
-        sessions.pop(r["sid"]).close()
-        return None
-    raise GatekeeperError(f"the worker does not know the request {op!r}")
-
-
-if __name__ == "__main__":
-    main()

@@ -70,7 +70,7 @@ def prepare(name: str, packages: list[str]) -> dict:
 
 def prove(python: str) -> dict[str, str]:
     """The environment's python imports the worker; returns the versions of the runtimes it holds."""
-    code = ("import json, importlib.metadata as m\nimport gatekeeper.engines.worker\nout = {}\n"
+    code = ("import json, importlib.metadata as m\nimport gatekeeper.engines.worker_main\nout = {}\n"
             "for d in ('torch', 'transformers', 'mlx', 'mlx-lm', 'llama-cpp-python', 'tokenizers'):\n"
             "    try:\n        out[d] = m.version(d)\n    except m.PackageNotFoundError:\n        pass\n"
             "print(json.dumps(out))")
