@@ -74,7 +74,9 @@ class WorkerSession(Session):
         return Scored(tokens=s["tokens"], kind=s["kind"], cached_tokens=s["cached_tokens"], **arrays)
 
     def pin(self, prefix: Sequence[int]) -> None:
-        self.pin_sources.update({tuple(prefix): self.worker.call("pin", sid=self.id, prefix=list(prefix))})
+        source = self.worker.call("pin", sid=self.id, prefix=list(prefix))
+        if source is not None:  # where the worker's session got the state (computed, loaded, recomputed)
+            self.pin_sources[tuple(prefix)] = source
 
     def held(self) -> tuple[int | None, int | None]:
         n, size = self.worker.call("held", sid=self.id)

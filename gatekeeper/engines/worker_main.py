@@ -77,7 +77,7 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
                                           for k in ("logprobs", "token_logprobs", "ids")}}
     if op == "pin":
         session.pin(r["prefix"])
-        return session.pin_sources.get(tuple(r["prefix"]), "computed")
+        return session.pin_sources.get(tuple(r["prefix"]))
     if op == "held":
         return list(session.held())
     if op == "snapshot_stats":
