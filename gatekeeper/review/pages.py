@@ -78,7 +78,7 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> dict[str, Any]:
         flips = [f for f in ledger.flips(record["flag"]) if f["evaluation_id"] == record["id"]]
         refusals = ledger.refusals(record["flag"], record["id"])
     return {"page": "evaluation", "integrity": badge(src), "id": record["id"],
-            "permalink": _permalink(src, "evaluation", record["id"]), "previous": src.previous(record["id"], record["flag"]),
+            "permalink": _permalink(src, record["id"]), "previous": src.previous(record["id"], record["flag"]),
             **{k: v[k] for k in (
                 "flag", "gate", "status", "verdict", "reasons", "operator", "started_at", "finished_at", "aborted",
                 "config", "identity_rows", "stages", "chart", "strength", "near_ties", "calibrations", "probes")},
@@ -125,7 +125,7 @@ def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
     return {"page": "case", "integrity": badge(src), "evaluation": record["id"], "flag": record["flag"],
             "status": record["status"], "case_id": case_id, "href": case_href(record["id"], case_id),
             "previous": src.previous(record["id"], record["flag"]),
-            "permalink": _permalink(src, "evaluation", record["id"]) + f"/cases/{quote(case_id, safe='')}",
+            "permalink": _permalink(src, record["id"]) + f"/cases/{quote(case_id, safe='')}",
             "divergences": [{**d, "sides": list(sides(d)), "text": divergence_text(d)} for d in comparisons],
             "turns": turns, "drift": [{"turn": t, "step": s, "drift": d} for (t, s), d in sorted(steps.items())],
             "outcomes": _outcomes(off, on), "crash": {k: r["crash"] for k, r in (("off", off), ("on", on)) if r and r.get("crash")}}
@@ -167,8 +167,8 @@ def _entry_ref(src: Source, evaluation_id: int) -> str:
     return src.entry_hash("evaluation", evaluation_id) or str(evaluation_id)
 
 
-def _permalink(src: Source, kind: str, record_id: int) -> str:
-    return f"/evaluations/{_entry_ref(src, record_id)}"
+def _permalink(src: Source, evaluation_id: int) -> str:
+    return f"/evaluations/{_entry_ref(src, evaluation_id)}"
 
 
 def _power(calibrations: list[dict[str, Any]], policy) -> dict[str, Any] | None:
