@@ -7,6 +7,13 @@ or by default a virtual environment of this interpreter that sees this one's pac
 the process boundary differs).
 
     python bench/worker.py [--limit 2] [--reps 2] [--runtime NAME --packages 'transformers==5.25.0']
+
+``--upgrade FROM TO`` instead evaluates an upgrade as a user gates it: the default model's torch profile runs under
+the environment FROM, and the declared flag ``upgrade`` (``change: {profile: {python: TO}}``) under TO, both made
+by ``gatekeeper runtime prepare`` beforehand; it prints the verdict, the libraries of each side and whether the
+pipeline-version hash moved.
+
+    python bench/worker.py --upgrade tf-5.24.0 tf-5.25.0 [--limit 2]
 """
 
 from __future__ import annotations
@@ -52,7 +59,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--runtime", help="an environment made by 'gatekeeper runtime prepare' (made here if missing)")
     ap.add_argument("--packages", nargs="*", default=[], help="what --runtime holds, if it must be made")
+    ap.add_argument("--upgrade", nargs=2, metavar=("FROM", "TO"), help="evaluate an upgrade between two environments")
     a = ap.parse_args()
+    if a.upgrade:
+        upgrade(*a.upgrade, a.limit)
+        return
     with tempfile.TemporaryDirectory(prefix="gatekeeper-worker-") as tmp:
         ws = Path(tmp) / "ws"
         for folder in ("assertions", "engines", "policies", "prompts"):
@@ -81,6 +92,25 @@ def main() -> None:
             print(f"{engine:10} {outs[engine]['verdict']:8} {statistics.median(xs):8.1f}")
         ratio = statistics.median(seconds["worker"]) / statistics.median(seconds["torch"])
         print(f"worker / in-process: {ratio:.3f}; runs with the same tokens: {same} of {len(tokens['torch'])}")
+
+
+def upgrade(old: str, new: str, limit: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-upgrade-") as tmp:
+        ws = Path(tmp) / "ws"
+        for folder in ("assertions", "engines", "policies", "prompts"):
+            shutil.copytree(ROOT / folder, ws / folder)
+        shutil.rmtree(ws / "policies" / "examples", ignore_errors=True)
+        torch = ws / "engines" / "torch.yaml"
+        torch.write_text(torch.read_text() + f"python: {old}\n")
+        (ws / "policies" / "upgrade.yaml").write_text(f"flag: upgrade\ngate: byte_equivalence\nprobes: off\ndistance: false\n"
+                                                      f"change: {{profile: {{python: {new}}}}}\n")
+        s, out = gk(ws, "evaluate", "--flag", "upgrade", "--engine", "torch", "--limit", str(limit))
+        record = gk(ws, "ledger", "show", str(out["evaluation_id"]))[1]
+        sides = {side: record["identity"][side]["engine"]["libraries"] for side in ("off", "on")}
+        print(f"evaluate --flag upgrade ({old} -> {new}) --limit {limit}: {out['verdict']} in {s:.0f} s")
+        for reason in out["reasons"]:
+            print(f"  {reason}")
+        print(f"  flag off runs {sides['off']}; flag on runs {sides['on']}")
 
 
 if __name__ == "__main__":
