@@ -27,7 +27,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ..engines.registry import identity, resolve_profile
 from ..errors import GatekeeperError
@@ -39,9 +39,6 @@ from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.store import shown
 from ..workspace import EngineProfile, Workspace, files_stamp, find_root
-
-if TYPE_CHECKING:
-    pass
 
 # OpenFeature's reasons, as the spec defines them.
 DEFAULT = "DEFAULT"  # never flipped: the policy's default (off), "a pre-configured value"
