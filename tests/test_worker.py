@@ -30,7 +30,8 @@ def second_python(tmp_path_factory) -> str:
 
 @pytest.fixture
 def worker_ws(tiny_ws, tiny_llama, second_python):
-    (tiny_ws / "engines" / "worker.yaml").write_text(profile("torch", tiny_llama) + f"python: {second_python}\n")
+    for name, adapter in (("worker", "torch"), ("worker_mlx", "mlx")):
+        (tiny_ws / "engines" / f"{name}.yaml").write_text(profile(adapter, tiny_llama) + f"python: {second_python}\n")
     return tiny_ws
 
 
@@ -41,9 +42,10 @@ def runs(ws: Path, evaluation_id: int) -> dict:
                                                       for t in r["result"]["turns"]] for r in record["case_results"]}
 
 
-def test_a_worker_engine_gives_the_in_process_verdict_and_records(worker_ws, run_cli, second_python):
-    code, here = evaluate(run_cli, worker_ws, "tiny")
-    code_w, there = evaluate(run_cli, worker_ws, "worker")
+@pytest.mark.parametrize("in_process, worker", [("tiny", "worker"), ("tiny_mlx", "worker_mlx")])
+def test_a_worker_engine_gives_the_in_process_verdict_and_records(worker_ws, run_cli, second_python, in_process, worker):
+    code, here = evaluate(run_cli, worker_ws, in_process)
+    code_w, there = evaluate(run_cli, worker_ws, worker)
     assert (code, here["verdict"]) == (code_w, there["verdict"]) == (0, "PASS")
     assert runs(worker_ws, there["evaluation_id"]) == runs(worker_ws, here["evaluation_id"])  # tokens, logits, cache
     with ledger(worker_ws) as lg:
