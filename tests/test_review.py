@@ -386,3 +386,25 @@ def test_a_workspace_with_nothing_recorded_yet(workspace):
         assert data(u, "/evaluations.json")["total"] == 0 and data(u, "/integrity.json")["verify"]["ok"]
         assert get(u + "/evaluations/1")[0] == 404 and 'class="badge ok"' in page(u, "/integrity")
     assert not (workspace / "ledger" / "evidence.db").exists()
+
+
+def test_a_reader_refuses_an_older_ledger_and_leaves_it_as_it_was(tmp_path, workspace):
+    """Opening an older ledger would migrate it: the review app and flags serve read it only at the current version."""
+    from gatekeeper.errors import GatekeeperError
+    from gatekeeper.ledger import Ledger
+    from gatekeeper.ledger.database import make_engine
+    from gatekeeper.ledger.migrations import migrate
+    from gatekeeper.openfeature.resolve import Resolver
+
+    db = workspace / "ledger" / "evidence.db"
+    engine = make_engine(f"sqlite:///{db}")
+    migrate(engine, 3)
+    engine.dispose()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    with pytest.raises(GatekeeperError, match="schema version 3, not this gatekeeper's 4.*ledger verify"):
+        Ledger(f"sqlite:///{db}", read_only=True)
+    with Resolver(workspace) as resolver:
+        assert "schema version 3" in (resolver.snapshot().error or "")
+    with review(workspace) as u:
+        assert "schema version 3" in data(u, "/integrity.json")["integrity"]["problem"]
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before

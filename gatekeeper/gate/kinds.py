@@ -145,7 +145,7 @@ def near_ties(results: Iterable[tuple[str, CaseResult]]) -> dict[str, SuiteCensu
         for t in result["turns"]:
             top2 = t.get("top2") or []
             for s in range(len(t["tokens"])):
-                m = _margin(top2[s]) if s < len(top2) and len(top2[s]) >= 2 else None
+                m = margin(top2[s]) if s < len(top2) and len(top2[s]) >= 2 else None
                 if m is None:
                     row["unknown"] += 1
                     continue
@@ -183,7 +183,8 @@ class Evidence:
         return min(1.0, self.cached / self.bound) if self.bound and self.cached else 0.0
 
 
-def _margin(step: Top2 | None) -> float | None:
+def margin(step: Top2 | None) -> float | None:
+    """One step's top-2 logit margin (best minus second); None without top-2 logits."""
     return None if not step else float(step[0][1] - step[1][1])
 
 
@@ -248,7 +249,7 @@ def token_diff(a: CaseResult, b: CaseResult, detok: Callable[[list[int]], str]) 
             token = t["tokens"][pos] if pos < len(t["tokens"]) else None
             top2 = t.get("top2") or []
             side[name] = DivergentSide(token=token, piece=detok([token]) if token is not None else None,
-                                       margin=_margin(top2[pos] if pos < len(top2) else None))
+                                       margin=margin(top2[pos] if pos < len(top2) else None))
         ma, mb = side["a"]["margin"], side["b"]["margin"]
         return Comparison(
             turn=n + 1,

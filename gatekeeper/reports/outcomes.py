@@ -5,9 +5,9 @@ through this one view."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
-from gatekeeper.evidence import CaseResult, Comparison, EvaluationRecord
+from gatekeeper.evidence import AssertionOutcome, CaseResult, Comparison, EvaluationRecord
 from gatekeeper.gate.kinds import divergence, drifts
 
 EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
@@ -72,12 +72,14 @@ def case_flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
     if not (summary.get("paired") or summary.get("sequential")):
         return {}
     firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}
-    out = {}
-    for (cid, config), off in firsts.items():
-        if config == "off" and (cid, "on") in firsts:
-            pairs = list(zip(off, firsts[(cid, "on")]))
-            out[cid] = (sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs))
-    return out
+    return {cid: flips(off, firsts[(cid, "on")]) for (cid, config), off in firsts.items()
+            if config == "off" and (cid, "on") in firsts}
+
+
+def flips(off: Sequence[AssertionOutcome], on: Sequence[AssertionOutcome]) -> tuple[int, int]:
+    """(harmful, beneficial): assertions that passed with the flag off and fail with it on, and the reverse."""
+    pairs = list(zip(off, on))
+    return sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs)
 
 
 def divergence_text(d: Comparison | None) -> str:

@@ -12,20 +12,20 @@ from .. import signing
 from ..cache.trie import common_prefix
 from ..evidence import CaseResult, EvaluationRecord
 from ..gate import flags as flag_states
-from ..gate.kinds import drifts
+from ..gate.kinds import drifts, margin
 from ..identity import directory_digest
 from ..reports import export
 from ..reports.diff import diff
-from ..reports.outcomes import case_outcomes, divergence_text, sides
-from .source import PAGE, NotFound, Source
+from ..reports.outcomes import case_outcomes, divergence_text, flips, sides
+from .source import PAGE, NotFound, Source, View
 
 CASE_FILTERS = ("all", "differs", "regressed", "improved", "unchanged")
 VERDICT_FILTERS = ("PASS", "FAIL", "INCONCLUSIVE", "none")
 
 
-def badge(src: Source) -> dict[str, Any]:
+def badge(src: Source, view: View | None = None) -> dict[str, Any]:
     """The integrity badge every page shows: ``ledger verify``'s result in one line."""
-    view = src.view()
+    view = view or src.view()
     i = view.integrity
     return {"ok": view.ok, "problem": i.get("problem") or "", "problems": len(i.get("problems") or []),
             "entries": i.get("entries"), "head": view.head}
@@ -33,13 +33,13 @@ def badge(src: Source) -> dict[str, Any]:
 
 def flags(src: Source) -> dict[str, Any]:
     view = src.view()
-    return {"page": "flags", "integrity": badge(src), "flags": view.flags, "flags_error": view.flags_error,
+    return {"page": "flags", "integrity": badge(src, view), "flags": view.flags, "flags_error": view.flags_error,
             "workspace": str(src.root)}
 
 
 def integrity(src: Source) -> dict[str, Any]:
     view = src.view()
-    return {"page": "integrity", "integrity": badge(src), "verify": view.integrity, "head": view.head}
+    return {"page": "integrity", "integrity": badge(src, view), "verify": view.integrity, "head": view.head}
 
 
 def evaluations(src: Source, query: dict[str, str]) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def case_rows(record: EvaluationRecord) -> list[dict[str, Any]]:
     out = []
     for c in case_outcomes(record):
         off, on = firsts.get((c.case_id, "off")), firsts.get((c.case_id, "on"))
-        harmful, beneficial = _flips(off, on)
+        harmful, beneficial = flips(off["outcomes"], on["outcomes"]) if off and on else (0, 0)
         out.append({"case_id": c.case_id, "href": case_href(record["id"], c.case_id), "status": c.status,
                     "where": divergence_text(c.divergence or c.unstable), "drift": c.drift, "passed": c.passed,
                     "seconds": c.seconds, "harmful": harmful, "beneficial": beneficial})
@@ -181,13 +181,6 @@ def _power(calibrations: list[dict[str, Any]], policy) -> dict[str, Any] | None:
     return {"share": share, "noise": noise, "wanted": wanted, "calibrations": len(calibrations)}
 
 
-def _flips(off: CaseResult | None, on: CaseResult | None) -> tuple[int, int]:
-    if not off or not on:
-        return 0, 0
-    pairs = list(zip(off.get("outcomes") or [], on.get("outcomes") or []))
-    return sum(a["pass"] and not b["pass"] for a, b in pairs), sum(b["pass"] and not a["pass"] for a, b in pairs)
-
-
 def _matches(row: dict[str, Any], f: str) -> bool:
     return (f == "all" or (f == "differs" and row["status"] != "equal") or (f == "regressed" and row["harmful"] > 0)
             or (f == "improved" and row["beneficial"] > 0) or (f == "unchanged" and row["status"] == "equal"
@@ -226,9 +219,7 @@ def _turn(result: CaseResult | None, n: int) -> dict[str, Any]:
 
 
 def _margin(top2: list | None, i: int) -> float | None:
-    if not top2 or i >= len(top2) or not top2[i] or len(top2[i]) < 2:
-        return None
-    return top2[i][0][1] - top2[i][1][1]
+    return margin(top2[i]) if top2 and i < len(top2) and len(top2[i] or []) >= 2 else None
 
 
 def _aligned(a: dict[str, Any], b: dict[str, Any], piece_a: Callable[[int], str | None],

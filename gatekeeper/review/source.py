@@ -112,16 +112,16 @@ class Source:
             except GatekeeperError as e:
                 integrity = {"ok": False, "problem": str(e), "problems": [str(e)]}
         view = View(integrity)
-        with self.ledger() as ledger:
-            try:
+        try:  # a ledger that cannot be opened read-only (another schema version) is a problem the badge already names
+            with self.ledger() as ledger:
                 view.head = ledger.head() if ledger is not None else None
                 view.flags = flags_view(ws, ledger, self.engine, trusted=view.ok)
-            except GatekeeperError as e:
-                view.flags_error = str(e)
-            except Exception as e:  # noqa: BLE001 - a damaged ledger: the badge says why; the flags say they are unknown
-                if view.ok:
-                    raise
-                view.flags_error = f"the flags cannot be read from a ledger that does not verify ({type(e).__name__})"
+        except GatekeeperError as e:
+            view.flags_error = str(e)
+        except Exception as e:  # noqa: BLE001 - a damaged ledger: the badge says why; the flags say they are unknown
+            if view.ok:
+                raise
+            view.flags_error = f"the flags cannot be read from a ledger that does not verify ({type(e).__name__})"
         return view
 
     # -- the queries pages make ------------------------------------------------------------------
@@ -164,8 +164,8 @@ class Source:
         row["flag"] = payload.get("flag")
         return row
 
-    def entry_hash(self, kind: str, record_id: int) -> str | None:
-        """The hash of a record's entry: what a permalink names."""
+    def scalar(self, sql: str, **args: Any) -> Any:
+        """One value the ledger answers ``sql`` with; None while there is no ledger."""
         from sqlalchemy import text
 
         from ..ledger.database import read
@@ -174,8 +174,11 @@ class Source:
             if ledger is None:
                 return None
             with read(ledger.engine) as conn:
-                return conn.execute(text("SELECT hash FROM entry WHERE kind = :k AND record_id = :r"),
-                                    {"k": kind, "r": record_id}).scalar()
+                return conn.execute(text(sql), args).scalar()
+
+    def entry_hash(self, kind: str, record_id: int) -> str | None:
+        """The hash of a record's entry: what a permalink names."""
+        return self.scalar("SELECT hash FROM entry WHERE kind = :k AND record_id = :r", k=kind, r=record_id)
 
     def evaluations(self, *, flag: str | None = None, verdict: str | None = None, since: str | None = None,
                     until: str | None = None, before: int | None = None, limit: int = PAGE) -> dict[str, Any]:
@@ -243,16 +246,7 @@ class Source:
 
     def previous(self, evaluation_id: int, flag: str) -> int | None:
         """The evaluation of ``flag`` before this one: what a reviewer compares it with first."""
-        from sqlalchemy import text
-
-        from ..ledger.database import read
-
-        with self.ledger() as ledger:
-            if ledger is None:
-                return None
-            with read(ledger.engine) as conn:
-                return conn.execute(text("SELECT MAX(id) FROM evaluation WHERE flag = :f AND id < :i"),
-                                    {"f": flag, "i": evaluation_id}).scalar()
+        return self.scalar("SELECT MAX(id) FROM evaluation WHERE flag = :f AND id < :i", f=flag, i=evaluation_id)
 
 
     def attestations(self, evaluation_id: int) -> list[dict[str, Any]]:
