@@ -34,7 +34,7 @@ from ..errors import GatekeeperError
 from ..gate import attestation, pipeline
 from ..gate import flags as flag_states
 from ..identity import digest
-from ..ledger import Ledger
+from ..ledger import CURRENT_VERSION, Ledger
 from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.store import shown
@@ -192,11 +192,23 @@ class Resolver:
 
     @contextmanager
     def _opened(self) -> Iterator[Ledger | None]:
-        """The ledger, opened read-only (None when its SQLite file does not exist): one at another schema version is
-        an error (``Ledger``'s read-only mode), since opening it would migrate it."""
+        """The ledger, opened read-only (None when its SQLite file does not exist). Its version is read first, so a
+        file that is no database is the resolver's 'cannot be read' and an older ledger says how to upgrade it."""
+        from ..ledger.database import make_engine
+        from ..ledger.migrations import schema_version
+
         if self._probe.path is not None and not self._probe.path.is_file():
             yield None
             return
+        engine = make_engine(self.url)
+        try:
+            version = schema_version(engine)
+        finally:
+            engine.dispose()
+        if version < CURRENT_VERSION:
+            raise Unservable(f"the ledger at {shown(self.url)} is at schema version {version}, older than this "
+                             f"gatekeeper's {CURRENT_VERSION}, and serving never writes; upgrade it once with "
+                             "'gatekeeper ledger verify'")
         ledger = Ledger(self.url, read_only=True)
         try:
             yield ledger
