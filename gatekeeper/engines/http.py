@@ -35,7 +35,7 @@ from .. import __version__
 from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
-from . import telemetry
+from . import serve, telemetry
 from .base import Engine, Generation, Scored, Session, Until, attention_limits, checked_request, labelled, request_labels
 from .dialects import DIALECTS, PROMPT_TOP_K, detect
 
@@ -111,10 +111,19 @@ class HTTPEngine(Engine):
     def __init__(self, profile: EngineProfile, *, workspace_root=None):
         super().__init__(profile, workspace_root=workspace_root)
         self.check(profile)
-        if not profile.url:
+        if not profile.url and not profile.serve:
             raise GatekeeperError(f"{self._where}: field 'url' is required for adapter http; "
                                   "set it to the flag-off server's base URL, e.g. http://127.0.0.1:8080")
-        self.replicas = {side: profile.replicas(side) for side in ("off", "on")}
+        self.started = serve.start(profile, workspace_root)  # the servers this engine starts (serve, serve_on)
+        try:
+            self._connect(profile)
+        except BaseException:
+            serve.stop(self.started)
+            raise
+
+    def _connect(self, profile: EngineProfile) -> None:
+        self.replicas = {side: [self.started[side].url] if side in self.started else profile.replicas(side)
+                         for side in ("off", "on")}
         self.urls = {side: urls[0] for side, urls in self.replicas.items()}  # tokenizing, rendering, naming
         self.timeout = float(profile.timeout)
         self.concurrency = int(profile.concurrency)  # the gate may run this many cases at once
@@ -394,8 +403,9 @@ class HTTPEngine(Engine):
             "dtype": "server",
             "device": "server",
             "prefill": "server",
-            "servers": self.servers,
-            **({"replicas": self.replicas} if any(len(u) > 1 for u in self.replicas.values()) else {}),
+            # a started server's port is chosen per run: its command (in the profile) names it instead
+            "servers": {cfg: {**s, "url": self._named(s["url"])} for cfg, s in self.servers.items()},
+            **({"replicas": {s: [self._named(u) for u in urls] for s, urls in self.replicas.items()}} if any(len(u) > 1 for u in self.replicas.values()) else {}),
             "dialect": {"name": self.dialect_name, "detected": self.detected},
             "cache_granularity": self.granularity,
             "cache_switch": self.profile.cache_switch,
@@ -404,8 +414,15 @@ class HTTPEngine(Engine):
             **({"request": self.profile.options["request"]} if self.profile.options.get("request") else {}),
         }
 
+    def _named(self, url: str) -> str:
+        """A URL as the identity records it: a started server's as the field that starts it."""
+        side = next((side for side, s in self.started.items() if s.url == url), None)
+        found = self.profile.started(side) if side else None
+        return found[0] if found else url
+
     def close(self) -> None:
         self._memo.clear()
+        serve.stop(self.started)
 
 
 class Background:

