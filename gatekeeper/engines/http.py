@@ -405,6 +405,7 @@ class HTTPEngine(Engine):
             "prefill": "server",
             # a started server's port is chosen per run: its command (in the profile) names it instead
             "servers": {cfg: {**s, "url": self._named(s["url"])} for cfg, s in self.servers.items()},
+            **({"started": {self._named(s.url): s.command for s in self.started.values()}} if self.started else {}),
             **({"replicas": {s: [self._named(u) for u in urls] for s, urls in self.replicas.items()}} if any(len(u) > 1 for u in self.replicas.values()) else {}),
             "dialect": {"name": self.dialect_name, "detected": self.detected},
             "cache_granularity": self.granularity,

@@ -50,8 +50,9 @@ class Server:
         self.spec, self.where = spec, where
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
-        self.argv = [Template(a).safe_substitute(os.environ).replace("{port}", str(self.port)).replace("{host}", HOST)
-                     for a in spec.command]
+        # the command as run but for its port: what the identity records (an environment variable may name the build)
+        self.command = [Template(a).safe_substitute(os.environ).replace("{host}", HOST) for a in spec.command]
+        self.argv = [a.replace("{port}", str(self.port)) for a in self.command]
         self._log = tempfile.NamedTemporaryFile(prefix="gatekeeper-serve-", suffix=".log", delete=False)
         try:
             self.process = subprocess.Popen(

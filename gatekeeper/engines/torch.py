@@ -17,6 +17,10 @@ from .base import versions
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
+# the cache implementations ``generate`` may run with (torch_generate.py, imported once a model is loaded)
+IMPLEMENTATIONS = ("dynamic", "static", "sliding_window", "hybrid", "quantized")
+MAX_CACHE_LEN = 2048
+
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
 
@@ -32,7 +36,28 @@ class TorchEngine(GreedyEngine):
     name = "torch"
     options = {"attn_implementation": "transformers' attention kernel (eager, sdpa, flash_attention_2, ...)",
                "draft_model": "a local model directory (or 'default') that drafts tokens for assisted greedy decoding",
-               "draft_tokens": "tokens the draft proposes per step (default 4)"}
+               "draft_tokens": "tokens the draft proposes per step (default 4)",
+               "cache_implementation": "decode with transformers' own generate on this cache class (dynamic, static, "
+                                       "sliding_window, hybrid, quantized), the prefix reused through it",
+               "max_cache_len": f"the tokens one cache of cache_implementation holds (default {MAX_CACHE_LEN})"}
+
+    def __init__(self, profile, *, workspace_root: Path | None = None):
+        super().__init__(profile, workspace_root=workspace_root)
+        if self.generation:  # a cache object reused whole through the prefix cache, never through snapshots
+            from .torch_generate import GenerateSession
+
+            self.hybrid = False
+            self.session_class = GenerateSession  # type: ignore[misc]  # this model's sessions
+            self.fault_session_class = None  # type: ignore[misc]
+
+    @property
+    def generation(self) -> str | None:
+        """The cache implementation ``generate`` runs with; None: gatekeeper's own greedy loop."""
+        return self.profile.options.get("cache_implementation")
+
+    @property
+    def max_cache_len(self) -> int:
+        return int(self.profile.options.get("max_cache_len", MAX_CACHE_LEN))
 
     @classmethod
     def check(cls, profile) -> None:
@@ -43,10 +68,21 @@ class TorchEngine(GreedyEngine):
         for key in ("attn_implementation", "draft_model"):
             if key in opts and not (isinstance(opts[key], str) and opts[key]):
                 raise GatekeeperError(f"{profile.where}: field 'options.{key}': must be a non-empty string")
+        impl = opts.get("cache_implementation")
+        if impl is not None and impl not in IMPLEMENTATIONS:
+            raise GatekeeperError(f"{profile.where}: field 'options.cache_implementation': {impl!r} is none of "
+                                  f"{', '.join(IMPLEMENTATIONS)}")
+        if "max_cache_len" in opts and not (impl and isinstance(opts["max_cache_len"], int) and opts["max_cache_len"] > 0):
+            raise GatekeeperError(f"{profile.where}: field 'options.max_cache_len': a positive integer, with "
+                                  "cache_implementation")
+        if impl and profile.prefill != "monolithic":
+            raise GatekeeperError(f"{profile.where}: field 'prefill': generate prefills a prompt in one pass, so the "
+                                  "flag-off side cannot be cut at stage boundaries; set prefill: monolithic")
+        if impl and opts.get("draft_model"):
+            raise GatekeeperError(f"{profile.where}: field 'options.draft_model': gatekeeper drafts in its own loop; "
+                                  "remove draft_model or cache_implementation")
 
     def _load(self) -> None:
-        from .torch_kv import TorchKV
-
         self.device = _device(self.profile.device)
         self.dtype = _dtype(self.profile.dtype, self.device)
         self.device_name = self.device.type
@@ -57,7 +93,14 @@ class TorchEngine(GreedyEngine):
         if self.adapter_dir is not None:
             self.model = _merge_lora(self.model, self.adapter_dir)
         self.tok = ChatTokenizer(load_tokenizer(self.model_dir), self.model_dir)
-        self.state_ops = TorchKV(self.model.config, self.device)
+        if self.generation:  # the cache API of any release from 4.51 on: nothing of torch_kv's (5.x) is imported
+            from .torch_generate import WholeState
+
+            self.state_ops = WholeState()
+        else:
+            from .torch_kv import TorchKV
+
+            self.state_ops = TorchKV(self.model.config, self.device)
         # transformers renamed ``past_key_values`` to ``cache``; accept either release.
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -79,7 +122,8 @@ class TorchEngine(GreedyEngine):
             if "attn_implementation" in self.profile.options else {}
         try:
             with quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=self.dtype, local_files_only=True, **kwargs)
+                model = AutoModelForCausalLM.from_pretrained(str(path), **{_dtype_arg(): self.dtype}, local_files_only=True,
+                                                             **kwargs)
         except (ValueError, ImportError) as e:
             if not kwargs:
                 raise
@@ -88,6 +132,10 @@ class TorchEngine(GreedyEngine):
         return model.to(self.device).eval()
 
     def _new_state(self, model: Any = None) -> Any:
+        if self.generation:
+            from .torch_generate import make_cache
+
+            return make_cache(self.model, self.generation, self.max_cache_len)
         from transformers import DynamicCache
 
         return DynamicCache(config=(model or self.model).config)
@@ -147,6 +195,9 @@ class TorchEngine(GreedyEngine):
         extra: dict[str, Any] = {}
         if "attn_implementation" in opts:
             extra["attn_implementation"] = opts["attn_implementation"]
+        if opts.get("cache_implementation"):
+            extra["generate"] = {"cache_implementation": opts["cache_implementation"],
+                                 "max_cache_len": int(opts.get("max_cache_len", MAX_CACHE_LEN))}
         if opts.get("draft_model"):
             draft = resolve_model(opts["draft_model"], workspace_root)
             extra["draft"] = {"model_digest": directory_digest(draft), "tokens": int(opts.get("draft_tokens", 4))}
@@ -163,6 +214,14 @@ class TorchEngine(GreedyEngine):
             import torch
 
             torch.cuda.empty_cache()
+
+
+def _dtype_arg() -> str:
+    """from_pretrained's dtype argument: ``torch_dtype`` before transformers 4.56 (which ignore ``dtype``)."""
+    import transformers
+
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
 def _device(name: str) -> Any:

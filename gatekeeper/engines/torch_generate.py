@@ -1,0 +1,157 @@
+"""The torch adapter on transformers' own ``generate`` with the cache class a pipeline uses
+(``options.cache_implementation``), instead of gatekeeper's own greedy loop over a ``DynamicCache``.
+
+The flag-off side calls ``generate`` on the whole prompt with a fresh cache of that implementation; the flag-on side
+computes each stage's static prefix once into such a cache (one forward, as transformers' prompt-reuse recipe does),
+and hands ``generate`` a deep copy of it with the whole prompt, so ``generate`` prefills only the rest and decodes on
+top of the reused prefix. Both sides use one cache size (``max_cache_len``), so reuse is the only difference.
+
+Written against the cache API of every transformers release from 4.51 on (constructors are asked what they take),
+so the same path runs in an environment made for an older release (``python:``). Imported once a model is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+from ..errors import GatekeeperError
+from .base import Generation, Until, checked_request
+from .greedy import GreedySession, pick
+
+if TYPE_CHECKING:
+    from .torch import TorchEngine
+
+# the cache implementations, and the transformers class that holds each (5.x folds the static kinds into StaticCache)
+CLASSES = {"dynamic": "DynamicCache", "static": "StaticCache", "sliding_window": "SlidingWindowCache",
+           "hybrid": "HybridCache", "quantized": "QuantizedCache"}
+
+
+def make_cache(model: Any, implementation: str, max_cache_len: int) -> Any:
+    """An empty cache of ``implementation`` for one sequence of up to ``max_cache_len`` tokens."""
+    from transformers import cache_utils
+
+    cls = getattr(cache_utils, CLASSES[implementation], None)
+    if cls is None and implementation in ("sliding_window", "hybrid"):
+        cls = cache_utils.StaticCache  # 5.x: a static cache takes its sliding layers from the config
+    if cls is None:
+        raise GatekeeperError(f"transformers {_version()} has no {CLASSES[implementation]}")
+    offered = {"config": model.config, "max_batch_size": 1, "batch_size": 1, "max_cache_len": max_cache_len,
+               "device": model.device, "dtype": model.dtype}
+    if implementation == "quantized":
+        offered |= {"backend": "quanto", "nbits": 4}
+        if "cache_config" in inspect.signature(cls.__init__).parameters:  # 4.x: a config object, the quanto class
+            cls = getattr(cache_utils, "QuantoQuantizedCache")
+            offered = {"cache_config": getattr(cache_utils, "QuantizedCacheConfig")(backend="quanto", nbits=4)}
+    params = inspect.signature(cls.__init__).parameters
+    try:
+        return cls(**{k: v for k, v in offered.items() if k in params})
+    except ImportError as e:  # a quantized cache's backend
+        raise GatekeeperError(f"options.cache_implementation: {implementation}: {e}; install its backend "
+                              "(optimum-quanto) in the engine's environment") from None
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+class WholeState:
+    """``StateOps`` for a cache object reused whole: a static cache cannot be cut back, so a stored prefix serves only
+    a prompt that extends all of it, through a deep copy. No faults are planted on this path."""
+
+    def length(self, state: Any) -> int:
+        return int(state.get_seq_length())
+
+    def nbytes(self, state: Any) -> int:
+        seen: dict[int, int] = {}
+
+        def walk(v: Any) -> None:
+            if isinstance(v, torch.Tensor):
+                seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    walk(x)
+            elif hasattr(v, "__dict__") and not isinstance(v, type):
+                for x in vars(v).values():
+                    walk(x)
+
+        walk(state)
+        return sum(seen.values())
+
+    def trimmable(self, state: Any) -> bool:
+        return False
+
+    def fork(self, state: Any, n: int) -> Any:
+        if n != self.length(state):
+            raise ValueError("a cache of transformers' generate path is reused whole")
+        return copy.deepcopy(state)
+
+    def _none(self, *args: Any) -> Any:
+        raise GatekeeperError("options.cache_implementation: calibration's planted faults and the result layer work on "
+                              "gatekeeper's own cache; remove cache_implementation to calibrate")
+
+    save = load = perturb = drop = _none
+
+
+class GenerateSession(GreedySession):
+    """A configuration on ``generate``: the prefix cache (pins) holds caches of the implementation; each call hands
+    ``generate`` a copy of the longest one the prompt extends (cache on), or a fresh one (off)."""
+
+    model: "TorchEngine"
+
+    def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
+                 until: Until | None = None) -> Generation:
+        prompt = checked_request(prompt, max_tokens)
+        if self.cache:
+            self._build_pins()
+        start = perf_counter()
+        state, cached = self._begin(prompt)
+        margins: list[list[list[float]]] = []
+        tokens, first = run_generate(self.model, prompt, state, max_tokens, stop, margins, until)
+        end = perf_counter()
+        g = Generation(tokens=tokens, text=self.model.final_text(tokens, stop), prompt_tokens=len(prompt),
+                       cached_tokens=cached, prefill_s=first - start, decode_s=end - first, ttft_s=first - start,
+                       top2=margins if top2 else None)
+        self.stats.add(g)
+        return g
+
+
+def run_generate(engine: "TorchEngine", prompt: list[int], state: Any, max_tokens: int, stop: Sequence[str],
+                 margins: list, until: Until | None) -> tuple[list[int], float]:
+    """``generate`` greedy from ``state``: the tokens and when the first was picked. Each step's top-2 goes to
+    ``margins`` (read from the scores ``generate`` picks from); EOS, a stop string or ``until`` ends it."""
+    from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    n, first = len(prompt), []
+    size = engine.max_cache_len
+    if engine.generation not in ("dynamic", "quantized") and n + max_tokens > size:
+        raise GatekeeperError(f"{engine.profile.where}: field 'options.max_cache_len': a {engine.generation} cache of "
+                              f"{size} tokens cannot hold this call's {n} prompt tokens and {max_tokens} to generate; "
+                              "raise it")
+
+    class Watch(LogitsProcessor):
+        def __call__(self, input_ids: Any, scores: Any) -> Any:
+            first.append(perf_counter())
+            pick(scores[0].float().cpu().numpy(), margins)
+            return scores
+
+    class Done(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            done = engine._done(input_ids[0, n:].tolist(), max_tokens, stop, margins, until)
+            return torch.tensor([done], dtype=torch.bool, device=input_ids.device)
+
+    ids = torch.tensor([prompt], dtype=torch.long, device=engine.device)
+    eos = sorted(engine.eos_ids)
+    with torch.inference_mode():
+        out = engine.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=state, max_new_tokens=max_tokens,
+            do_sample=False, num_beams=1, logits_processor=LogitsProcessorList([Watch()]),
+            stopping_criteria=StoppingCriteriaList([Done()]), eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else 0)
+    return out[0, n:].tolist(), first[0]
