@@ -35,15 +35,19 @@ def running(marker: str) -> list[int]:
     return found
 
 
-def llama_serve(marker: str, *extra: str) -> str:
-    """A profile whose llama-server gatekeeper starts (the default model's GGUF, flash attention off: exact reuse)."""
+def llama_command(marker: str, *extra: str) -> str:
+    """A llama-server command line (the default model's GGUF, flash attention off: exact reuse) as YAML."""
     from gatekeeper.setup.llama_build import build_server
     from gatekeeper.setup.models import find_gguf
 
-    command = [str(build_server()), "-m", str(find_gguf()), "--host", "{host}", "--port", "{port}", "-np", "1",
-               "-c", "4096", "-t", str(threads()), "-fa", "off", "--alias", marker, *extra]
+    return json.dumps([str(build_server()), "-m", str(find_gguf()), "--host", "{host}", "--port", "{port}", "-np", "1",
+                       "-c", "4096", "-t", str(threads()), "-fa", "off", "--alias", marker, *extra])
+
+
+def llama_serve(marker: str) -> str:
+    """A profile whose llama-server gatekeeper starts."""
     return ("adapter: http\ncache_switch: cache_prompt\ntimeout: 600\n"
-            f"serve: {{command: {json.dumps(command)}, ready: /health}}\n")
+            f"serve: {{command: {llama_command(marker)}, ready: /health}}\n")
 
 
 @pytest.mark.parametrize("body, field", [
@@ -123,10 +127,10 @@ def test_two_started_servers_are_the_two_sides_of_a_declared_change(workspace, r
     answers differently): both started, compared, a FAIL, both stopped."""
     marker = f"gk-{uuid.uuid4().hex}"
     ws = served_ws(workspace, started=llama_serve(marker))
-    changed = json.loads(llama_serve(marker, "--rope-freq-scale", "0.5").split("serve: ")[1].split(", ready")[0] + "}")
+    changed = llama_command(marker, "--rope-freq-scale", "0.5")
     (ws / "policies" / "upgrade.yaml").write_text(
         f"flag: upgrade\ngate: byte_equivalence\nprobes: off\ndistance: false\n"
-        f"change: {{profile: {{serve: {{command: {json.dumps(changed['command'])}, ready: /health}}}}}}\n")
+        f"change: {{profile: {{serve: {{command: {changed}, ready: /health}}}}}}\n")
     code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "upgrade", "--engine", "started", "--json")
     out = json.loads(out)
     assert code == 1 and out["verdict"] == "FAIL" and out["differing_cases"], out
