@@ -10,6 +10,7 @@ from dataclasses import replace
 from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
+from gatekeeper.engines.torch_generate import GenerateSession
 
 
 class ShortRestoreSession(GreedySession):
@@ -252,3 +253,21 @@ class HostileTextSession(GreedySession):
 
 class HostileText(TorchEngine):
     session_class = HostileTextSession
+
+
+class ZeroSlotGenerateSession(GenerateSession):
+    """transformers' generate handed a reused prefix cache whose last positions hold zeros, as slots a static cache
+    that rolls early leaves unwritten (transformers #37574 leaves one; one barely moves a tiny model's answers)."""
+
+    def _begin(self, prompt):
+        state, cached = super()._begin(prompt)
+        for layer in state.layers if cached else ():
+            layer.keys[..., max(0, cached - 16):cached, :] = 0
+            layer.values[..., max(0, cached - 16):cached, :] = 0
+        return state, cached
+
+
+class ZeroSlotGenerate(TorchEngine):
+    def __init__(self, profile, **kwargs):
+        super().__init__(profile, **kwargs)
+        self.session_class = ZeroSlotGenerateSession

@@ -150,7 +150,7 @@ def run_generate(engine: "TorchEngine", prompt: list[int], state: Any, max_token
     eos = sorted(engine.eos_ids)
     with torch.inference_mode():
         out = engine.model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=state, max_new_tokens=max_tokens,
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, **{engine._cache_arg: state},
             do_sample=False, num_beams=1, logits_processor=LogitsProcessorList([Watch()]),
             stopping_criteria=StoppingCriteriaList([Done()]), eos_token_id=eos or None,
             pad_token_id=eos[0] if eos else 0)
