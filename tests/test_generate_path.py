@@ -76,3 +76,9 @@ def test_a_cache_too_small_for_a_call_is_exit_2_naming_the_option(tiny_ws, tiny_
     (tiny_ws / "engines" / "small.yaml").write_text(generate_profile(tiny_llama, "static").replace("1024", "64"))
     code, out = evaluate(run_cli, tiny_ws, "small")
     assert code == 2 and "field 'options.max_cache_len'" in out["error"] and "raise it" in out["error"], out
+
+
+def test_calibration_says_its_faults_need_gatekeepers_own_cache(tiny_ws, tiny_llama, run_cli):
+    (tiny_ws / "engines" / "gen.yaml").write_text(generate_profile(tiny_llama, "static"))
+    code, out, _ = run_cli("--workspace", tiny_ws, "calibrate", "--flag", "prefix_cache", "--engine", "gen", "--json")
+    assert code == 2 and "field 'options.cache_implementation'" in out and "without cache_implementation" in out, out

@@ -83,11 +83,14 @@ class MLXKV:
     """
 
     def length(self, state: list[Any]) -> int:
-        # Recurrent layers (``ArraysCache``) report no size; the attention layers carry the length.
-        return max((c.size() for c in state), default=0)
+        # Recurrent layers (``ArraysCache``) report no size; the attention layers carry the length. mlx-lm before
+        # 0.24 has no ``size()``: its caches count positions in ``offset``.
+        return max((c.size() if hasattr(c, "size") else getattr(c, "offset", 0) for c in state), default=0)
 
     def nbytes(self, state: list[Any]) -> int:
-        return sum(c.nbytes for c in state)  # whole buffers, spare capacity included
+        # whole buffers, spare capacity included (mlx-lm before 0.24 has no ``nbytes``: its keys and values)
+        return sum(c.nbytes if hasattr(c, "nbytes") else sum(getattr(c, k).nbytes for k in ("keys", "values")
+                                                             if getattr(c, k, None) is not None) for c in state)
 
     def trimmable(self, state: list[Any]) -> bool:
         return all(type(c) is KVCache for c in state)

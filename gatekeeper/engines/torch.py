@@ -48,7 +48,13 @@ class TorchEngine(GreedyEngine):
 
             self.hybrid = False
             self.session_class = GenerateSession  # type: ignore[misc]  # this model's sessions
-            self.fault_session_class = None  # type: ignore[misc]
+
+    def check_fault(self, fault) -> None:
+        if self.generation:
+            raise GatekeeperError(f"{self.profile.where}: field 'options.cache_implementation': calibration plants its "
+                                  "faults in gatekeeper's own cache, not in transformers' generate path; calibrate a "
+                                  "profile without cache_implementation")
+        super().check_fault(fault)
 
     @property
     def generation(self) -> str | None:

@@ -1,0 +1,182 @@
+"""Real, fixed, public cache bugs reproduced through gatekeeper's own commands (``bench/real_bugs/*.yaml``, one
+per bug; what each taught is in ``bench/real_bugs/README.md``).
+
+For each entry and each of its two releases (the last affected, the first fixed): the release's environment
+(``gatekeeper runtime prepare``, made once), a tiny model made locally from the entry's config by the fixed
+release's own library (random weights, the default model's tokenizer files), the default workspace with an engine
+profile that runs under that release (``python:``), and the flag a user would gate, evaluated by
+``gatekeeper evaluate --json``. The affected release must never PASS (a FAIL, or an aborted evaluation naming the
+crash); the fixed one must PASS. One row per bug: each release's verdict and first reason, the first divergent
+position, the seconds; then the worker engine's overhead against in-process on the default model
+(``bench/worker.py``), side by side.
+
+    python bench/real_bugs.py [--only ID ...] [--overhead] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRIES = Path(__file__).resolve().parent / "real_bugs"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def entries(only: list[str] | None = None) -> list[dict]:
+    found = [yaml.safe_load(p.read_text()) for p in sorted(ENTRIES.glob("*.yaml"))]
+    return [e for e in found if not only or e["id"] in only]
+
+
+def environment(entry: dict, side: str) -> str:
+    """The name of the environment of the entry's ``side`` (affected, fixed), made once."""
+    from gatekeeper.setup.runtimes import environment as made
+    from gatekeeper.setup.runtimes import prepare
+
+    release = entry[side]
+    name = f"{entry['runtime']}-{release['release']}"
+    if made(name) is None:
+        prepare(name, list(release["packages"]))
+    return name
+
+
+def model(entry: dict) -> Path:
+    """The entry's tiny model, made once under ``$GATEKEEPER_HOME/real_bugs/ID/`` by the fixed release's python."""
+    from gatekeeper.setup.models import home
+    from gatekeeper.setup.runtimes import environment as made
+
+    out = home() / "real_bugs" / entry["id"] / "model"
+    if (out / "config.json").is_file():
+        return out
+    python = made(environment(entry, "fixed"))
+    assert python is not None
+    done = subprocess.run([python, __file__, "--build-model", entry["id"], str(out)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    if done.returncode != 0:
+        raise SystemExit(f"{entry['id']}: building its model failed: {done.stderr[-1500:]}")
+    return out
+
+
+def build_model(entry: dict, out: Path) -> None:
+    """Run under the fixed release's python: the entry's config with random weights (seeded), saved as that release
+    saves it, and the default model's tokenizer files beside it."""
+    from gatekeeper.setup.models import resolve_model
+
+    spec, default = entry["model"], resolve_model("default", None)
+    vocab = json.loads((default / "config.json").read_text())["vocab_size"]
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**spec["config"], "vocab_size": vocab}
+    if spec["library"] == "mlx":
+        import importlib
+
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+        mx.random.seed(spec.get("seed", 0))
+        net = module.Model(module.ModelArgs.from_dict(config))
+        mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(net.parameters())))
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+    else:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        ids = {k: v for k, v in json.loads((default / "config.json").read_text()).items() if k.endswith("token_id")}
+        cfg = AutoConfig.for_model(**{**ids, **config})
+        torch.manual_seed(spec.get("seed", 0))
+        AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval().save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (default / name).is_file():
+            shutil.copy(default / name, out / name)
+
+
+def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
+    """The default workspace with the entry's engine profile (``bug``) under ``python`` and its policy lines."""
+    ws = tmp / "ws"
+    for folder in ("assertions", "engines", "policies", "prompts"):
+        shutil.copytree(ROOT / folder, ws / folder)
+    shutil.rmtree(ws / "policies" / "examples", ignore_errors=True)
+    profile = {**entry["profile"], "model": str(path), "python": python}
+    (ws / "engines" / "bug.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    for flag, extra in (entry.get("policies") or {}).items():
+        policy = ws / "policies" / f"{flag}.yaml"
+        policy.write_text((policy.read_text() if policy.is_file() else "") + extra)
+    return ws
+
+
+DIVERGES = re.compile(r"first divergent token at position (\d+)")
+
+
+def run(entry: dict, side: str) -> dict:
+    """One release of one entry: ``gatekeeper evaluate --flag FLAG --engine bug --json`` on its workspace."""
+    python = environment(entry, side)
+    path = model(entry)
+    with tempfile.TemporaryDirectory(prefix=f"gatekeeper-bug-{entry['id']}-") as tmp:
+        ws = workspace(Path(tmp), entry, path, python)
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag",
+                               entry["flag"], "--engine", "bug", *entry.get("args", []), "--json"],
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+    try:
+        out = json.loads(done.stdout)
+    except ValueError:
+        out = {"error": (done.stdout + done.stderr)[-600:]}
+    reasons = out.get("reasons") or [out.get("error", "")]
+    found = next((m for r in reasons if (m := DIVERGES.search(r))), None)
+    verdict = out.get("verdict") or ("aborted" if done.returncode == 2 else f"exit {done.returncode}")
+    return {"release": entry[side]["release"], "verdict": verdict, "exit": done.returncode, "reason": reasons[0],
+            "first_divergent_position": int(found.group(1)) if found else None, "seconds": round(seconds, 1)}
+
+
+def judged(entry: dict, rows: dict) -> bool:
+    """The entry holds: the affected release is no PASS, the fixed one PASSes."""
+    return rows["affected"]["verdict"] != "PASS" and rows["fixed"]["verdict"] == "PASS"
+
+
+def overhead() -> str:
+    """bench/worker.py's figure: the default model in process and in a worker, side by side."""
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "worker.py"), "--limit", "1", "--reps", "1"],
+                          capture_output=True, text=True)
+    return done.stdout.strip() or done.stderr[-600:]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="entry ids (default: all)")
+    ap.add_argument("--overhead", action="store_true", help="also measure the worker engine's overhead (about 2 min)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--build-model", nargs=2, metavar=("ID", "OUT"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.build_model:
+        build_model(entries([a.build_model[0]])[0], Path(a.build_model[1]))
+        return
+    results = []
+    for entry in entries(a.only):
+        rows = {side: run(entry, side) for side in ("affected", "fixed")}
+        results.append({"id": entry["id"], "holds": judged(entry, rows), **rows})
+        if not a.json:
+            print(f"{entry['id']}: {entry['title']}")
+            for side, r in rows.items():
+                print(f"  {side:8} {r['release']:10} {r['verdict']:13} first divergent position "
+                      f"{r['first_divergent_position']!s:5} {r['seconds']:6.1f} s  {r['reason'][:140]}")
+            print(f"  {'holds' if results[-1]['holds'] else 'DOES NOT HOLD'}: affected never PASS, fixed PASS")
+    if a.json:
+        print(json.dumps(results, indent=2))
+    if a.overhead:
+        print(overhead())
+    if not all(r["holds"] for r in results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
