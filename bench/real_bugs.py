@@ -71,7 +71,12 @@ def build_model(entry: dict, out: Path) -> None:
     saves it, and the default model's tokenizer files beside it."""
     from gatekeeper.setup.models import resolve_model
 
-    spec, default = entry["model"], resolve_model("default", None)
+    build(entry["model"], resolve_model("default", None), out)
+    if entry.get("draft"):  # a second model with the same vocabulary: the draft of assisted decoding
+        build(entry["draft"], resolve_model("default", None), out / "draft")
+
+
+def build(spec: dict, default: Path, out: Path) -> None:
     vocab = json.loads((default / "config.json").read_text())["vocab_size"]
     out.mkdir(parents=True, exist_ok=True)
     config = {**spec["config"], "vocab_size": vocab}
@@ -97,6 +102,12 @@ def build_model(entry: dict, out: Path) -> None:
     for name in TOKENIZER_FILES:
         if (default / name).is_file():
             shutil.copy(default / name, out / name)
+    # a class every release knows (transformers 5 names its own), and the chat template inside, where 4.x reads it
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if (out / "chat_template.jinja").is_file():
+        config.setdefault("chat_template", (out / "chat_template.jinja").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
 def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
@@ -107,8 +118,9 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
     shutil.rmtree(ws / "policies" / "examples", ignore_errors=True)
     profile = {**entry["profile"], "model": str(path), "python": python}
     (ws / "engines" / "bug.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    for flag, extra in (entry.get("policies") or {}).items():
+    for flag, extra in (entry.get("policies") or {}).items():  # lines added to (or making) the flag's policy
         policy = ws / "policies" / f"{flag}.yaml"
+        extra = extra.replace("{draft}", str(path / "draft"))
         policy.write_text((policy.read_text() if policy.is_file() else "") + extra)
     return ws
 

@@ -31,5 +31,11 @@ class EngineCrash(GatekeeperError):
         super().__init__(message)
         self.url, self.said, self.request = url, said, request or {}
 
+    @classmethod
+    def raised(cls, where: str, said: str, prompt_tokens: int, max_tokens: int) -> "EngineCrash":
+        """An in-process runtime (or a worker's) that raised while generating: a crash on its side, as a 5xx is."""
+        return cls(f"{where}: the runtime raised {said} while generating: a crash, with the request made",
+                   url=where, said=said, request={"prompt_tokens": prompt_tokens, "max_tokens": max_tokens})
+
     def record(self) -> CrashRecord:
         return CrashRecord(url=self.url, said=self.said, request=self.request, message=str(self))

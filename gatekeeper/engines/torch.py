@@ -84,9 +84,9 @@ class TorchEngine(GreedyEngine):
         if impl and profile.prefill != "monolithic":
             raise GatekeeperError(f"{profile.where}: field 'prefill': generate prefills a prompt in one pass, so the "
                                   "flag-off side cannot be cut at stage boundaries; set prefill: monolithic")
-        if impl and opts.get("draft_model"):
-            raise GatekeeperError(f"{profile.where}: field 'options.draft_model': gatekeeper drafts in its own loop; "
-                                  "remove draft_model or cache_implementation")
+        if impl and impl != "dynamic" and opts.get("draft_model"):
+            raise GatekeeperError(f"{profile.where}: field 'options.draft_model': transformers' assisted generate takes "
+                                  "a dynamic cache only; set cache_implementation: dynamic")
 
     def _load(self) -> None:
         self.device = _device(self.profile.device)
@@ -164,7 +164,7 @@ class TorchEngine(GreedyEngine):
     def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
         import numpy as np
 
-        if self.draft is None:
+        if self.draft is None or self.generation:
             return super()._decode(prompt, state, logits, max_tokens, stop, margins, until)
         if self.hybrid:
             raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding needs a state "

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import copy
 import inspect
+import traceback
+from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ..errors import GatekeeperError
+from ..errors import EngineCrash, GatekeeperError
 from .base import Generation, Until, checked_request
 from .greedy import GreedySession, pick
 
@@ -42,12 +44,12 @@ def make_cache(model: Any, implementation: str, max_cache_len: int) -> Any:
         raise GatekeeperError(f"transformers {_version()} has no {CLASSES[implementation]}")
     offered = {"config": model.config, "max_batch_size": 1, "batch_size": 1, "max_cache_len": max_cache_len,
                "device": model.device, "dtype": model.dtype}
-    if implementation == "quantized":
-        offered |= {"backend": "quanto", "nbits": 4}
-        if "cache_config" in inspect.signature(cls.__init__).parameters:  # 4.x: a config object, the quanto class
-            cls = getattr(cache_utils, "QuantoQuantizedCache")
-            offered = {"cache_config": getattr(cache_utils, "QuantizedCacheConfig")(backend="quanto", nbits=4)}
     params = inspect.signature(cls.__init__).parameters
+    if implementation == "quantized":
+        if "backend" not in params:  # 4.x: a config object and a class per backend
+            raise GatekeeperError(f"options.cache_implementation: quantized is run through transformers 5's "
+                                  f"QuantizedCache; transformers {_version()} builds it otherwise")
+        offered |= {"backend": "quanto", "nbits": 4}
     try:
         return cls(**{k: v for k, v in offered.items() if k in params})
     except ImportError as e:  # a quantized cache's backend
@@ -113,7 +115,12 @@ class GenerateSession(GreedySession):
         start = perf_counter()
         state, cached = self._begin(prompt)
         margins: list[list[list[float]]] = []
-        tokens, first = run_generate(self.model, prompt, state, max_tokens, stop, margins, until)
+        try:
+            tokens, first = run_generate(self.model, prompt, state, max_tokens, stop, margins, until)
+        except (RuntimeError, ValueError, IndexError) as e:  # transformers failed the request: a crash on this side
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            raise EngineCrash.raised("transformers generate", f"{type(e).__name__}: {e} (at {Path(where.filename).name}:"
+                        f"{where.lineno})", len(prompt), max_tokens) from None
         end = perf_counter()
         g = Generation(tokens=tokens, text=self.model.final_text(tokens, stop), prompt_tokens=len(prompt),
                        cached_tokens=cached, prefill_s=first - start, decode_s=end - first, ttft_s=first - start,
@@ -153,5 +160,15 @@ def run_generate(engine: "TorchEngine", prompt: list[int], state: Any, max_token
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, **{engine._cache_arg: state},
             do_sample=False, num_beams=1, logits_processor=LogitsProcessorList([Watch()]),
             stopping_criteria=StoppingCriteriaList([Done()]), eos_token_id=eos or None,
-            pad_token_id=eos[0] if eos else 0)
+            pad_token_id=eos[0] if eos else 0, **_assisted(engine))
     return out[0, n:].tolist(), first[0]
+
+
+def _assisted(engine: "TorchEngine") -> dict[str, Any]:
+    """Assisted generation, where the profile names a draft: transformers' own, its schedule as the draft's generation
+    config says unless ``draft_tokens`` is given."""
+    if engine.draft is None:
+        return {}
+    if "draft_tokens" in engine.profile.options:
+        engine.draft.generation_config.num_assistant_tokens = engine.draft_tokens
+    return {"assistant_model": engine.draft}

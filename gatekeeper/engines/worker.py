@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import GatekeeperError
+from ..errors import EngineCrash, GatekeeperError
 from ..workspace import EngineProfile
 from .base import Engine, Generation, Scored, Session, Until
 from .faults import Fault
@@ -46,6 +46,10 @@ def interpreter(python: str) -> str:
     return str(found)
 
 
+class WorkerError(RuntimeError):
+    """An exception the adapter raised in the worker (outside gatekeeper's own errors), as the worker named it."""
+
+
 class WorkerSession(Session):
     """A session of the model the worker holds: every call is forwarded."""
 
@@ -58,8 +62,11 @@ class WorkerSession(Session):
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
                  until: Until | None = None) -> Generation:
-        g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
-                                          stop=list(stop), top2=top2, until=until is not None, callback=until))
+        try:
+            g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
+                                              stop=list(stop), top2=top2, until=until is not None, callback=until))
+        except WorkerError as e:  # the runtime failed the request: evidence about this side, recorded with the case
+            raise EngineCrash.raised(f"worker:{self.worker.python}", str(e), len(prompt), max_tokens) from None
         self.stats.add(g)
         return g
 
@@ -109,6 +116,10 @@ class WorkerEngine(Engine):
         try:
             declared = self.call("load", profile=profile.model_copy(update={"python": None}).model_dump(mode="json"),
                                  name=profile.name, root=str(workspace_root) if workspace_root else None)
+        except WorkerError as e:  # that environment's runtime cannot load this model: nothing has run yet
+            self.close()
+            raise GatekeeperError(f"{profile.where}: the {profile.adapter} adapter under {self.python} cannot load the "
+                                  f"model: {e}; check the model against that environment's library versions") from None
         except BaseException:
             self.close()
             raise
@@ -150,7 +161,7 @@ class WorkerEngine(Engine):
             except (EOFError, BrokenPipeError, OSError):
                 raise self._died(op) from None
         if "error" in answer:
-            raise (GatekeeperError if answer["gatekeeper"] else RuntimeError)(answer["error"])
+            raise (GatekeeperError if answer["gatekeeper"] else WorkerError)(answer["error"])
         return answer["ok"]
 
     def _died(self, op: str) -> GatekeeperError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ def main() -> None:
         except GatekeeperError as e:
             answer = {"error": str(e), "gatekeeper": True}
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it there
-            answer = {"error": f"{type(e).__name__}: {e}", "gatekeeper": False}
+            where = traceback.extract_tb(e.__traceback__)[-1]  # the innermost frame: in the runtime, for its crashes
+            answer = {"error": f"{type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})",
+                      "gatekeeper": False}
         out.write(json.dumps(answer) + "\n")
         if request["op"] == "close":
             break
