@@ -128,15 +128,17 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
 DIVERGES = re.compile(r"first divergent token at position (\d+)")
 
 
-def run(entry: dict, side: str) -> dict:
-    """One release of one entry: ``gatekeeper evaluate --flag FLAG --engine bug --json`` on its workspace."""
+def run(entry: dict, side: str, limit: int | None = None) -> dict:
+    """One release of one entry: ``gatekeeper evaluate --flag FLAG --engine bug --json`` on its workspace (``limit``:
+    cases per suite, in place of the entry's own ``args``)."""
     python = environment(entry, side)
     path = model(entry)
     with tempfile.TemporaryDirectory(prefix=f"gatekeeper-bug-{entry['id']}-") as tmp:
         ws = workspace(Path(tmp), entry, path, python)
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag",
-                               entry["flag"], "--engine", "bug", *entry.get("args", []), "--json"],
+                               entry["flag"], "--engine", "bug",
+                               *(["--limit", str(limit)] if limit else entry.get("args", [])), "--json"],
                               capture_output=True, text=True)
         seconds = time.perf_counter() - t0
     try:

@@ -347,7 +347,7 @@ class Load(Strict):
     background: str = "battery"  # battery | path to a capture, relative to the workspace
 
 
-PROBES = ("repeat", "continuation", "inside", "block", "window")
+PROBES = ("repeat", "continuation", "inside", "block", "window", "split")
 
 
 class Probes(Strict):

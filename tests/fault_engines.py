@@ -271,3 +271,17 @@ class ZeroSlotGenerate(TorchEngine):
     def __init__(self, profile, **kwargs):
         super().__init__(profile, **kwargs)
         self.session_class = ZeroSlotGenerateSession
+
+
+class PositionsRestart(TorchEngine):
+    """Every forward pass numbers its tokens from 0, whatever the cache holds: the suffix after a cached prefix is
+    read at the wrong positions (mlx-lm's GPT-2 before 0.23.0, bench/real_bugs/mlx-lm-93.yaml)."""
+
+    def _logits(self, model, state, tokens, keep):
+        import torch
+
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, position_ids=torch.arange(len(tokens))[None],
+                        **{self._cache_arg: state})
+            return out.logits[0].float().cpu()

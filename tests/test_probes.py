@@ -25,7 +25,7 @@ def test_probes_run_on_both_sides_and_pass_on_a_correct_cache(run_cli, tiny_ws):
     probes(tiny_ws, "{window: 64}")  # the tiny model has no sliding window: cross a 64-token one
     code, out = evaluate(run_cli, tiny_ws, "tiny")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
-    assert out["probes"] == dict.fromkeys(("repeat", "continuation", "inside", "block", "window"), "equal")
+    assert out["probes"] == dict.fromkeys(("repeat", "continuation", "inside", "block", "window", "split"), "equal")
     line = next(r for r in out["reasons"] if r.startswith("probes:"))
     assert "repeat equal" in line and "window equal" in line
     assert out["probe_seconds"] > 0
@@ -35,7 +35,7 @@ def test_probes_run_on_both_sides_and_pass_on_a_correct_cache(run_cli, tiny_ws):
     for r in ev["case_results"]:
         if r["case_id"].startswith("probe:"):
             runs.setdefault((r["config"], r["repeat"]), []).append(r["case_id"])
-    order = ["probe:repeat", "probe:continuation", "probe:inside", "probe:block", "probe:window"]
+    order = ["probe:repeat", "probe:continuation", "probe:inside", "probe:block", "probe:window", "probe:split"]
     assert runs == {("off", 0): order, ("off", 1): order, ("on", 0): order}  # every run, one order
     by_id = {(r["case_id"], r["config"]): r["result"] for r in ev["case_results"] if r["repeat"] == 0}
     repeat, window = by_id[("probe:repeat", "on")], by_id[("probe:window", "on")]
@@ -52,6 +52,24 @@ def test_a_model_without_a_window_skips_that_probe_and_says_why(run_cli, tiny_ws
     assert code == 0, out["reasons"]
     assert out["probes"]["window"].startswith("skipped: no sliding window in the model's config")
     assert out["probes"]["repeat"] == "equal"
+
+
+def test_a_cut_that_restarts_positions_passes_the_cases_and_fails_the_split_probe(run_cli, tiny_ws, tiny_llama):
+    """mlx-lm's GPT-2 bug planted in the torch adapter: every pass restarts its positions at 0. The aligned plan cuts
+    both sides at the stage prefix, so the cases agree (PASS with the probes off); the split probe sees the cut."""
+    (tiny_ws / "engines" / "restart.yaml").write_text(
+        f"adapter: fault_engines:PositionsRestart\nmodel: {tiny_llama}\ndtype: float32\ndevice: cpu\n")
+    probes(tiny_ws, "off")
+    code, out = evaluate(run_cli, tiny_ws, "restart")
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    probes(tiny_ws, "{kinds: [split]}")
+    code, out = evaluate(run_cli, tiny_ws, "restart")
+    assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]
+    assert out["probes"] == {"split": "differs"}
+    assert any(r.startswith("differs: probe:split the flag-off and flag-on sides chose otherwise") for r in out["reasons"])
+    probes(tiny_ws, "{kinds: [split]}")
+    code, out = evaluate(run_cli, tiny_ws, "tiny")  # the adapter as it is: the cut changes nothing
+    assert (code, out["verdict"], out["probes"]) == (0, "PASS", {"split": "equal"}), out["reasons"]
 
 
 def test_probes_off_run_none(run_cli, tiny_ws):

@@ -241,6 +241,13 @@ class Session(ABC):
         plan cuts the prompt. None (the default): this engine cannot observe them (a server's, ...)."""
         return None
 
+    def split(self, prompt: Sequence[int], at: int) -> tuple[Any, Any] | None:
+        """The logits after each of ``prompt[at:]`` computed in one prefill pass from an empty state, and with the
+        prefill cut at ``at`` (``prompt[:at]``, then the rest on top: what reusing a cached ``prompt[:at]`` runs),
+        each ``[len(prompt) - at, vocab]`` float32. None (the default): this engine's passes are not its caller's
+        to choose (a server's)."""
+        return None
+
     def pin(self, prefix: Sequence[int]) -> None:
         """Register a stage's static prefix: a boundary of the prefill plan whether the cache is on
         or off (call it in both), and with the cache on a state computed once and never evicted."""

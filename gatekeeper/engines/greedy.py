@@ -98,6 +98,12 @@ class GreedySession(Session):
         logits = np.concatenate(rows)[: len(cont)]
         return Scored.from_logits(logits, cont, top_k, cached_tokens=cached)
 
+    def split(self, prompt: Sequence[int], at: int) -> tuple[np.ndarray, np.ndarray]:
+        whole = self.model._forward_all(self.model._new_state(), list(prompt))[at:]
+        state = self.model._new_state()
+        self.model._forward(state, list(prompt[:at]))
+        return whole, self.model._forward_all(state, list(prompt[at:]))
+
     def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
         """Where this prompt's prefill is cut; None under the monolithic plan (one pass, hit anywhere)."""
         if self.hybrid:

@@ -80,6 +80,12 @@ class WorkerSession(Session):
                   for k in ("logprobs", "token_logprobs", "ids")}
         return Scored(tokens=s["tokens"], kind=s["kind"], cached_tokens=s["cached_tokens"], **arrays)
 
+    def split(self, prompt: Sequence[int], at: int) -> tuple[Any, Any] | None:
+        import numpy as np
+
+        rows = self.worker.call("split", sid=self.id, prompt=list(prompt), at=at)
+        return None if rows is None else (np.asarray(rows[0], dtype=np.float32), np.asarray(rows[1], dtype=np.float32))
+
     def pin(self, prefix: Sequence[int]) -> None:
         source = self.worker.call("pin", sid=self.id, prefix=list(prefix))
         if source is not None:  # where the worker's session got the state (computed, loaded, recomputed)
@@ -160,6 +166,8 @@ class WorkerEngine(Engine):
                     self._proc.stdin.flush()
             except (EOFError, BrokenPipeError, OSError):
                 raise self._died(op) from None
+        if "crash" in answer:
+            raise EngineCrash(answer["error"], **answer["crash"])
         if "error" in answer:
             raise (GatekeeperError if answer["gatekeeper"] else WorkerError)(answer["error"])
         return answer["ok"]

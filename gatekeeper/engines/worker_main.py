@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..errors import GatekeeperError
+from ..errors import EngineCrash, GatekeeperError
 from ..workspace import EngineProfile
 from .faults import Fault
 from .registry import build_engine
@@ -27,6 +27,8 @@ def main() -> None:
         request = json.loads(line)
         try:
             answer: dict[str, Any] = {"ok": _handle(request, state, out)}
+        except EngineCrash as e:  # evidence about this side: the parent records it with the case
+            answer = {"error": str(e), "gatekeeper": True, "crash": {"url": e.url, "said": e.said, "request": e.request}}
         except GatekeeperError as e:
             answer = {"error": str(e), "gatekeeper": True}
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it there
@@ -78,6 +80,9 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
         return None if s is None else {"tokens": list(s.tokens), "kind": s.kind, "cached_tokens": s.cached_tokens,
                                        **{k: None if getattr(s, k) is None else getattr(s, k).tolist()
                                           for k in ("logprobs", "token_logprobs", "ids")}}
+    if op == "split":
+        rows = session.split(r["prompt"], r["at"])
+        return None if rows is None else [a.tolist() for a in rows]
     if op == "pin":
         session.pin(r["prefix"])
         return session.pin_sources.get(tuple(r["prefix"]))

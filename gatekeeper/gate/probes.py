@@ -14,6 +14,11 @@ this order, built from the battery's first single-turn case (prompt P, its answe
   whose oldest tokens the window no longer attends (skipped when the model has no window and the policy
   names none).
 
+- ``split``: P's next-token choices after its stage prefix, prefilled in one pass and cut at the prefix (the prefix,
+  then the rest on top: what reusing a cached prefix runs); an engine whose cut path is broken (positions restarted,
+  a state offset lost) answers differently, and an aligned prefill plan cuts the flag-off side there too, so the
+  cases alone cannot show it (found on a real mlx-lm bug: ``bench/real_bugs/``). In-process engines only.
+
 They run on both sides in the same order, so the flag-off side's answers are the reference. A probe is
 compared as a case is (``probe:NAME`` ids); each side must also answer its repeat as it answered P.
 """
@@ -33,6 +38,7 @@ from . import kinds
 from .plans import Plan
 
 PREFIX = "probe:"
+SPLIT_ROWS = 16  # next-token choices compared after the cut
 FOLLOW = " Also,"  # text after an answer: the model goes on from its own words, so they must be there
 
 
@@ -148,8 +154,20 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         nxt = first + g.tokens[:-1] + b.follow
         return [(first, g), (nxt, gen(nxt))]
 
+    def split():
+        at = b.static
+        if not 0 < at < len(b.tokens) - 1:
+            raise _Skip("the battery's first case has no stage prefix with text after it to cut at")
+        prompt = b.tokens[: at + SPLIT_ROWS]
+        rows = session.split(prompt, at)
+        if rows is None:
+            raise _Skip("a server chooses its own prefill passes: the split probe runs on in-process engines")
+        whole, cut = rows
+        return [(prompt, _choices(whole, whole)), (prompt, _choices(cut, whole))]
+
     steps: dict[str, Callable[[], list[tuple[list[int], Generation]]]] = {
-        "repeat": repeat, "continuation": continuation, "inside": inside, "block": block, "window": window}
+        "repeat": repeat, "continuation": continuation, "inside": inside, "block": block, "window": window,
+        "split": split}
     for name in spec.kinds:
         turns: list[Turn] = []
         crash: Crash | None = None
@@ -167,6 +185,21 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         out.results[PREFIX + name] = result
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def _choices(rows: Any, reference: Any) -> Generation:
+    """Teacher-forced rows as a generation: each row's choice and top-2; where the reference row is a near-tie its
+    choice stands for both, so float noise between two prefill plans is never read as a break."""
+    import numpy as np
+
+    tokens, top2 = [], []
+    for row, ref in zip(rows, reference):
+        order, ref_order = np.argsort(-row, kind="stable")[:2], np.argsort(-ref, kind="stable")[:2]
+        tie = float(ref[ref_order[0]] - ref[ref_order[1]]) <= kinds.NEAR_TIE
+        tokens.append(int(ref_order[0] if tie else order[0]))
+        top2.append([[int(i), float(row[i])] for i in order])
+    return Generation(tokens=tokens, text="", prompt_tokens=0, cached_tokens=None, prefill_s=0.0, decode_s=0.0,
+                      ttft_s=0.0, top2=top2)
 
 
 def self_check(result: CaseResult) -> bool:
@@ -212,6 +245,15 @@ def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], s
                 unstable.append(f"baseline_unstable: {pid} gave different outputs on repeated flag-off runs (off#0 vs "
                                 f"off#{r}: turn {d['turn']} {kinds.divergence(d, ('off#0', f'off#{r}'))})")
                 status[name] = "baseline_unstable"
+        if name == "split" and (broken := [side for side, r in (("flag-off", ref), ("flag-on", mine)) if not self_check(r)]):
+            t0_, t1_ = (ref if broken[0] == "flag-off" else mine)["turns"]
+            i = kinds.first_divergence(t0_["tokens"], t1_["tokens"])
+            differs.append(f"differs: {pid} the {' and '.join(broken)} side{'s' if len(broken) > 1 else ''} chose "
+                           f"otherwise with the prefill cut at the stage prefix ({i + 1} tokens after it: "
+                           f"{t0_['tokens'][i]} in one pass, {t1_['tokens'][i]} cut): reusing a cached prefix changes "
+                           "the model's answers, whatever the cases showed")
+            status[name] = "differs"
+            continue
         if name == "repeat" and not self_check(ref):
             unstable.append(f"baseline_unstable: {pid} the flag-off side answered a prompt identical to the one "
                             "before it differently")
