@@ -10,7 +10,7 @@ crash); the fixed one must PASS. One row per bug: each release's verdict and fir
 position, the seconds; then the worker engine's overhead against in-process on the default model
 (``bench/worker.py``), side by side.
 
-    python bench/real_bugs.py [--only ID ...] [--overhead] [--json]
+    python bench/real_bugs.py [--only ID ...] [--prefill aligned|monolithic] [--without PROBE ...] [--overhead] [--json]
 """
 
 from __future__ import annotations
@@ -110,6 +110,18 @@ def build(spec: dict, default: Path, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
+def variant(entry: dict, prefill: str | None = None, without: list[str] | None = None) -> dict:
+    """The entry with its profile's prefill plan replaced, or some probes left out of its flag's policy (to show what
+    the gate saw before a probe existed)."""
+    entry = {**entry, "profile": {**entry["profile"], **({"prefill": prefill} if prefill else {})}}
+    if without:
+        from gatekeeper.workspace import PROBES
+
+        kinds = ", ".join(k for k in PROBES if k not in without)
+        entry["policies"] = {**(entry.get("policies") or {}), entry["flag"]: f"probes: {{kinds: [{kinds}]}}\n"}
+    return entry
+
+
 def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
     """The default workspace with the entry's engine profile (``bug``) under ``python`` and its policy lines."""
     ws = tmp / "ws"
@@ -168,6 +180,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="entry ids (default: all)")
     ap.add_argument("--overhead", action="store_true", help="also measure the worker engine's overhead (about 2 min)")
+    ap.add_argument("--prefill", choices=("aligned", "monolithic"), help="run every entry's profile with this plan")
+    ap.add_argument("--without", nargs="*", metavar="PROBE", help="leave these probes out (what the gate saw before them)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--build-model", nargs=2, metavar=("ID", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -176,6 +190,7 @@ def main() -> None:
         return
     results = []
     for entry in entries(a.only):
+        entry = variant(entry, a.prefill, a.without)
         rows = {side: run(entry, side) for side in ("affected", "fixed")}
         results.append({"id": entry["id"], "holds": judged(entry, rows), **rows})
         if not a.json:

@@ -246,12 +246,12 @@ def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], s
                                 f"off#{r}: turn {d['turn']} {kinds.divergence(d, ('off#0', f'off#{r}'))})")
                 status[name] = "baseline_unstable"
         if name == "split" and (broken := [side for side, r in (("flag-off", ref), ("flag-on", mine)) if not self_check(r)]):
-            t0_, t1_ = (ref if broken[0] == "flag-off" else mine)["turns"]
-            i = kinds.first_divergence(t0_["tokens"], t1_["tokens"])
+            whole, cut = ((ref if broken[0] == "flag-off" else mine)["turns"][i]["tokens"] for i in (0, 1))
+            i = kinds.first_divergence(whole, cut)
             differs.append(f"differs: {pid} the {' and '.join(broken)} side{'s' if len(broken) > 1 else ''} chose "
-                           f"otherwise with the prefill cut at the stage prefix ({i + 1} tokens after it: "
-                           f"{t0_['tokens'][i]} in one pass, {t1_['tokens'][i]} cut): reusing a cached prefix changes "
-                           "the model's answers, whatever the cases showed")
+                           f"otherwise with the prefill cut at the stage prefix (token {i + 1} after it: {whole[i]} in "
+                           f"one pass, {cut[i]} cut): reusing a cached prefix changes the model's answers, whatever "
+                           "the cases showed")
             status[name] = "differs"
             continue
         if name == "repeat" and not self_check(ref):
