@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -38,13 +39,19 @@ def entries(only: list[str] | None = None) -> list[dict]:
 
 
 def environment(entry: dict, side: str) -> str:
-    """The name of the environment of the entry's ``side`` (affected, fixed), made once."""
+    """The name of the environment of the entry's ``side`` (affected, fixed), made once. llama-cpp-python's is the
+    one ``make llama-server LLAMA_VERSION=X`` makes beside that release's llama.cpp (its bindings, no build)."""
     from gatekeeper.setup.runtimes import environment as made
     from gatekeeper.setup.runtimes import prepare
 
     release = entry[side]
     name = f"{entry['runtime']}-{release['release']}"
-    if made(name) is None:
+    if entry["runtime"] == "llama-cpp-python":
+        from gatekeeper.setup.llama_build import bindings, build_server
+
+        build_server(release["release"])  # compiled and proven once (minutes), with its bindings' environment
+        bindings(release["release"])
+    elif made(name) is None:
         prepare(name, list(release["packages"]))
     return name
 
@@ -57,7 +64,8 @@ def model(entry: dict) -> Path:
     out = home() / "real_bugs" / entry["id"] / "model"
     if (out / "config.json").is_file():
         return out
-    python = made(environment(entry, "fixed"))
+    # a GGUF is made by this environment's transformers and llama.cpp's converter; the rest by the fixed release
+    python = sys.executable if entry["model"]["library"] == "gguf" else made(environment(entry, "fixed"))
     assert python is not None
     done = subprocess.run([python, __file__, "--build-model", entry["id"], str(out)], capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
@@ -98,10 +106,25 @@ def build(spec: dict, default: Path, out: Path) -> None:
         ids = {k: v for k, v in json.loads((default / "config.json").read_text()).items() if k.endswith("token_id")}
         cfg = AutoConfig.for_model(**{**ids, **config})
         torch.manual_seed(spec.get("seed", 0))
-        AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval().save_pretrained(out)
+        net = AutoModelForCausalLM.from_config(cfg).to(torch.float32).eval()
+        with torch.no_grad():  # weights made louder than the config's initialiser, so greedy answers vary
+            for name, param in net.named_parameters():
+                std = next((v for k, v in (spec.get("normal") or {}).items() if name.endswith(k)), None)
+                if std is not None:
+                    param.normal_(0, std)
+        net.save_pretrained(out)
     for name in TOKENIZER_FILES:
         if (default / name).is_file():
             shutil.copy(default / name, out / name)
+    if spec["library"] == "gguf":  # converted by the installed llama.cpp's own script
+        from gatekeeper.setup.llama_build import source_dir
+
+        src = source_dir()
+        done = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(out), "--outtype", "f32",
+                               "--outfile", str(out / "model.gguf")], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(src / "gguf-py")})
+        if done.returncode != 0:
+            raise SystemExit(f"converting to GGUF failed: {done.stderr[-1500:]}")
     # a class every release knows (transformers 5 names its own), and the chat template inside, where 4.x reads it
     config = json.loads((out / "tokenizer_config.json").read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
@@ -110,15 +133,17 @@ def build(spec: dict, default: Path, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
-def variant(entry: dict, prefill: str | None = None, without: list[str] | None = None) -> dict:
-    """The entry with its profile's prefill plan replaced, or some probes left out of its flag's policy (to show what
-    the gate saw before a probe existed)."""
+def variant(entry: dict, prefill: str | None = None, without: list[str] | None = None, extra: str = "") -> dict:
+    """The entry with its profile's prefill plan replaced, some probes left out of its flag's policy (to show what the
+    gate saw before a probe existed), or ``extra`` policy lines."""
     entry = {**entry, "profile": {**entry["profile"], **({"prefill": prefill} if prefill else {})}}
+    lines = (entry.get("policies") or {}).get(entry["flag"], "")
     if without:
         from gatekeeper.workspace import PROBES
 
-        kinds = ", ".join(k for k in PROBES if k not in without)
-        entry["policies"] = {**(entry.get("policies") or {}), entry["flag"]: f"probes: {{kinds: [{kinds}]}}\n"}
+        lines = "".join(x for x in lines.splitlines(keepends=True) if not x.startswith("probes:"))
+        lines += f"probes: {{kinds: [{', '.join(k for k in PROBES if k not in without)}]}}\n"
+    entry["policies"] = {**(entry.get("policies") or {}), entry["flag"]: lines + extra}
     return entry
 
 
@@ -128,12 +153,27 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
     for folder in ("assertions", "engines", "policies", "prompts"):
         shutil.copytree(ROOT / folder, ws / folder)
     shutil.rmtree(ws / "policies" / "examples", ignore_errors=True)
-    profile = {**entry["profile"], "model": str(path), "python": python}
+    if entry["profile"]["adapter"] == "http":  # a server this release runs, started by gatekeeper (``serve``)
+        from gatekeeper.setup.llama_libs import lib_dir
+        from gatekeeper.setup.runtimes import environment as made
+
+        release = python.rsplit("-", 1)[1]
+        places = {"{python}": made(python) or python, "{lib}": str(lib_dir(release)), "{gguf}": str(path / "model.gguf"),
+                  "{model}": str(path)}
+        text = json.dumps(entry["profile"])
+        for key, value in places.items():
+            text = text.replace(key, value)
+        profile = json.loads(text)
+    else:
+        profile = {**entry["profile"], "model": str(path), "python": python}
     (ws / "engines" / "bug.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
-    for flag, extra in (entry.get("policies") or {}).items():  # lines added to (or making) the flag's policy
+    for flag, extra in (entry.get("policies") or {}).items():  # fields set in (or making) the flag's policy
         policy = ws / "policies" / f"{flag}.yaml"
-        extra = extra.replace("{draft}", str(path / "draft"))
-        policy.write_text((policy.read_text() if policy.is_file() else "") + extra)
+        fields = yaml.safe_load(policy.read_text()) if policy.is_file() else {}
+        for key, value in (yaml.safe_load(extra.replace("{draft}", str(path / "draft"))) or {}).items():
+            both = isinstance(value, dict) and isinstance(fields.get(key), dict)
+            fields[key] = {**fields[key], **value} if both else value
+        policy.write_text(yaml.safe_dump(fields, sort_keys=False))
     return ws
 
 

@@ -17,16 +17,13 @@ import inspect
 import traceback
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from ..errors import EngineCrash, GatekeeperError
 from .base import Generation, Until, checked_request
 from .greedy import GreedySession, pick
-
-if TYPE_CHECKING:
-    from .torch import TorchEngine
 
 # the cache implementations, and the transformers class that holds each (5.x folds the static kinds into StaticCache)
 CLASSES = {"dynamic": "DynamicCache", "static": "StaticCache", "sliding_window": "SlidingWindowCache",
@@ -105,7 +102,7 @@ class GenerateSession(GreedySession):
     """A configuration on ``generate``: the prefix cache (pins) holds caches of the implementation; each call hands
     ``generate`` a copy of the longest one the prompt extends (cache on), or a fresh one (off)."""
 
-    model: "TorchEngine"
+    model: Any  # the TorchEngine that opened it (torch.py imports this module: no import back)
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
                  until: Until | None = None) -> Generation:
@@ -129,7 +126,7 @@ class GenerateSession(GreedySession):
         return g
 
 
-def run_generate(engine: "TorchEngine", prompt: list[int], state: Any, max_tokens: int, stop: Sequence[str],
+def run_generate(engine: Any, prompt: list[int], state: Any, max_tokens: int, stop: Sequence[str],
                  margins: list, until: Until | None) -> tuple[list[int], float]:
     """``generate`` greedy from ``state``: the tokens and when the first was picked. Each step's top-2 goes to
     ``margins`` (read from the scores ``generate`` picks from); EOS, a stop string or ``until`` ends it."""
@@ -164,7 +161,7 @@ def run_generate(engine: "TorchEngine", prompt: list[int], state: Any, max_token
     return out[0, n:].tolist(), first[0]
 
 
-def _assisted(engine: "TorchEngine") -> dict[str, Any]:
+def _assisted(engine: Any) -> dict[str, Any]:
     """Assisted generation, where the profile names a draft: transformers' own, its schedule as the draft's generation
     config says unless ``draft_tokens`` is given."""
     if engine.draft is None:

@@ -96,7 +96,7 @@ def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
         if not (stage / "lib" / LIBRARY).exists():
             raise GatekeeperError(f"llama.cpp build left no {LIBRARY} in {build}; see the output above")
         print(f"proving the build: a greedy decode and a one-request llama-server start ({gguf.name})", file=sys.stderr)
-        llama_smoke.prove(stage, gguf)
+        llama_smoke.prove(stage, gguf, bindings(ver))
         for part in ("lib", "bin"):
             final = root(ver) / part
             if final.exists():  # a half-installed tree from an older run
@@ -106,6 +106,33 @@ def build_server(ver: str | None = None, jobs: int | None = None) -> Path:
         shutil.rmtree(stage, ignore_errors=True)
         shutil.rmtree(build, ignore_errors=True)  # the binaries find lib/ by RPATH: the build tree is not needed
     return root(ver) / "bin" / "llama-server"
+
+
+def bindings(ver: str) -> str:
+    """A python whose llama-cpp-python is release ``ver`` (the one of its libraries' API): this one for the installed
+    release, else the environment ``llama-cpp-python-VER`` (made once, pip compiling nothing; its server extra too, so
+    a profile's ``serve`` command can start that release's ``llama_cpp.server``)."""
+    from importlib import metadata
+
+    from . import runtimes
+
+    try:
+        if metadata.version("llama-cpp-python") == ver:
+            return sys.executable
+    except metadata.PackageNotFoundError:
+        pass
+    name = f"llama-cpp-python-{ver}"
+    found = runtimes.environment(name)
+    if found:
+        return found
+    # LLAMA_BUILD=OFF: bindings alone; past pip's wheel cache, whose key ignores CMAKE_ARGS (see the Makefile)
+    saved = dict(os.environ)
+    os.environ.update({"CMAKE_ARGS": "-DLLAMA_BUILD=OFF", "PIP_NO_CACHE_DIR": "1"})
+    try:
+        return runtimes.prepare(name, [f"llama-cpp-python[server]=={ver}"], torch=False)["python"]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def compile_tree(src: Path, build: Path, jobs: int | None = None) -> Path:

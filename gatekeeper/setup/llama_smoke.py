@@ -33,21 +33,22 @@ print(json.dumps({{"text": out["choices"][0]["text"], "tokens": out["usage"]["co
 AMX_MNEMONICS = ("tilezero", "tileloadd", "tilestored", "tilerelease", "ldtilecfg", "sttilecfg", "tdpb")
 
 
-def prove(tree: Path, gguf: Path) -> dict:
+def prove(tree: Path, gguf: Path, python: str = sys.executable) -> dict:
     """Raise GatekeeperError naming the fault unless ``tree`` (``lib/``, ``bin/llama-server``) decodes
-    ``gguf`` on this CPU. Returns what each check produced."""
+    ``gguf`` on this CPU (the decode under ``python``, whose llama-cpp-python is the libraries' release). Returns what
+    each check produced."""
     amx = amx_instructions(tree / "lib")
     if amx:
         raise GatekeeperError(f"the llama.cpp build in {tree} holds {amx} AMX instructions ({_cpu_note()}); "
                               "AMX kernels trap on many Xeons, and this build is meant to leave them out; "
                               "nothing was installed: rebuild with GATEKEEPER_LLAMA_CPU=portable make llama-server")
-    return {"decode": decode(tree / "lib", gguf), "server": serve(tree / "bin" / "llama-server", gguf)}
+    return {"decode": decode(tree / "lib", gguf, python), "server": serve(tree / "bin" / "llama-server", gguf)}
 
 
-def decode(lib: Path, gguf: Path) -> dict:
+def decode(lib: Path, gguf: Path, python: str = sys.executable) -> dict:
     env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib)}
     try:
-        done = subprocess.run([sys.executable, "-c", DECODE, str(gguf)], env=env, capture_output=True, text=True,
+        done = subprocess.run([python, "-c", DECODE, str(gguf)], env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         raise GatekeeperError(_failed("a greedy decode through its libraries", f"hung past {TIMEOUT:.0f} s", lib)) from None

@@ -42,9 +42,10 @@ def installed(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def prepare(name: str, packages: list[str]) -> dict:
+def prepare(name: str, packages: list[str], torch: bool = True) -> dict:
     """Make the environment ``name`` with ``packages`` (pip requirement specifiers), or return the one made before
-    with the same packages; what it holds: ``{"name", "python", "packages", "versions"}``."""
+    with the same packages; what it holds: ``{"name", "python", "packages", "versions"}``. ``torch`` False: an
+    environment whose runtime needs no torch (llama-cpp-python) gets none."""
     if not NAME.fullmatch(name):
         raise GatekeeperError(f"NAME {name!r}: use letters, digits, '.', '_' and '-' (e.g. transformers-4.52.1)")
     if not packages:
@@ -59,7 +60,7 @@ def prepare(name: str, packages: list[str]) -> dict:
     _run([sys.executable, "-m", "venv", "--clear", str(venv)], "creating the virtual environment")
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
     _run(pip + ["--upgrade", "pip"], "upgrading pip")
-    if not any(re.match(r"torch\b", p) for p in packages):
+    if torch and not any(re.match(r"torch\b", p) for p in packages):
         _run(pip + [TORCH], f"installing {TORCH}")
     _run(pip + [*packages, *WORKER_NEEDS], f"installing {' '.join(packages)}")
     versions = prove(str(venv / "bin" / "python"))
