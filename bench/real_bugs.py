@@ -10,7 +10,8 @@ crash); the fixed one must PASS. One row per bug: each release's verdict and fir
 position, the seconds; then the worker engine's overhead against in-process on the default model
 (``bench/worker.py``), side by side.
 
-    python bench/real_bugs.py [--only ID ...] [--prefill aligned|monolithic] [--without PROBE ...] [--overhead] [--json]
+    python bench/real_bugs.py [--only ID ...] [--prefill aligned|monolithic] [--without PROBE ...]
+                              [--flag FLAG] [--option KEY=VALUE ...] [--overhead] [--json]
 """
 
 from __future__ import annotations
@@ -133,10 +134,14 @@ def build(spec: dict, default: Path, out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
-def variant(entry: dict, prefill: str | None = None, without: list[str] | None = None, extra: str = "") -> dict:
-    """The entry with its profile's prefill plan replaced, some probes left out of its flag's policy (to show what the
-    gate saw before a probe existed), or ``extra`` policy lines."""
-    entry = {**entry, "profile": {**entry["profile"], **({"prefill": prefill} if prefill else {})}}
+def variant(entry: dict, prefill: str | None = None, without: list[str] | None = None, extra: str = "",
+            flag: str | None = None, options: dict | None = None) -> dict:
+    """The entry with its profile's prefill plan or options replaced, some probes left out of its flag's policy (to
+    show what the gate saw before a probe existed), ``extra`` policy lines, or another flag evaluated."""
+    profile = {**entry["profile"], **({"prefill": prefill} if prefill else {})}
+    if options:
+        profile["options"] = {**profile.get("options", {}), **options}
+    entry = {**entry, "profile": profile, "flag": flag or entry["flag"]}
     lines = (entry.get("policies") or {}).get(entry["flag"], "")
     if without:
         from gatekeeper.workspace import PROBES
@@ -222,6 +227,8 @@ def main() -> None:
     ap.add_argument("--overhead", action="store_true", help="also measure the worker engine's overhead (about 2 min)")
     ap.add_argument("--prefill", choices=("aligned", "monolithic"), help="run every entry's profile with this plan")
     ap.add_argument("--without", nargs="*", metavar="PROBE", help="leave these probes out (what the gate saw before them)")
+    ap.add_argument("--flag", help="evaluate this flag instead of the entry's")
+    ap.add_argument("--option", nargs="*", default=[], metavar="KEY=VALUE", help="set profile options (YAML values)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--build-model", nargs=2, metavar=("ID", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -230,7 +237,8 @@ def main() -> None:
         return
     results = []
     for entry in entries(a.only):
-        entry = variant(entry, a.prefill, a.without)
+        options = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in a.option)}
+        entry = variant(entry, a.prefill, a.without, flag=a.flag, options=options)
         rows = {side: run(entry, side) for side in ("affected", "fixed")}
         results.append({"id": entry["id"], "holds": judged(entry, rows), **rows})
         if not a.json:

@@ -449,7 +449,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                              for cid in unstable if not any(r.startswith(f"batch_variant: {cid} ") for r in variant)]
     elif unstable or (judged and judged.unstable):
         verdict = "INCONCLUSIVE"
-        reasons = list(unstable.values()) + (judged.unstable if judged else [])
+        stale = [r for r in (judged.unstable if judged else []) if r.startswith("stale_state:")]  # the cause, first
+        reasons = stale + list(unstable.values()) + [r for r in (judged.unstable if judged else []) if r not in stale]
     elif baseline_cached:
         verdict = "INCONCLUSIVE"
         reasons = [f"baseline_cached: the flag-off side ({p.configs['off'].profile.where}) reports {baseline_cached} prompt "

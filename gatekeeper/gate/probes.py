@@ -255,8 +255,10 @@ def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], s
             status[name] = "differs"
             continue
         if name == "repeat" and not self_check(ref):
-            unstable.append(f"baseline_unstable: {pid} the flag-off side answered a prompt identical to the one "
-                            "before it differently")
+            unstable.append(f"stale_state: {pid} the flag-off side answered a prompt identical to the one before it "
+                            "differently: the deployment reuses state with the flag off too (a server's own prefix "
+                            "matching) and that reuse is broken, so no baseline can be taken from it (llama-cpp-python "
+                            "before 0.3.17 on a recurrent model does this: bench/real_bugs/)")
             status[name] = "baseline_unstable"
         if status[name] != "equal":
             continue
