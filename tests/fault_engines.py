@@ -285,3 +285,21 @@ class PositionsRestart(TorchEngine):
             out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, position_ids=torch.arange(len(tokens))[None],
                         **{self._cache_arg: state})
             return out.logits[0].float().cpu()
+
+
+class StaleRepeatSession(GreedySession):
+    """A deployment whose own state reuse is broken with its cache off too: a prompt identical to the one before it
+    is read on top of that one's answer (llama-cpp-python before 0.3.17 on a recurrent model)."""
+
+    _last: tuple = ((), [])
+
+    def generate(self, prompt, **kwargs):
+        if list(prompt) == list(self._last[0]):
+            return super().generate([*prompt, *self._last[1][:1]], **kwargs)
+        g = super().generate(prompt, **kwargs)
+        self._last = (list(prompt), g.tokens)
+        return g
+
+
+class StaleRepeat(TorchEngine):
+    session_class = StaleRepeatSession

@@ -72,6 +72,14 @@ def test_a_cut_that_restarts_positions_passes_the_cases_and_fails_the_split_prob
     assert (code, out["verdict"], out["probes"]) == (0, "PASS", {"split": "equal"}), out["reasons"]
 
 
+def test_a_flag_off_side_that_answers_its_repeat_differently_is_named_stale_state(run_cli, tiny_ws, tiny_llama):
+    (tiny_ws / "engines" / "stale.yaml").write_text(
+        f"adapter: fault_engines:StaleRepeat\nmodel: {tiny_llama}\ndtype: float32\ndevice: cpu\n")
+    probes(tiny_ws, "{kinds: [repeat]}")
+    code, out = evaluate(run_cli, tiny_ws, "stale")
+    assert out["verdict"] == "INCONCLUSIVE" and out["reasons"][0].startswith("stale_state: probe:repeat the flag-off"), out
+
+
 def test_probes_off_run_none(run_cli, tiny_ws):
     probes(tiny_ws, "off")
     code, out = evaluate(run_cli, tiny_ws, "tiny")
