@@ -50,6 +50,21 @@ def test_generate_gives_the_tokens_of_gatekeepers_own_loop(tiny_ws, tiny_llama):
     assert [m[0][0] for m in outs["gen"][0].top2] == outs["gen"][0].tokens
 
 
+def test_assisted_generate_keeps_the_models_greedy_tokens_and_one_top2_each(tiny_ws, tiny_llama):
+    """transformers' assisted decoding with a draft (here the model itself): its greedy tokens, one top-2 per kept
+    token though it scores drafts it rejects."""
+    ws = Workspace(tiny_ws)
+    (tiny_ws / "engines" / "plain.yaml").write_text(generate_profile(tiny_llama, "dynamic"))
+    (tiny_ws / "engines" / "draft.yaml").write_text(generate_profile(tiny_llama, "dynamic").replace(
+        "max_cache_len: 1024}", f"max_cache_len: 1024, draft_model: {tiny_llama}, draft_tokens: 3}}"))
+    outs = {}
+    for name in ("plain", "draft"):
+        with build_engine(ws.engine(name), workspace_root=tiny_ws) as model, model.session() as s:
+            outs[name] = s.generate(model.tokenize("What is 2+2? The answer is"), max_tokens=20, top2=True)
+    assert outs["draft"].tokens == outs["plain"].tokens
+    assert [m[0][0] for m in outs["draft"].top2] == outs["draft"].tokens
+
+
 def test_a_zero_slot_in_the_reused_cache_is_refused(tiny_ws, tiny_llama, run_cli):
     (tiny_ws / "engines" / "zero.yaml").write_text(generate_profile(tiny_llama, "static", adapter="fault_engines:ZeroSlotGenerate"))
     code, out = evaluate(run_cli, tiny_ws, "zero")

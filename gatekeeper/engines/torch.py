@@ -164,7 +164,7 @@ class TorchEngine(GreedyEngine):
     def _decode(self, prompt, state, logits, max_tokens, stop, margins, until=None):
         import numpy as np
 
-        if self.draft is None or self.generation:
+        if self.draft is None:
             return super()._decode(prompt, state, logits, max_tokens, stop, margins, until)
         if self.hybrid:
             raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding needs a state "
@@ -206,7 +206,9 @@ class TorchEngine(GreedyEngine):
                                  "max_cache_len": int(opts.get("max_cache_len", MAX_CACHE_LEN))}
         if opts.get("draft_model"):
             draft = resolve_model(opts["draft_model"], workspace_root)
-            extra["draft"] = {"model_digest": directory_digest(draft), "tokens": int(opts.get("draft_tokens", 4))}
+            # transformers' assisted generate keeps its own schedule unless draft_tokens is given (None)
+            tokens = opts.get("draft_tokens") if opts.get("cache_implementation") else int(opts.get("draft_tokens", 4))
+            extra["draft"] = {"model_digest": directory_digest(draft), "tokens": tokens}
         return extra
 
     @classmethod

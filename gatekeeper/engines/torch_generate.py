@@ -128,8 +128,9 @@ class GenerateSession(GreedySession):
 
 def run_generate(engine: Any, prompt: list[int], state: Any, max_tokens: int, stop: Sequence[str],
                  margins: list, until: Until | None) -> tuple[list[int], float]:
-    """``generate`` greedy from ``state``: the tokens and when the first was picked. Each step's top-2 goes to
-    ``margins`` (read from the scores ``generate`` picks from); EOS, a stop string or ``until`` ends it."""
+    """``generate`` greedy from ``state``: the tokens and when the first was picked. Each kept token's top-2 goes to
+    ``margins`` (from the logits ``generate`` returns); EOS, a stop string or ``until`` (asked with the tokens so far
+    only: the margins are read once it returns) ends it."""
     from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
     n, first = len(prompt), []
@@ -139,10 +140,9 @@ def run_generate(engine: Any, prompt: list[int], state: Any, max_tokens: int, st
                               f"{size} tokens cannot hold this call's {n} prompt tokens and {max_tokens} to generate; "
                               "raise it")
 
-    class Watch(LogitsProcessor):
+    class Watch(LogitsProcessor):  # the first call ends the prefill
         def __call__(self, input_ids: Any, scores: Any) -> Any:
             first.append(perf_counter())
-            pick(scores[0].float().cpu().numpy(), margins)
             return scores
 
     class Done(StoppingCriteria):
@@ -157,8 +157,11 @@ def run_generate(engine: Any, prompt: list[int], state: Any, max_tokens: int, st
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, **{engine._cache_arg: state},
             do_sample=False, num_beams=1, logits_processor=LogitsProcessorList([Watch()]),
             stopping_criteria=StoppingCriteriaList([Done()]), eos_token_id=eos or None,
-            pad_token_id=eos[0] if eos else 0, **_assisted(engine))
-    return out[0, n:].tolist(), first[0]
+            pad_token_id=eos[0] if eos else 0, return_dict_in_generate=True, output_logits=True, **_assisted(engine))
+    # one row per token kept (assisted decoding scores drafts it then rejects: only the kept rows come back)
+    for row in out.logits:
+        pick(row[0].float().cpu().numpy(), margins)
+    return out.sequences[0, n:].tolist(), first[0]
 
 
 def _assisted(engine: Any) -> dict[str, Any]:
