@@ -206,6 +206,7 @@ def run(entry: dict, side: str, limit: int | None = None) -> dict:
     found = next((m for r in reasons if (m := DIVERGES.search(r))), None)
     verdict = out.get("verdict") or ("aborted" if done.returncode == 2 else f"exit {done.returncode}")
     return {"release": entry[side]["release"], "verdict": verdict, "exit": done.returncode, "reason": reasons[0],
+            "differing_cases": len(out.get("differing_cases") or []),
             "first_divergent_position": int(found.group(1)) if found else None, "seconds": round(seconds, 1)}
 
 
@@ -244,8 +245,8 @@ def main() -> None:
         if not a.json:
             print(f"{entry['id']}: {entry['title']}")
             for side, r in rows.items():
-                print(f"  {side:8} {r['release']:10} {r['verdict']:13} first divergent position "
-                      f"{r['first_divergent_position']!s:5} {r['seconds']:6.1f} s  {r['reason'][:140]}")
+                print(f"  {side:8} {r['release']:10} {r['verdict']:13} cases differing {r['differing_cases']:2}  first "
+                      f"divergent position {r['first_divergent_position']!s:5} {r['seconds']:6.1f} s  {r['reason'][:140]}")
             print(f"  {'holds' if results[-1]['holds'] else 'DOES NOT HOLD'}: affected never PASS, fixed PASS")
     if a.json:
         print(json.dumps(results, indent=2))

@@ -150,9 +150,15 @@ class TorchEngine(GreedyEngine):
         import torch
 
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        where: dict[str, Any] = {}
+        if self.generation:  # a static cache of transformers 4.5x counts its filled slots by their values: say where
+            seen = self.state_ops.length(state)
+            where["cache_position"] = torch.arange(seen, seen + len(tokens), device=self.device)
         with torch.inference_mode():
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: state})
-            return out.logits[0].float().cpu()
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._cache_arg: state}, **where)
+        if self.generation:
+            state.gatekeeper_seen = seen + len(tokens)  # read by WholeState.length, kept by its deep copies
+        return out.logits[0].float().cpu()
 
     def _forward(self, state: Any, tokens: Sequence[int]) -> np.ndarray:
         return self._logits(self.model, state, tokens, 1)[-1].numpy()

@@ -65,7 +65,8 @@ class WholeState:
     a prompt that extends all of it, through a deep copy. No faults are planted on this path."""
 
     def length(self, state: Any) -> int:
-        return int(state.get_seq_length())
+        # what gatekeeper's own forwards wrote (TorchEngine._logits); a static cache of 4.5x counts non-zero slots
+        return int(getattr(state, "gatekeeper_seen", None) or state.get_seq_length())
 
     def nbytes(self, state: Any) -> int:
         seen: dict[int, int] = {}
