@@ -46,7 +46,9 @@ def make_cache(model: Any, implementation: str, max_cache_len: int) -> Any:
         if "backend" not in params:  # 4.x: a config object and a class per backend
             raise GatekeeperError(f"options.cache_implementation: quantized is run through transformers 5's "
                                   f"QuantizedCache; transformers {_version()} builds it otherwise")
-        offered |= {"backend": "quanto", "nbits": 4}
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        offered |= {"backend": "quanto", "nbits": 4, "q_group_size": min(64, head)}  # groups within one head
     try:
         return cls(**{k: v for k, v in offered.items() if k in params})
     except ImportError as e:  # a quantized cache's backend
@@ -73,7 +75,10 @@ class WholeState:
 
         def walk(v: Any) -> None:
             if isinstance(v, torch.Tensor):
-                seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+                try:
+                    seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+                except RuntimeError:  # a tensor subclass with no storage of its own (a quantized cache's)
+                    seen[id(v)] = v.numel() * v.element_size()
             elif isinstance(v, (list, tuple)):
                 for x in v:
                     walk(x)

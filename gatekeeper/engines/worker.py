@@ -46,6 +46,9 @@ def interpreter(python: str) -> str:
     return str(found)
 
 
+RUNS = ("generate", "score", "split", "pin")  # what the model computes: a runtime's exception there is a crash
+
+
 class WorkerError(RuntimeError):
     """An exception the adapter raised in the worker (outside gatekeeper's own errors), as the worker named it."""
 
@@ -62,11 +65,8 @@ class WorkerSession(Session):
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
                  until: Until | None = None) -> Generation:
-        try:
-            g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
-                                              stop=list(stop), top2=top2, until=until is not None, callback=until))
-        except WorkerError as e:  # the runtime failed the request: evidence about this side, recorded with the case
-            raise EngineCrash.raised(f"worker:{self.worker.python}", str(e), len(prompt), max_tokens) from None
+        g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
+                                          stop=list(stop), top2=top2, until=until is not None, callback=until))
         self.stats.add(g)
         return g
 
@@ -168,6 +168,9 @@ class WorkerEngine(Engine):
                 raise self._died(op) from None
         if "crash" in answer:
             raise EngineCrash(answer["error"], **answer["crash"])
+        if "error" in answer and not answer["gatekeeper"] and op in RUNS:  # the runtime failed a request: this side's
+            tokens = args.get("prompt") or args.get("prefix") or []
+            raise EngineCrash.raised(f"worker:{self.python}", answer["error"], len(tokens), args.get("max_tokens", 0))
         if "error" in answer:
             raise (GatekeeperError if answer["gatekeeper"] else WorkerError)(answer["error"])
         return answer["ok"]
