@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -61,9 +62,9 @@ def decode(lib: Path, gguf: Path, python: str = sys.executable) -> dict:
 
 def serve(binary: Path, gguf: Path) -> dict:
     """Start ``binary`` on a free loopback port, ask one completion, stop it."""
-    from ..engines.serve import free_port
-
-    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
