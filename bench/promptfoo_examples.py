@@ -49,8 +49,9 @@ def configs(only: list[str] | None = None) -> list[Path]:
 
 def tiny_model() -> Path:
     """A tiny random llama, built once (no download) and reused from $GATEKEEPER_HOME."""
-    home = Path(os.environ.get("GATEKEEPER_HOME") or Path.home() / ".cache" / "gatekeeper")
-    path = home / "bench" / "tiny-llama"
+    from gatekeeper.setup.models import home
+
+    path = home() / "bench" / "tiny-llama"
     if not (path / "config.json").is_file():
         from tiny_models import build_tiny_llama
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 from .evidence import CrashRecord
 
 
@@ -39,3 +42,41 @@ class EngineCrash(GatekeeperError):
 
     def record(self) -> CrashRecord:
         return CrashRecord(url=self.url, said=self.said, request=self.request, message=str(self))
+
+
+class InternalError(Exception):
+    """An exception raised in gatekeeper's own code: a bug, never evidence about an engine (no ``crashed:``, no
+    verdict). ``where`` names the module and line; the CLI exits 3 with it."""
+
+    def __init__(self, message: str, where: str):
+        super().__init__(message)
+        self.where = where
+
+
+def origin(e: BaseException) -> tuple[str, bool]:
+    """Where ``e`` was raised: ``package/module.py:LINE`` of its innermost frame, and whether that frame is gatekeeper's
+    own code (an exception torch raises on what gatekeeper handed it, as ``bool(tensor)``, is gatekeeper's)."""
+    if isinstance(e, InternalError):
+        return e.where, True
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "?", False
+    path = Path(frames[-1].filename)
+    ours = _PACKAGE in path.parents
+    name = path.relative_to(_PACKAGE.parent).as_posix() if ours else "/".join(path.parts[-2:])
+    return f"{name}:{frames[-1].lineno}", ours
+
+
+def described(e: BaseException) -> str:
+    """``Type: message (at where)``, the one line a crash, an internal error or a failed step is reported with."""
+    where, _ = origin(e)
+    return f"{type(e).__name__}: {e} (at {where})"
+
+
+def internal(e: BaseException) -> InternalError | None:
+    """``e`` as an InternalError when gatekeeper's own code raised it; None when the runtime (or anything else) did."""
+    where, ours = origin(e)
+    return InternalError(f"{type(e).__name__}: {e}", where) if ours else None
+
+
+_PACKAGE = Path(__file__).resolve().parent

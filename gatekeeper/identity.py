@@ -40,7 +40,7 @@ def digest(obj: Any) -> str:
 
 
 def cache_home() -> Path:
-    """$GATEKEEPER_HOME, else the user cache directory (``setup.models.home``, which imports this module)."""
+    """$GATEKEEPER_HOME, else the user cache directory: where every set-up part is installed and found."""
     if os.environ.get("GATEKEEPER_HOME"):
         return Path(os.environ["GATEKEEPER_HOME"])
     from platformdirs import user_cache_dir

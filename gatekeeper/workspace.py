@@ -261,10 +261,18 @@ class MinedOn(Strict):
 
     engine: str  # the profile name
     model_digest: str
-    identity: str  # digest of the whole engine identity (dtype, device, plan, versions)
+    identity: str  # ``of(engine identity)``: the engine as mining saw it (model, dtype, device, plan), versions aside
     max_tokens: int  # chosen by mining
     power_per_token: float | None = None  # score gained per extra generated token (over the source's max_tokens)
     faults: list[str] | None = None  # the planted faults each candidate was probed with
+
+    @staticmethod
+    def of(identity: dict[str, Any]) -> str:
+        """The digest ``identity`` holds. Library versions are left out: an upgrade is a declared change with its
+        own evidence, and a note on every install that resolves another patch release would cry wolf."""
+        from .identity import digest
+
+        return digest({k: v for k, v in identity.items() if k not in ("libraries", "engine_version")})
 
 
 class Case(Strict):

@@ -1,7 +1,13 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# Under pytest-xdist (make check and make test run a worker per core, TEST_JOBS) each worker computes on one thread,
+# so two workers on two cores do not fight over them; what a test starts inherits it unless it sets its own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,6 +17,7 @@ from tiny_models import CORPUS, tiny_llama  # noqa: F401  (fixture)
 from gatekeeper.engines.base import Scored, Session
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.gate.distance import APPROXIMATION, Bound, Summary, beyond, check, compare, distance, positions
+from gatekeeper.setup.models import prepare_default_model
 from gatekeeper.workspace import EngineProfile
 
 SYSTEM = ("You are a careful assistant. Answer the question using the notes below, and say when the notes do not cover it. "
@@ -219,14 +220,11 @@ def test_lumped_topk_is_a_lower_bound_on_real_distributions(tiny_llama):
     assert "A/A floor: kld mean 0" in c.reason()
 
 
-DEFAULT_MODEL = Path("~/.cache/gatekeeper/models/SmolLM2-135M-Instruct").expanduser()
-
-
 def test_lumped_top20_holds_most_of_the_kl_on_the_default_model():
     """A trained model's mass is concentrated: on SmolLM2-135M (float32 against bfloat16 weights, a fixed
     answer read teacher-forced), top-20 lumped KL is at least 80% of the full KL (about 92% measured)."""
-    assert (DEFAULT_MODEL / "config.json").is_file(), "the default model is not prepared: run 'make model'"
-    with build_engine(profile(DEFAULT_MODEL)) as fp32, build_engine(profile(DEFAULT_MODEL, dtype="bfloat16")) as bf16:
+    model, _ = prepare_default_model()  # under $GATEKEEPER_HOME, where make put it
+    with build_engine(profile(model)) as fp32, build_engine(profile(model, dtype="bfloat16")) as bf16:
         ids = fp32.tokenize(fp32.render([{"role": "user", "content": "Why is the sky blue? Two sentences."}]))
         cont = fp32.tokenize("The sky looks blue because air molecules scatter short blue wavelengths of sunlight "
                              "much more than red ones. That scattered blue light reaches our eyes from every direction.")

@@ -14,7 +14,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile, Workspace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 # Flash attention off: left at its default (auto), cache_prompt true changed greedy
@@ -158,3 +158,40 @@ def test_bad_profiles_name_the_file_and_field(workspace, body, field):
     with pytest.raises(GatekeeperError) as err:
         Workspace(workspace).engine("bad")
     assert "engines/bad.yaml: invalid" in str(err.value) and field in str(err.value)
+
+
+PROMPTFOO = """prompts: ["Answer in one short sentence: {{question}}"]
+tests:
+  - vars: {question: "What is 2+2?"}
+    assert: [{type: contains, value: "4"}]
+  - vars: {question: "Which city is the capital of France?"}
+    assert: [{type: icontains, value: "paris"}]
+"""
+
+
+def test_the_readmes_own_server_and_promptfoo_lines_run_as_written(server, tmp_path):
+    """README.md's "Your own server and your own promptfoo suite", run by bash as a newcomer would: the server is this
+    module's llama-server and the promptfoo config a small one; the rest is the README's text."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import ROOT
+
+    section = (ROOT / "README.md").read_text().split("## Your own server", 1)[1]
+    script = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    config = tmp_path / "promptfooconfig.yaml"
+    config.write_text(PROMPTFOO)
+    bin_dir = Path(sys.executable).parent
+    for old, new in (("http://127.0.0.1:8080", server), ("~/myapp/promptfooconfig.yaml", str(config)),
+                     ("../.venv/bin/gatekeeper", str(bin_dir / "gatekeeper")), (".venv/bin/gatekeeper", str(bin_dir / "gatekeeper"))):
+        assert old in script, old
+        script = script.replace(old, new)
+    done = subprocess.run(["bash", "-euc", script], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "verdict: PASS" in done.stdout
+    with ledger(tmp_path / "myapp") as lg:
+        (ev,) = lg.evaluations()
+        cases = {r["case_id"].split("/")[0] for r in lg.evaluation(ev["id"])["case_results"]}
+    assert "myapp" in cases, cases

@@ -14,6 +14,8 @@ from typing import Iterator
 import pytest
 from postgres import Server, new_database, serving
 
+pytestmark = pytest.mark.servers
+
 TESTS = Path(__file__).resolve().parent
 
 

@@ -1,7 +1,7 @@
 """The review app in a real browser: Debian's headless Chromium driven by Selenium through Debian's chromium-driver
 (nothing is downloaded). A reviewer clicks from the flags to an evaluation, to a differing case, to the compare
 page; no console error and no Content-Security-Policy violation on the way; a tampered ledger's badge is red.
-Screenshots are kept as test artifacts in test-artifacts/review/."""
+Screenshots are kept as test artifacts in test-artifacts/review/ (readme.png is the README's, docs/images/review.png)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,9 @@ def test_a_reviewer_clicks_from_the_flags_to_a_case_to_the_compare_page(made, br
         rows = browser.find_elements(By.CSS_SELECTOR, "table.cases tbody tr.differs a")
         assert rows, "no differing case listed"
         browser.save_screenshot(str(ARTIFACTS / "2-evaluation.png"))
+        browser.set_window_size(1280, 900)  # the README's picture, docs/images/review.png: the top of a FAIL's page
+        browser.save_screenshot(str(ARTIFACTS / "readme.png"))
+        browser.set_window_size(1280, 1600)
         seen += problems(browser)
         rows[-1].click()
         position = browser.find_element(By.CSS_SELECTOR, "strong.position").text

@@ -30,7 +30,7 @@ from served import (
 
 from gatekeeper.setup.models import default_model_dir, find_gguf
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.servers]
 
 
 def profile(off: str, on: str, *extra: str) -> str:

@@ -59,3 +59,19 @@ def test_every_shipped_case_catches_the_faults_it_was_mined_against(run_cli, shi
     caught = {f"{name}/{c['id']}": set(c["catches"]) for name, st in report["suites"].items() for c in st["cases"]}
     assert caught.keys() == claimed.keys()
     assert all(c >= {"shift", "drop"} for c in caught.values()), caught
+
+
+def test_the_demo_reads_no_note_about_the_shipped_battery():
+    """``make demo`` evaluates the repository's own workspace with the ``auto`` profile: the shipped suites were
+    mined on the engine it runs (the default model as ``make model`` prepares it), so its verdict carries no
+    ``mined_elsewhere:`` advice to re-mine the project's own files."""
+    from gatekeeper.gate import evaluator, pipeline, runs
+
+    ws = Workspace(ROOT)
+    plan = evaluator.plan(ws, "prefix_cache", "auto", force=pipeline.in_force(ws, None))
+    assert {i.suite.suite for i in plan.items if i.suite.mined_on} == {"router", "planner", "specialist", "synthesizer"}
+    models = runs.open_engines(plan)
+    try:
+        assert evaluator._mined_elsewhere(plan, models["off"]) == []
+    finally:
+        runs.close_engines(models)

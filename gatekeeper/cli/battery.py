@@ -9,7 +9,8 @@ import typer
 
 from ..errors import GatekeeperError
 from . import tables
-from .common import EngineName, Json, Settings, Suites, emit, progress, reporting
+from .common import EngineName, Json, Settings, Suites, emit, reporting
+from .progress import progress
 
 battery_app = typer.Typer(help="Mine the assertion battery for power; size it for a margin; make candidate cases from "
                                "captured traffic.",
@@ -87,7 +88,7 @@ def mine(
             candidates += [mining.Candidate(Item(s, case), c["source"]) for case, c in zip(s.cases, st.cases)]
     with settings.opened_ledger(ws, create=False) as ledger:
         force = pipeline.in_force(ws, ledger)
-    with progress(len(candidates) * (1 + len(planted)), enabled=not json_) as advance:
+    with progress(len(candidates) * (1 + len(planted)), enabled=not json_, what="battery mine") as advance:
         scored, identity = mining.run(ws, engine, candidates, force=force, max_tokens=max_tokens, faults=planted,
                                       progress=advance)
     mined = mining.select(scored, cases=cases, seconds=seconds, identity=identity, engine=engine)

@@ -1,4 +1,4 @@
-"""What every command shares: the global settings, error reporting, output, the option types, progress."""
+"""What every command shares: the global settings, error reporting, output, the option types."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from ..errors import GatekeeperError
+from ..errors import GatekeeperError, InternalError, origin
 
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 # Options shared by the commands that run the battery.
@@ -88,15 +88,11 @@ def reporting(fn: Callable) -> Callable:
                 _say(bool(kwargs.get("json_")), f"the ledger cannot be read: {_first_line(getattr(e, 'orig', e))}; "
                      "'gatekeeper ledger verify' says what is wrong with it")
                 raise typer.Exit(2) from None
-            where = ""
-            tb = e.__traceback__
-            while tb is not None and tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb is not None:
-                where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno}"
+            where, _ = origin(e)  # an InternalError from a worker carries the worker's module and line
             detail = _first_line(e)
-            _say(bool(kwargs.get("json_")), f"internal error, a bug in gatekeeper: {type(e).__name__}"
-                 f"{': ' + detail if detail else ''}{where}; please report it (GATEKEEPER_DEBUG=1 shows the traceback)")
+            kind = "" if isinstance(e, InternalError) else f"{type(e).__name__}{': ' if detail else ''}"
+            _say(bool(kwargs.get("json_")), f"internal error, a bug in gatekeeper: {kind}{detail} at {where}; "
+                 "please report it (GATEKEEPER_DEBUG=1 shows the traceback)")
             raise typer.Exit(INTERNAL_ERROR) from None
 
     return wrapper
@@ -135,28 +131,6 @@ def emit(json_: bool, data: Any, human: Callable[[], None]) -> None:
         typer.echo(json.dumps(data, indent=2, default=str))
     else:
         human()
-
-
-class progress:
-    """A progress bar on a terminal; silent under --json or when output is not a terminal."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled and sys.stderr.isatty()
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda label: None
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task("evaluating", total=self.total)
-        return lambda label: self.bar.update(task, advance=1, description=label)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
 
 
 class sigterm_as_interrupt:

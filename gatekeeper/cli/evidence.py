@@ -18,11 +18,11 @@ from .common import (
     Settings,
     Suites,
     emit,
-    progress,
     reporting,
     sigterm_as_interrupt,
     writable_file,
 )
+from .progress import progress
 
 SkipUnsupported = Annotated[bool, typer.Option(
     "--skip-unsupported", help="Leave out promptfoo assertions gatekeeper cannot evaluate (llm-rubric, javascript, ...); "
@@ -80,8 +80,8 @@ def evaluate(
                           load=under, captured=capture.prompts(replayed) if replayed else None,
                           budget=_budget(sequential, max_cases, max_seconds, seed))
     models = runs.open_engines(plan)
-    total = min(len(plan.items), max_cases or len(plan.items)) * len(plan.schedule)
-    with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_) as advance,
+    total = evaluator.steps(plan, min(len(plan.items), max_cases or len(plan.items)))
+    with (settings.opened_ledger(ws, create=True) as ledger, progress(total, enabled=not json_, what="evaluate") as advance,
           sigterm_as_interrupt()):
         try:
             outcome = evaluator.evaluate(plan, ledger, models, operator or getpass.getuser(), advance)
@@ -174,7 +174,7 @@ def calibrate(
             assert record is not None  # calibration.plan refuses --twin without --evaluation
             twinned = calibration.twin_of(record, models["on"], twin)
         cases = len(plan.items) * (len(calibration.graded(planted)) + (reference is None))
-        with progress(cases, enabled=not json_) as advance:
+        with progress(cases, enabled=not json_, what="calibrate") as advance:
             result = calibration.run(plan, models, reference, advance, full=full, faults=planted)
     finally:
         runs.close_engines(models)
@@ -213,7 +213,7 @@ def measure(
     p = measuring.plan(ws, flag, flag_state, compare, engine, suite, limit, skip_unsupported=skip_unsupported)
     if capture is not None:
         check_path(capture)
-    with progress(len(p.items) * len(p.states), enabled=not json_) as advance:
+    with progress(len(p.items) * len(p.states), enabled=not json_, what="measure") as advance:
         m = measuring.measure(p, settings.ledger_url(ws), capture, advance)
     with settings.opened_ledger(ws, create=True) as ledger:  # written only once every run has finished
         measuring.record(m, p, ledger, operator or getpass.getuser(), capture is not None)

@@ -9,7 +9,8 @@ import typer
 
 from ..errors import GatekeeperError
 from . import tables
-from .common import EngineName, Json, Settings, emit, progress, reporting
+from .common import EngineName, Json, Settings, emit, reporting
+from .progress import progress
 
 
 @reporting
@@ -61,7 +62,7 @@ def replay(
             for reader in readers:
                 reader.close()
     runs = len(specs) * (1 if simulate else 2) * sum(len(t) for t in traces.values())
-    with progress(runs, enabled=not json_) as advance:
+    with progress(runs, enabled=not json_, what="replay") as advance:
         report = replaying.replay(traces, specs, make, parity=not simulate, max_tokens=max_tokens,
                                   advance=lambda: advance("replaying"))
     report.update(engine=engine, simulated=simulate, source=str(trace) if trace else f"scenario:{scenario}")

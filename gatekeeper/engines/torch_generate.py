@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import copy
 import inspect
-import traceback
-from pathlib import Path
 from time import perf_counter
 from typing import Any, Sequence
 
 import torch
 
-from ..errors import EngineCrash, GatekeeperError
+from ..errors import EngineCrash, GatekeeperError, described, internal
 from .base import Generation, Until, checked_request
 from .greedy import GreedySession, pick
 
@@ -121,9 +119,9 @@ class GenerateSession(GreedySession):
         try:
             tokens, first = run_generate(self.model, prompt, state, max_tokens, stop, margins, until)
         except (RuntimeError, ValueError, IndexError) as e:  # transformers failed the request: a crash on this side
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            raise EngineCrash.raised("transformers generate", f"{type(e).__name__}: {e} (at {Path(where.filename).name}:"
-                        f"{where.lineno})", len(prompt), max_tokens) from None
+            if bug := internal(e):  # unless gatekeeper's own code raised it
+                raise bug from e
+            raise EngineCrash.raised("transformers generate", described(e), len(prompt), max_tokens) from None
         end = perf_counter()
         g = Generation(tokens=tokens, text=self.model.final_text(tokens, stop), prompt_tokens=len(prompt),
                        cached_tokens=cached, prefill_s=first - start, decode_s=end - first, ttft_s=first - start,

@@ -11,7 +11,14 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save_file
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+try:  # transformers >= 5.5: linear-attention (recurrent) layers live in the shared cache; before, plain layers only
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin as Linear
+except ImportError:
+    Linear = None
+
+STATES = ("conv_states", "recurrent_states")
 
 
 class TorchKV:
@@ -25,6 +32,9 @@ class TorchKV:
     position count and an indexer's keys), and a linear-attention layer's conv and recurrent
     states with whether it has seen tokens. ``load`` fills a cache built from the config with them,
     so a loaded hybrid snapshot serves like the one computed.
+
+    A linear-attention layer holds one state of each kind (transformers 5.5 to 5.15: a tensor and a flag) or
+    several (5.16 on: dicts by index); ``_held`` and ``_put`` read and write both layouts.
     """
 
     def __init__(self, config: Any, device: torch.device):
@@ -89,13 +99,13 @@ class TorchKV:
             for name in ("indexer_keys", "indexer_position_ids"):
                 if getattr(layer, name, None) is not None:
                     tensors[f"{i}.{name}"] = getattr(layer, name).contiguous()
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
-                for j in range(layer.number_of_states):
-                    for kind in ("conv_states", "recurrent_states"):
-                        if getattr(layer, f"is_{kind}_initialized")[j]:
-                            tensors[f"{i}.{kind}.{j}"] = getattr(layer, kind)[j].contiguous()
+            if _linear(layer):
+                for kind in STATES:
+                    for j, t in _held(layer, kind).items():
+                        tensors[f"{i}.{kind}.{j}"] = t.contiguous()
+                previous = layer.has_previous_state
                 tensors[f"{i}.has_previous_state"] = torch.tensor(
-                    [layer.has_previous_state[j] for j in range(layer.number_of_states)])
+                    [previous[j] for j in range(layer.number_of_states)] if isinstance(previous, dict) else [previous])
                 if isinstance(count := getattr(layer, "cumulative_length_linear", None), torch.Tensor):
                     tensors[f"{i}.cumulative_length_linear"] = count.clone()  # its token count (transformers >= 5.25)
         save_file(tensors, str(path))
@@ -117,20 +127,13 @@ class TorchKV:
                 layer.indexer_keys = tensors[f"{i}.indexer_keys"]
             if f"{i}.indexer_position_ids" in tensors:
                 layer.indexer_position_ids = tensors[f"{i}.indexer_position_ids"]
-            if isinstance(layer, LinearAttentionCacheLayerMixin):
+            if _linear(layer):
                 previous = tensors[f"{i}.has_previous_state"].tolist()
-                for j in range(layer.number_of_states):
-                    for kind in ("conv_states", "recurrent_states"):
+                for j in range(len(previous)):
+                    for kind in STATES:
                         if (t := tensors.get(f"{i}.{kind}.{j}")) is not None:
-                            getattr(layer, kind)[j] = t
-                            getattr(layer, f"is_{kind}_initialized")[j] = True
-                            # transformers initialises these to None without an annotation (typed as None)
-                            layer.device, layer.dtype = t.device, t.dtype  # type: ignore[assignment]
-                    if layer.is_conv_states_initialized[j]:
-                        conv = layer.conv_states[j]
-                        assert conv is not None  # initialized: it holds a tensor
-                        layer.conv_kernel_size[j] = conv.shape[-1]
-                    layer.has_previous_state[j] = bool(previous[j])
+                            _put(layer, kind, j, t)
+                    _put(layer, "has_previous_state", j, bool(previous[j]))
                 if (count := tensors.get(f"{i}.cumulative_length_linear")) is not None:
                     layer.cumulative_length_linear = count
         return state
@@ -155,6 +158,43 @@ def _layers(state: DynamicCache) -> list[Any]:
 def _tensors(layer: Any) -> list[torch.Tensor]:
     """Every tensor a cache layer holds: attention keys/values, linear-attention conv/recurrent states."""
     out = [getattr(layer, "keys", None), getattr(layer, "values", None)]
-    for states in ("conv_states", "recurrent_states"):
-        out.extend((getattr(layer, states, None) or {}).values())
+    for kind in STATES:
+        out.extend(_held(layer, kind).values())
     return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def _linear(layer: Any) -> bool:
+    return Linear is not None and isinstance(layer, Linear)
+
+
+def _held(layer: Any, kind: str) -> dict[int, torch.Tensor]:
+    """A linear-attention layer's initialised states of one kind by index, in either layout; {} for other layers."""
+    states, ready = getattr(layer, kind, None), getattr(layer, f"is_{kind}_initialized", False)
+    if isinstance(states, dict):
+        return {j: t for j, t in states.items() if ready[j] and isinstance(t, torch.Tensor)}
+    return {0: states} if ready and isinstance(states, torch.Tensor) else {}
+
+
+def _put(layer: Any, kind: str, j: int, value: Any) -> None:
+    """Set state ``j`` of ``kind`` (or ``has_previous_state``) as the layer's layout holds it, with what the layer
+    derives from a conv state (its kernel size) and from any state (device and dtype)."""
+    if isinstance(getattr(layer, kind), dict):
+        getattr(layer, kind)[j] = value
+    elif j == 0:
+        setattr(layer, kind, value)
+    else:
+        raise ValueError(f"a {type(layer).__name__} cache layer holds one state of each kind, not {j + 1}")
+    if kind == "has_previous_state":
+        return
+    ready = getattr(layer, f"is_{kind}_initialized")
+    if isinstance(ready, dict):
+        ready[j] = True
+    else:
+        setattr(layer, f"is_{kind}_initialized", True)
+    layer.device, layer.dtype = value.device, value.dtype
+    if kind == "conv_states":
+        size = getattr(layer, "conv_kernel_size", None)
+        if isinstance(size, dict):
+            size[j] = value.shape[-1]
+        else:
+            layer.conv_kernel_size = value.shape[-1]

@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import EngineCrash, GatekeeperError
+from ..errors import EngineCrash, GatekeeperError, InternalError
 from ..workspace import EngineProfile
 from .base import Engine, Generation, Scored, Session, Until
 from .faults import Fault
@@ -168,6 +168,8 @@ class WorkerEngine(Engine):
                 raise self._died(op) from None
         if "crash" in answer:
             raise EngineCrash(answer["error"], **answer["crash"])
+        if "internal" in answer:  # gatekeeper's own code raised in the worker: a bug, never this side's crash
+            raise InternalError(answer["error"], answer["internal"])
         if "error" in answer and not answer["gatekeeper"] and op in RUNS:  # the runtime failed a request: this side's
             tokens = args.get("prompt") or args.get("prefix") or []
             raise EngineCrash.raised(f"worker:{self.python}", answer["error"], len(tokens), args.get("max_tokens", 0))

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from ..errors import EngineCrash, GatekeeperError
+from ..errors import EngineCrash, GatekeeperError, described, origin
 from ..workspace import EngineProfile
 from .faults import Fault
 from .registry import build_engine
@@ -32,9 +31,8 @@ def main() -> None:
         except GatekeeperError as e:
             answer = {"error": str(e), "gatekeeper": True}
         except Exception as e:  # noqa: BLE001 - sent to the parent, which raises it there
-            where = traceback.extract_tb(e.__traceback__)[-1]  # the innermost frame: in the runtime, for its crashes
-            answer = {"error": f"{type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})",
-                      "gatekeeper": False}
+            where, ours = origin(e)  # the innermost frame: the runtime's (its crash) or gatekeeper's (a bug)
+            answer = {"error": described(e), "gatekeeper": False, **({"internal": where} if ours else {})}
         out.write(json.dumps(answer) + "\n")
         if request["op"] == "close":
             break

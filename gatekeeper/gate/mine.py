@@ -30,8 +30,7 @@ from ..battery.suites import Item
 from ..engines.faults import Fault
 from ..errors import GatekeeperError
 from ..evidence import CaseResult, Turn
-from ..identity import digest
-from ..workspace import Decoding, Suite, Workspace
+from ..workspace import Decoding, MinedOn, Suite, Workspace
 from . import evaluator, runs
 from .kinds import NEAR_TIE, first_divergence
 
@@ -125,7 +124,7 @@ def run(ws: Workspace, engine: str, candidates: list[Candidate], *, force, max_t
             model.check_fault(fault)
         identity = model.identity()
         with model.session(cache=False) as session:
-            for c, _item, result in _each(session, ws, candidates, items, off.render, "", progress):
+            for c, _item, result in _each(session, ws, candidates, items, off.render, "scoring ", progress):
                 turns += result["turns"]
                 refs.append(result)
                 scored.append(Scored(c, [_margins(t) for t in result["turns"]], [t["prompt_tokens"] for t in result["turns"]]))
@@ -230,7 +229,7 @@ def write(ws: Workspace, mined: Mined, out: Path) -> list[Path]:
     """One suite file per source suite with chosen cases, in ``out``; their prompt files are referred to
     where they are (relative to the workspace when inside it). Written only once all are rendered."""
     docs: dict[Path, dict[str, Any]] = {}
-    ident = digest(mined.identity)
+    ident = MinedOn.of(mined.identity)
     for s in mined.chosen:
         suite = s.candidate.item.suite
         n = mined.max_tokens[suite.suite]

