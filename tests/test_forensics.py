@@ -20,8 +20,6 @@ from gatekeeper.cache.trie import common_prefix as lcp
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.traffic import forensics, proxy
 
-pytestmark = pytest.mark.servers
-
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 

@@ -13,7 +13,7 @@ from test_proxy import call, lines, proxy
 
 from gatekeeper.setup.models import find_gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 SYSTEM = ("You are the support desk of a train company. Answer in one short sentence. Tickets can be changed "
           "up to one hour before departure; refunds take five working days; bikes travel free off-peak.")
 QUESTIONS = ["Can I change my ticket?", "How long does a refund take?", "Can I bring my bike?",

@@ -14,8 +14,6 @@ from typing import Iterator
 import pytest
 from postgres import Server, new_database, serving
 
-pytestmark = pytest.mark.servers
-
 TESTS = Path(__file__).resolve().parent
 
 

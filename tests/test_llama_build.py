@@ -15,7 +15,7 @@ from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup import llama_build, llama_libs, llama_smoke, llama_target
 from gatekeeper.setup.models import find_gguf, home
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 UD2 = b"\x0f\x0b"  # x86's guaranteed invalid opcode: SIGILL, as an AMX instruction is on a CPU that refuses it
 
 

@@ -15,7 +15,7 @@ from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 from gatekeeper.setup.models import find_gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 
 EXACT = ("-fa", "off")  # as in test_engine_http: a cache hit is then exact on this battery
 

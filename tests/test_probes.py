@@ -13,8 +13,6 @@ from served import llama_server, served_ws
 
 from gatekeeper.setup.models import find_gguf
 
-pytestmark = pytest.mark.servers
-
 
 def probes(ws, text: str | None) -> None:
     """The prefix_cache policy with ``probes: text`` instead of the fixture's ``probes: off`` (None: the default)."""

@@ -24,8 +24,6 @@ from served import free_port, llama_server
 
 from gatekeeper.setup.models import find_gguf
 
-pytestmark = pytest.mark.servers
-
 MESSAGES = [{"role": "system", "content": "You are a terse assistant. Answer in one line."},
             {"role": "user", "content": "What is 2+2?"}]
 

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger, profile, wait_for_case_results
 
-pytestmark = pytest.mark.servers
-
 TESTS = Path(__file__).resolve().parent
 RAY = "executor: ray\nray: {actors: 2}\n"
 

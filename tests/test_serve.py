@@ -20,8 +20,6 @@ from served import evaluate, served_ws, threads
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.workspace import Workspace
 
-pytestmark = pytest.mark.servers
-
 TESTS = Path(__file__).resolve().parent
 
 

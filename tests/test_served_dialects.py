@@ -30,7 +30,7 @@ from served import (
 
 from gatekeeper.setup.models import default_model_dir, find_gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 
 
 def profile(off: str, on: str, *extra: str) -> str:

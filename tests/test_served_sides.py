@@ -14,7 +14,7 @@ from served import llama_server, served_ws
 
 from gatekeeper.setup.models import find_gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 
 EXACT = ("-fa", "off")
 

@@ -15,7 +15,7 @@ from gatekeeper.identity import file_digest
 from gatekeeper.setup.models import find_gguf, prepare_default_model
 from gatekeeper.workspace import MinPower
 
-pytestmark = [pytest.mark.slow, pytest.mark.servers]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -278,7 +278,7 @@ class LlamaCppEngine(Engine):
     early_stop = True
     persists = True
     options = {"n_ctx": "context size in tokens (default 4096)",
-               "n_threads": "CPU threads (default: every core)",
+               "n_threads": "CPU threads (default: every core this process may run on)",
                "type_k": f"KV-cache type of keys: {', '.join(KV_TYPES)} (default f16)",
                "type_v": f"KV-cache type of values (a quantized one needs flash_attn): {', '.join(KV_TYPES)}",
                "flash_attn": "true or false (default false: llama.cpp's flash attention off)",
@@ -460,7 +460,7 @@ def _settings(profile: EngineProfile) -> dict[str, Any]:
     # By default one batch = one forward pass: the plan, not llama.cpp's batch size, decides the cuts.
     n_batch = int(opts.get("n_batch", n_ctx))
     return {"n_ctx": n_ctx,
-            "n_threads": int(opts.get("n_threads") or os.cpu_count() or 1),  # every core (llama-cpp-python takes half)
+            "n_threads": int(opts.get("n_threads") or cores()),  # every core it may run on (llama-cpp-python takes half)
             "n_batch": n_batch, "n_ubatch": int(opts.get("n_ubatch", n_batch)),
             "kv_cache": {k: opts.get(k, "f16") for k in ("type_k", "type_v")},
             "flash_attn": bool(opts.get("flash_attn", False))}
@@ -504,3 +504,8 @@ def _counters(perf: Any) -> tuple[int, float]:
     """
     n = (perf.n_p_eval if perf.t_p_eval_ms > 0 else 0) + (perf.n_eval if perf.t_eval_ms > 0 else 0)
     return n, (perf.t_p_eval_ms + perf.t_eval_ms) / 1000
+
+
+def cores() -> int:
+    """The CPUs this process may run on: a container's, taskset's or test worker's share, not the whole machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

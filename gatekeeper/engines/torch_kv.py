@@ -13,10 +13,13 @@ from safetensors.torch import save_file
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-try:  # transformers >= 5.5: linear-attention (recurrent) layers live in the shared cache; before, plain layers only
-    from transformers.cache_utils import LinearAttentionCacheLayerMixin as Linear
+Linear: Any = None  # transformers >= 5.5: linear-attention (recurrent) layers live in the shared cache; before, none
+try:
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    Linear = LinearAttentionCacheLayerMixin
 except ImportError:
-    Linear = None
+    pass
 
 STATES = ("conv_states", "recurrent_states")
 
@@ -170,9 +173,9 @@ def _linear(layer: Any) -> bool:
 def _held(layer: Any, kind: str) -> dict[int, torch.Tensor]:
     """A linear-attention layer's initialised states of one kind by index, in either layout; {} for other layers."""
     states, ready = getattr(layer, kind, None), getattr(layer, f"is_{kind}_initialized", False)
-    if isinstance(states, dict):
+    if isinstance(states, dict) and isinstance(ready, dict):
         return {j: t for j, t in states.items() if ready[j] and isinstance(t, torch.Tensor)}
-    return {0: states} if ready and isinstance(states, torch.Tensor) else {}
+    return {0: states} if bool(ready) and isinstance(states, torch.Tensor) else {}
 
 
 def _put(layer: Any, kind: str, j: int, value: Any) -> None:
