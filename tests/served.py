@@ -62,12 +62,12 @@ def _cpus() -> set[int]:
 
 
 def threads() -> int:
-    """Threads for a served engine's decode: two where the machine has them (one where it has one).
+    """Threads for a served engine's decode: two where this process may run on two cores (one where it has one:
+    under make test's workers, each held to a core, tests/conftest.py; TEST_JOBS=1 gives them two).
 
-    Never one by choice: a kernel bug that shows only when a decode step's attention is split across
-    threads (each thread a share of the KV cache, the partial results merged) cannot show with one
-    thread, so one would hide it from every served test. No more than two: the models are tiny, and on a
-    small shared machine threads that wait on each other at every op are far slower."""
+    Two where there are two: a kernel bug that shows only when a decode step's attention is split across
+    threads (each thread a share of the KV cache, the partial results merged) cannot show with one. No more
+    than the cores: threads that wait on each other at every op spin, and on a shared core are far slower."""
     return max(1, min(2, len(_cpus())))
 
 
