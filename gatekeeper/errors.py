@@ -7,6 +7,8 @@ from pathlib import Path
 
 from .evidence import CrashRecord
 
+_PACKAGE = Path(__file__).resolve().parent  # gatekeeper's own code: where a bug, not a runtime, raised (origin)
+
 
 class GatekeeperError(Exception):
     """Bad input or configuration: the CLI prints the message and exits 2, having written nothing."""
@@ -78,5 +80,3 @@ def internal(e: BaseException) -> InternalError | None:
     where, ours = origin(e)
     return InternalError(f"{type(e).__name__}: {e}", where) if ours else None
 
-
-_PACKAGE = Path(__file__).resolve().parent
