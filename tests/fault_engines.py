@@ -303,3 +303,32 @@ class StaleRepeatSession(GreedySession):
 
 class StaleRepeat(TorchEngine):
     session_class = StaleRepeatSession
+
+
+class ForgetsFirstSlot(TorchEngine):
+    """A defect in the decode path both arms share: from the second answer token on, every step attends a zeroed first
+    slot, as a window that rolls early leaves one (transformers #37574's kind). The flag cannot see it: both sides
+    run it. Written as a copy, never in place: a restored state's tensors are views of the stored entry's."""
+
+    def _logits(self, model, state, tokens, keep):
+        if len(tokens) == 1 and self.state_ops.length(state) > 1:
+            for layer in state.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name).clone()
+                    t[..., 0, :] = 0
+                    setattr(layer, name, t)
+        return super()._logits(model, state, tokens, keep)
+
+
+class NotFiniteSession(GreedySession):
+    """A cache hit whose logits overflow: from the third generated step on, NaN (seen with a GPT-2 read past its table)."""
+
+    def generate(self, prompt, **kwargs):
+        g = super().generate(prompt, **kwargs)
+        if self.cache and g.cached_tokens and g.top2 and len(g.top2) > 2:
+            g = replace(g, top2=[*g.top2[:2], *([[i, float("nan")] for i, _ in step] for step in g.top2[2:])])
+        return g
+
+
+class NotFinite(TorchEngine):
+    session_class = NotFiniteSession

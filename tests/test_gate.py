@@ -114,6 +114,8 @@ def test_exercise_floor_from_policy(run_cli, tiny_ws, floor, verdict):
 def test_unstable_baseline_is_inconclusive(run_cli, tiny_ws):
     code, out = evaluate(run_cli, tiny_ws, "unstable")
     assert code == 1 and out["verdict"] == "INCONCLUSIVE"
+    assert out["reasons"][-1].startswith("reference: both arms agree")  # the arms' first runs agree with the reference
+    out["reasons"].pop()
     assert all(r.startswith("baseline_unstable:") for r in out["reasons"]) and len(out["reasons"]) == 4
     # each names where the runs part and the likeliest cause it can see (an in-process engine: no server state)
     assert all("(off#0 vs off#1: turn " in r and "first divergent token at position" in r and "likeliest cause: " in r

@@ -54,19 +54,27 @@ def test_a_model_without_a_window_skips_that_probe_and_says_why(run_cli, tiny_ws
     assert out["probes"]["repeat"] == "equal"
 
 
-def test_a_cut_that_restarts_positions_passes_the_cases_and_fails_the_split_probe(run_cli, tiny_ws, tiny_llama):
+def test_a_cut_that_restarts_positions_is_a_base_defect_the_cases_alone_cannot_see(run_cli, tiny_ws, tiny_llama):
     """mlx-lm's GPT-2 bug planted in the torch adapter: every pass restarts its positions at 0. The aligned plan cuts
-    both sides at the stage prefix, so the cases agree (PASS with the probes off); the split probe sees the cut."""
+    both sides at the stage prefix, so the cases agree (PASS with the probes and the reference arm off); the split
+    probe sees the cut on both sides, and so does the reference arm: the base is broken, never a PASS."""
     (tiny_ws / "engines" / "restart.yaml").write_text(
         f"adapter: fault_engines:PositionsRestart\nmodel: {tiny_llama}\ndtype: float32\ndevice: cpu\n")
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
     probes(tiny_ws, "off")
+    policy.write_text(policy.read_text() + "reference: false\n")
     code, out = evaluate(run_cli, tiny_ws, "restart")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
     probes(tiny_ws, "{kinds: [split]}")
     code, out = evaluate(run_cli, tiny_ws, "restart")
-    assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]
-    assert out["probes"] == {"split": "differs"}
-    assert any(r.startswith("differs: probe:split the flag-off and flag-on sides chose otherwise") for r in out["reasons"])
+    assert (code, out["verdict"]) == (1, "INCONCLUSIVE"), out["reasons"]
+    assert out["probes"] == {"split": "base_defect"}
+    assert out["reasons"][0].startswith("base_defect: probe:split both sides chose otherwise"), out["reasons"]
+    probes(tiny_ws, "off")
+    policy.write_text(policy.read_text().replace("reference: false\n", ""))
+    code, out = evaluate(run_cli, tiny_ws, "restart")
+    assert (code, out["verdict"]) == (1, "INCONCLUSIVE"), out["reasons"]
+    assert out["reasons"][0].startswith("base_defect: both arms depart from a cache-free read"), out["reasons"]
     probes(tiny_ws, "{kinds: [split]}")
     code, out = evaluate(run_cli, tiny_ws, "tiny")  # the adapter as it is: the cut changes nothing
     assert (code, out["verdict"], out["probes"]) == (0, "PASS", {"split": "equal"}), out["reasons"]

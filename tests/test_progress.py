@@ -65,9 +65,9 @@ def test_evaluate_through_a_pipe_prints_its_stage_lines(tiny_ws):
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("evaluate: ")]
-    stages = [m.group(1) for line in lines if (m := re.match(r"evaluate: (\S+) \S+ \(\d+/6 done\)", line))]
-    assert stages == ["off#0", "off#1", "on#0"], lines
-    assert lines[0] == "evaluate: starting (0/6 done), 0s elapsed" and lines[-1].startswith("evaluate: finished in ")
+    stages = [m.group(1) for line in lines if (m := re.match(r"evaluate: (\S+) \S+ \(\d+/8 done\)", line))]
+    assert stages == ["off#0", "off#1", "on#0", "reference"], lines
+    assert lines[0] == "evaluate: starting (0/8 done), 0s elapsed" and lines[-1].startswith("evaluate: finished in ")
     assert "PASS" in done.stdout and "evaluate:" not in done.stdout  # stdout keeps the result alone
     quiet = subprocess.run(args + ["--json"], capture_output=True, text=True, env=env, timeout=600)
     assert json.loads(quiet.stdout)["verdict"] == "PASS" and "evaluate:" not in quiet.stderr

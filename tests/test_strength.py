@@ -134,6 +134,13 @@ def test_drift_with_equal_outputs_is_graded_and_bit_exact_policy_is_inconclusive
     noise moves them the same on every CPU, to float32 rounding)."""
     (tiny_ws / "engines" / "drift.yaml").write_text(noisy_hit_profile(tiny_llama, noise=1e-4))
     code, out = evaluate(run_cli, tiny_ws, "drift")
+    # the reference arm sees the planted noise: the flag-on arm's top-2 gaps part from a cache-free read
+    assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]
+    assert out["reasons"][0].startswith("departs_from_reference: the flag-on arm"), out["reasons"]
+    assert out["reference"]["departs"] == {"off": False, "on": True}
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "reference: false\n")  # the drift grade is the subject here
+    code, out = evaluate(run_cli, tiny_ws, "drift")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
     s = out["strength"]
     assert s["grade"] == "equal_outputs" and s["max_drift"] > 0 and s["where"] is not None, s
@@ -175,8 +182,9 @@ def test_bit_exact_policy_never_softens_a_fail(run_cli, tiny_ws):
     code, out = evaluate(run_cli, tiny_ws, "short")  # a cache that restores one position short
     assert (code, out["verdict"]) == (1, "FAIL") and out["differing_cases"], out["reasons"]
     assert out["strength"]["grade"] is None
-    # advice (insensitive:) and the teacher-forced distance (kld:) are figures beside the FAIL, never a softening
-    assert all(x.startswith("differs:") for x in out["reasons"] if not x.startswith(("insensitive:", "kld:"))), out["reasons"]
+    # advice (insensitive:), the teacher-forced distance (kld:) and the reference arm's finding are beside the FAIL
+    assert out["reasons"][-1].startswith("departs_from_reference: the flag-on arm"), out["reasons"]
+    assert all(x.startswith("differs:") for x in out["reasons"][:-1] if not x.startswith(("insensitive:", "kld:"))), out["reasons"]
 
 
 def sharpened(src, dst, factor):

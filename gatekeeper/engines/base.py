@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence, cast
 
 from ..errors import GatekeeperError
-from ..evidence import Generated
+from ..evidence import Generated, Top2
 from ..workspace import EngineProfile
 from .faults import Fault
 
@@ -123,6 +123,25 @@ class Scored:
             ids, vals = self.ids[:, :k], self.logprobs[:, :k]
         return Scored(tokens=list(self.tokens), kind=f"top{k}", logprobs=vals.astype(np.float32), token_logprobs=self.token_logprobs,
                       ids=ids, cached_tokens=self.cached_tokens)
+
+
+def top2_rows(logits: Any) -> list[Top2]:
+    """Each row's two largest logits as ``[[id, logit], [id, logit]]`` (the lowest id first on a tie, as greedy picks):
+    all that a comparison of choices reads, and small enough to cross a worker."""
+    import numpy as np
+
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :2]
+    return [[[int(i), float(row[i])] for i in ix] for row, ix in zip(logits, order)]
+
+
+@dataclass
+class Referenced:
+    """A cache-free read of one sequence (``Engine.reference``): at each of its last ``steps`` next-token positions,
+    the reference's two likeliest tokens and the log-probability it gives each token asked about."""
+
+    top2: list[list[list[float]]]  # per position: [[best_id, logprob], [second_id, logprob]]
+    asked: list[list[float]]  # per position: the log-probability of each asked id, in the order asked
+    dtype: str  # what it computed in (float64 where the model is small enough)
 
 
 @dataclass
@@ -241,11 +260,11 @@ class Session(ABC):
         plan cuts the prompt. None (the default): this engine cannot observe them (a server's, ...)."""
         return None
 
-    def split(self, prompt: Sequence[int], at: int) -> tuple[Any, Any] | None:
-        """The logits after each of ``prompt[at:]`` computed in one prefill pass from an empty state, and with the
-        prefill cut at ``at`` (``prompt[:at]``, then the rest on top: what reusing a cached ``prompt[:at]`` runs),
-        each ``[len(prompt) - at, vocab]`` float32. None (the default): this engine's passes are not its caller's
-        to choose (a server's)."""
+    def split(self, prompt: Sequence[int], at: int) -> tuple[list[Top2], list[Top2]] | None:
+        """The top-2 logits after each of ``prompt[at:]`` computed in one prefill pass from an empty state, and with
+        the prefill cut at ``at`` (``prompt[:at]``, then the rest on top: what reusing a cached ``prompt[:at]`` runs),
+        a row per position (``top2_rows``). None (the default): this engine's passes are not its caller's to choose
+        (a server's)."""
         return None
 
     def pin(self, prefix: Sequence[int]) -> None:
@@ -331,6 +350,19 @@ class Engine(ABC):
     def unscored(self) -> str | None:
         """Why its sessions give no teacher-forced distributions (``Session.score``); None: they give them."""
         return None if self.session_class.score is not Session.score else f"the {self.name} adapter gives none"
+
+    def reference(self, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]],
+                  batch: int = 1, own: bool = False) -> Referenced | None:
+        """``sequence`` read in ONE forward pass with no cache object at all (eager attention, float32 or float64),
+        at the positions that predict its last ``steps`` tokens (``asked``: ids per position); ``batch`` copies
+        of it side by side, the last one read (a floor: the same read under another batch shape); ``own``: read
+        by the model as this engine runs it (its dtype and kernels), still with no cache: what precision alone
+        moves. None: this adapter has no such read (``unreferenced`` says why)."""
+        return None
+
+    def unreferenced(self) -> str | None:
+        """Why this engine gives no cache-free reference read (``reference``); None: it gives one."""
+        return None if type(self).reference is not Engine.reference else f"the {self.name} adapter has none yet"
 
     def check_fault(self, fault: Fault) -> None:
         """Exit 2 unless this adapter can plant ``fault`` (before any model time is spent on it)."""

@@ -14,11 +14,12 @@ from .. import __version__
 from ..cache import PrefixCache, StateOps, snapshots
 from ..cache.results import ResultLayer
 from ..errors import GatekeeperError
+from ..evidence import Top2
 from ..identity import Memo, digest, directory_digest, file_digest
 from ..setup.models import resolve_model
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request
+from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request, top2_rows
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
 
@@ -98,11 +99,11 @@ class GreedySession(Session):
         logits = np.concatenate(rows)[: len(cont)]
         return Scored.from_logits(logits, cont, top_k, cached_tokens=cached)
 
-    def split(self, prompt: Sequence[int], at: int) -> tuple[np.ndarray, np.ndarray]:
+    def split(self, prompt: Sequence[int], at: int) -> tuple[list[Top2], list[Top2]]:
         whole = self.model._forward_all(self.model._new_state(), list(prompt))[at:]
         state = self.model._new_state()
         self.model._forward(state, list(prompt[:at]))
-        return whole, self.model._forward_all(state, list(prompt[at:]))
+        return top2_rows(whole), top2_rows(self.model._forward_all(state, list(prompt[at:])))
 
     def _cuts(self, prompt: Sequence[int]) -> list[int] | None:
         """Where this prompt's prefill is cut; None under the monolithic plan (one pass, hit anywhere)."""

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..setup.models import quiet_loading, resolve_model
-from .base import versions
+from .base import Referenced, versions
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
 # the cache implementations ``generate`` may run with (torch_generate.py, imported once a model is loaded)
 IMPLEMENTATIONS = ("dynamic", "static", "sliding_window", "hybrid", "quantized")
 MAX_CACHE_LEN = 2048
+REFERENCE_FLOAT64 = 50_000_000  # parameters: the reference read runs in float64 up to this size
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
@@ -42,6 +43,7 @@ class TorchEngine(GreedyEngine):
                "max_cache_len": f"the tokens one cache of cache_implementation holds (default {MAX_CACHE_LEN})"}
 
     def __init__(self, profile, *, workspace_root: Path | None = None):
+        self._reference: Any = None  # the cache-free reference model, loaded when first read (``reference``)
         super().__init__(profile, workspace_root=workspace_root)
         if self.generation:  # a cache object reused whole through the prefix cache, never through snapshots
             from .torch_generate import GenerateSession
@@ -201,6 +203,41 @@ class TorchEngine(GreedyEngine):
                 drafted.crop(keep - drafted.get_seq_length())
         return tokens, first
 
+    def reference(self, sequence, steps, asked, batch=1, own=False):
+        import torch
+
+        model = self.model if own else self._reference_model()
+        ids = torch.tensor([list(sequence)] * batch, dtype=torch.long, device=self.device)
+        with torch.inference_mode():  # no cache object: every position attends the whole sequence as written
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=steps + 1).logits[-1, :steps]
+        if not bool(torch.isfinite(logits).all()):
+            bad = int((~torch.isfinite(logits)).any(-1).nonzero()[0])
+            raise GatekeeperError(f"the reference read of {self.model_dir} gave non-finite logits at generated step "
+                                  f"{bad + 1} of {steps}: the weights overflow {model.dtype}")
+        rows = torch.log_softmax(logits.double(), dim=-1).cpu()
+        best = rows.topk(2, dim=-1)
+        top2 = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(best.indices, best.values)]
+        return Referenced(top2, [[float(row[int(t)]) for t in want] for row, want in zip(rows, asked)],
+                          str(model.dtype).removeprefix("torch."))
+
+    def _reference_model(self) -> Any:
+        """The same weights (and adapter) loaded once more, eager and in float64 where the model has at most
+        ``REFERENCE_FLOAT64`` parameters (float32 above: a second copy that stays affordable)."""
+        if self._reference is None:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            assert self.model_dir is not None  # set by _locate
+            with quiet_loading():
+                model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), **{_dtype_arg(): torch.float32},
+                                                             attn_implementation="eager", local_files_only=True)
+            if self.adapter_dir is not None:
+                model = _merge_lora(model, self.adapter_dir)
+            if sum(p.numel() for p in model.parameters()) <= REFERENCE_FLOAT64:
+                model = model.double()
+            self._reference = model.to(self.device).eval()
+        return self._reference
+
     @classmethod
     def _identity_extra(cls, profile, workspace_root: Path | None) -> dict[str, Any]:
         opts = profile.options
@@ -223,7 +260,7 @@ class TorchEngine(GreedyEngine):
 
     def close(self) -> None:
         super().close()
-        self.model = self.draft = None
+        self.model = self.draft = self._reference = None
         if self.device.type == "cuda":
             import torch
 

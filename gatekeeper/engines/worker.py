@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import EngineCrash, GatekeeperError, InternalError
+from ..evidence import Top2
 from ..workspace import EngineProfile
-from .base import Engine, Generation, Scored, Session, Until
+from .base import Engine, Generation, Referenced, Scored, Session, Until
 from .faults import Fault
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # the folder holding the gatekeeper package
@@ -80,11 +81,9 @@ class WorkerSession(Session):
                   for k in ("logprobs", "token_logprobs", "ids")}
         return Scored(tokens=s["tokens"], kind=s["kind"], cached_tokens=s["cached_tokens"], **arrays)
 
-    def split(self, prompt: Sequence[int], at: int) -> tuple[Any, Any] | None:
-        import numpy as np
-
+    def split(self, prompt: Sequence[int], at: int) -> tuple[list[Top2], list[Top2]] | None:
         rows = self.worker.call("split", sid=self.id, prompt=list(prompt), at=at)
-        return None if rows is None else (np.asarray(rows[0], dtype=np.float32), np.asarray(rows[1], dtype=np.float32))
+        return None if rows is None else (rows[0], rows[1])
 
     def pin(self, prefix: Sequence[int]) -> None:
         source = self.worker.call("pin", sid=self.id, prefix=list(prefix))
@@ -136,6 +135,7 @@ class WorkerEngine(Engine):
             setattr(self, k, frozenset(declared[k]))
         self.notices = tuple(declared["notices"])
         self._unscored = declared["unscored"]
+        self._unreferenced = declared["unreferenced"]
         self.weights = Path(declared["weights"]) if declared["weights"] else None
 
     @property
@@ -191,6 +191,15 @@ class WorkerEngine(Engine):
 
     def unscored(self) -> str | None:
         return self._unscored
+
+    def reference(self, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]],
+                  batch: int = 1, own: bool = False) -> Referenced | None:
+        read = self.call("reference", sequence=list(sequence), steps=steps, asked=[list(a) for a in asked], batch=batch,
+                         own=own)
+        return None if read is None else Referenced(**read)
+
+    def unreferenced(self) -> str | None:
+        return self._unreferenced
 
     def render(self, messages: Sequence[dict[str, str]]) -> str:
         return self.call("render", messages=list(messages))

@@ -45,12 +45,15 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
         engine = state["engine"] = build_engine(profile, workspace_root=Path(r["root"]) if r["root"] else None)
         return {**{k: getattr(engine, k) if k != "weights" else str(engine.weights or "") for k in DECLARED},
                 "observes": sorted(engine.observes), "eos_ids": sorted(engine.eos_ids), "notices": list(engine.notices),
-                "faults": sorted(engine.faults), "unscored": engine.unscored()}
+                "faults": sorted(engine.faults), "unscored": engine.unscored(), "unreferenced": engine.unreferenced()}
     if op == "python":
         return {"executable": sys.executable, "version": sys.version.split()[0]}
     if op in ("identity", "render", "tokenize", "detokenize"):
         arg = {"render": "messages", "tokenize": "text", "detokenize": "tokens"}.get(op)
         return getattr(engine, op)(r[arg]) if arg else engine.identity()
+    if op == "reference":
+        read = engine.reference(r["sequence"], r["steps"], r["asked"], r["batch"], r["own"])
+        return None if read is None else vars(read)
     if op == "check_fault":
         return engine.check_fault(Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}))
     if op == "session":
@@ -80,7 +83,7 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
                                           for k in ("logprobs", "token_logprobs", "ids")}}
     if op == "split":
         rows = session.split(r["prompt"], r["at"])
-        return None if rows is None else [a.tolist() for a in rows]
+        return None if rows is None else list(rows)
     if op == "pin":
         session.pin(r["prefix"])
         return session.pin_sources.get(tuple(r["prefix"]))

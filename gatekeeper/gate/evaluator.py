@@ -32,6 +32,7 @@ from . import crashes as crashes_
 from . import distance, forced, kinds, paired, pipeline, production, sequential, sides, switches
 from . import graders as graders_
 from . import probes as probes_
+from . import reference as reference_
 from . import runs as runs_
 from .plans import ALONE, Config, Plan
 
@@ -67,6 +68,8 @@ class Outcome:
     paired: dict[str, Any] | None = None
     # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/forced.py); or {not_observable}
     distance: dict[str, Any] | None = None
+    # the reference arm: each arm against a cache-free read of its answers (gate/reference.py); or {not_observable}
+    reference: dict[str, Any] | None = None
     # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
     sequential: dict[str, Any] | None = None
 
@@ -249,7 +252,8 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
             if runs.ran is not None:  # sequential: the cases not run are counted nowhere, not even as skipped
                 p = dataclasses.replace(p, items=runs.ran)
             moved = _distance(p, models, runs, progress)
-            outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start, moved)
+            read = _reference(p, models, runs, progress)
+            outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start, moved, read)
         except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
             ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
             raise
@@ -261,7 +265,7 @@ def steps(p: Plan, cases: int) -> int:
     """The progress steps an evaluation of ``cases`` cases reports: each case of each run, each run's cache probes,
     and each case read teacher-forced for the distance."""
     probed = sum(config != ALONE for config, _ in p.schedule) if probes_.why_not(p) is None else 0
-    return cases * len(p.schedule) + probed + (cases if p.policy.distance else 0)
+    return cases * len(p.schedule) + probed + (cases if p.policy.distance else 0) + (cases if p.policy.reference else 0)
 
 
 @dataclass
@@ -405,8 +409,25 @@ def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
     return found
 
 
+def _reference(p: Plan, models: dict[str, Engine], runs: Runs,
+               progress: Callable[[str], None]) -> reference_.Read | str | None:
+    """The reference arm's reading (gate/reference.py), or why it cannot be read; None where the policy wants none."""
+    if not p.policy.reference:
+        return None
+    t0 = time.perf_counter()
+    try:
+        found = reference_.read(p, models, runs.results, progress)
+    except Exception as e:  # noqa: BLE001 - a step after the cases: recorded with its error, and a verdict still comes
+        runs.failed.append(f"reference: {described(e)}")
+        return f"the reference step failed: {described(e)}"
+    if not isinstance(found, str):
+        found.seconds = round(time.perf_counter() - t0, 3)
+    return found
+
+
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,
-            shares: dict[str, float], wall: float, moved: distance.Compared | str | None = None) -> Outcome:
+            shares: dict[str, float], wall: float, moved: distance.Compared | str | None = None,
+            read: reference_.Read | str | None = None) -> Outcome:
     """Compare every case (baseline repeats with each other, off with on) and let the kind decide."""
     detok = models["off"].detokenize
     reference, on = runs.results["off"][0], runs.results["on"][0]
@@ -473,6 +494,10 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
             verdict, reasons = "FAIL", judged.differs + reasons
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
+    verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
+    if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
+        verdict, reasons = "INCONCLUSIVE", judged.base + reasons
+    reasons += judged.notes if judged else []
     why_no_probes = probes_.why_not(p) if p.policy.probes.kinds else None  # probes: off says so in the policy
     reasons += [judged.line()] if judged else [f"probes: none ran ({why_no_probes})"] if why_no_probes else []
     reached = {cfg: sides.reached(runs.results[cfg][0]) for cfg in ("off", "on")}
@@ -503,9 +528,16 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
+        reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
     )
+
+
+def _shared(p: Plan, model: Engine) -> str:
+    """The cache path a base defect is in: the flag-off side's engine, and its cache class where the profile names one."""
+    impl = p.configs["off"].profile.options.get("cache_implementation")
+    return f"the {model.name} engine of {p.configs['off'].profile.where}" + (f" (cache_implementation: {impl})" if impl else "")
 
 
 def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> str:

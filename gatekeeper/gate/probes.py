@@ -32,7 +32,7 @@ from typing import Any, Callable
 from ..battery import partition
 from ..engines.base import Generation, Session, labelled
 from ..errors import EngineCrash, described
-from ..evidence import CaseResult, Crash, Run, Turn
+from ..evidence import CaseResult, Crash, Run, Top2, Turn
 from ..identity import sha256_hex
 from . import kinds
 from .plans import Plan
@@ -190,19 +190,13 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
     return out
 
 
-def _choices(rows: Any, reference: Any) -> Generation:
-    """Teacher-forced rows as a generation: each row's choice and top-2; where the reference row is a near-tie its
-    choice stands for both, so float noise between two prefill plans is never read as a break."""
-    import numpy as np
-
-    tokens, top2 = [], []
-    for row, ref in zip(rows, reference):
-        order, ref_order = np.argsort(-row, kind="stable")[:2], np.argsort(-ref, kind="stable")[:2]
-        tie = float(ref[ref_order[0]] - ref[ref_order[1]]) <= kinds.NEAR_TIE
-        tokens.append(int(ref_order[0] if tie else order[0]))
-        top2.append([[int(i), float(row[i])] for i in order])
+def _choices(rows: list[Top2], reference: list[Top2]) -> Generation:
+    """Teacher-forced top-2 rows as a generation: each row's choice and top-2; where the reference row is a near-tie
+    its choice stands for both, so float noise between two prefill plans is never read as a break."""
+    tokens = [int(ref[0][0] if ref[0][1] - ref[1][1] <= kinds.NEAR_TIE else row[0][0])
+              for row, ref in zip(rows, reference)]
     return Generation(tokens=tokens, text="", prompt_tokens=0, cached_tokens=None, prefill_s=0.0, decode_s=0.0,
-                      ttft_s=0.0, top2=top2)
+                      ttft_s=0.0, top2=[[list(x) for x in row] for row in rows])
 
 
 def self_check(result: CaseResult) -> bool:
@@ -214,12 +208,14 @@ def self_check(result: CaseResult) -> bool:
 @dataclass
 class Judged:
     """What the probes showed, for the verdict: differences blamed on the flag, a flag-off side that
-    disagreed with itself, and one line per probe."""
+    disagreed with itself, one line per probe, defects both sides show (``base_defect:``) and notes."""
 
     differs: list[str]
     unstable: list[str]
     status: dict[str, str]
     seconds: float
+    base: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         if not self.status:
@@ -229,7 +225,7 @@ class Judged:
 
 def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], str], record) -> Judged:
     """Compare each probe flag-off (every repeat) with flag-on; ``record(pid, equal, detail)`` writes a comparison."""
-    differs, unstable, status = [], [], {}
+    differs, unstable, base, notes, status = [], [], [], [], {}
     for name in p.policy.probes.kinds:
         pid = PREFIX + name
         skipped = on.skipped.get(name) or off[0].skipped.get(name)
@@ -249,13 +245,23 @@ def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], s
                                 f"off#{r}: turn {d['turn']} {kinds.divergence(d, ('off#0', f'off#{r}'))})")
                 status[name] = "baseline_unstable"
         if name == "split" and (broken := [side for side, r in (("flag-off", ref), ("flag-on", mine)) if not self_check(r)]):
+            # a finding about each side that shows it: both is the base's defect, the flag-on side alone the flag's
             whole, cut = ((ref if broken[0] == "flag-off" else mine)["turns"][i]["tokens"] for i in (0, 1))
             i = kinds.first_divergence(whole, cut)
-            differs.append(f"differs: {pid} the {' and '.join(broken)} side{'s' if len(broken) > 1 else ''} chose "
-                           f"otherwise with the prefill cut at the stage prefix (token {i + 1} after it: {whole[i]} in "
-                           f"one pass, {cut[i]} cut): reusing a cached prefix changes the model's answers, whatever "
-                           "the cases showed")
-            status[name] = "differs"
+            where = (f"chose otherwise with the prefill cut at the stage prefix (token {i + 1} after it: {whole[i]} in "
+                     f"one pass, {cut[i]} cut)")
+            if len(broken) == 2:
+                base.append(f"base_defect: {pid} both sides {where}: the engine's cut path is broken whatever the flag "
+                            "(an aligned prefill cuts the flag-off side there too), so this flag's verdict is void; fix "
+                            "or change the engine, then evaluate again")
+                status[name] = "base_defect"
+            elif broken == ["flag-on"]:
+                differs.append(f"differs: {pid} the flag-on side {where}: reusing a cached prefix changes the model's "
+                               "answers, whatever the cases showed")
+                status[name] = "differs"
+            else:
+                notes.append(f"repairs_base: {pid} the flag-off side {where} and the flag-on side does not")
+                status[name] = "repairs_base"
             continue
         if name == "repeat" and not self_check(ref):
             unstable.append(f"stale_state: {pid} the flag-off side answered a prompt identical to the one before it "
@@ -278,4 +284,4 @@ def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], s
             continue
         status[name] = "differs"
     seconds = sum(o.seconds for o in off) / max(len(off), 1) + on.seconds
-    return Judged(differs, unstable, status, round(seconds, 3))
+    return Judged(differs, unstable, status, round(seconds, 3), base, notes)

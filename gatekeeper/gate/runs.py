@@ -4,6 +4,7 @@ actors all run cases through these, so a case runs the same wherever it runs."""
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Iterator
 
@@ -60,6 +61,10 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
             with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
                 g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
                                      top2=True, **early)
+            if (step := _not_finite(g.top2)) is not None:  # no verdict can rest on it, and no record can hold it
+                raise EngineCrash(f"the {model.name} engine gave non-finite logits at generated step {step} of case "
+                                  f"{item.case_id} turn {n + 1}", url=model.name, said="non-finite logits",
+                                  request={"prompt_tokens": len(rendered.tokens), "step": step})
         except EngineCrash as e:  # evidence about this side: recorded with the case (gate/crashes.py)
             return CaseResult(turns=turns, text="", outcomes=[], crash=Crash(**e.record(), turn=n + 1))
         turns.append(Turn(**g.to_dict(), static_tokens=rendered.static_tokens, prompt_digest=sha256_hex(rendered.text.encode())))
@@ -69,6 +74,11 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
     text = turns[-1]["text"]
     context = checks.Context(vars=values, prompt=promptfoo_prompt(rendered.messages), graders=graders)
     return CaseResult(turns=turns, text=text, outcomes=checks.outcomes(list(case.assert_), text, context))
+
+
+def _not_finite(top2: list | None) -> int | None:
+    """The first generated step (1-based) whose top-2 logits are NaN or infinite; None: all finite."""
+    return next((n for n, step in enumerate(top2 or [], 1) if not all(math.isfinite(v) for _, v in step)), None)
 
 
 def promptfoo_prompt(messages: list[dict[str, str]]) -> str:

@@ -91,7 +91,7 @@ def predicate(ledger, evaluation: dict[str, Any], checkpoint: dict[str, Any], si
         "strength": summary.get("strength"),
         # paired verdicts, the sequential rule and the teacher-forced distance, where the evaluation has them (older
         # ones read as they did)
-        **{k: summary[k] for k in ("paired", "sequential", "distance") if summary.get(k) is not None},
+        **{k: summary[k] for k in ("paired", "sequential", "distance", "reference") if summary.get(k) is not None},
         "summary": {k: summary[k] for k in ("cases", "assertions", "differing_cases", "equal", "exercised_share")
                     if k in summary},
         "calibrations": evaluation["calibrations"],

@@ -147,6 +147,7 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
         **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
         **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
+        **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
     }
 
 
@@ -189,6 +190,25 @@ def _distance_view(d: dict[str, Any]) -> dict[str, Any]:
              f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", d["floor"]))]
     quantiles = [{"q": q, "on": d["distance"]["kld"][q], "floor": d["floor"]["kld"][q]} for q in KLD_QUANTILES]
     return {"rows": rows, "quantiles": quantiles, "reason": d.get("reason")}
+
+
+REFERENCE_HEAD = ["arm", "positions", "control reads", "flips", "departures", "largest gap", "first departure"]
+
+
+def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
+    """The reference arm (gate/reference.py): per arm, what a cache-free read of its answers says; or why none."""
+    if "not_observable" in r:
+        return {"not_observable": r["not_observable"]}
+
+    def first(d: list[dict[str, Any]]) -> str:
+        return (f"{d[0]['case']} turn {d[0]['turn']} token {d[0]['position']}: emitted {d[0]['emitted']}, the reference "
+                f"picks {d[0]['reference']} by {d[0]['margin']:.3g}" if d else "-")
+
+    rows = [[f"flag-{name}", str(a["positions"]), str(a["controls"]), str(a["flips"]), str(a["departed"]),
+             f"{a['max_gap']:.3g}", first(a["departures"])] for name, a in r["arms"].items()]
+    floor = ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in r["floor"].items())
+    return {"rows": rows, "note": f"{r['dtype']}, one pass, no cache; noise floor: {floor}; counted: flips above a margin "
+                                  f"of {r['tolerance']['flip_margin']:.3g}, gaps above {r['tolerance']['gap']:.3g}"}
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
@@ -315,6 +335,12 @@ def markdown(v: dict[str, Any]) -> str:
         lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sequential"]]
     if v.get("distance"):
         lines += ["", "## Teacher-forced distance (KL(off‖on) per position)", ""] + _distance_md(v["distance"])
+    if v.get("reference"):
+        lines += ["", "## Reference arm (each arm against a cache-free read of its answers)", ""] + (
+            [f"Not observable: {_md(v['reference']['not_observable'])}"] if "not_observable" in v["reference"] else
+            ["| " + " | ".join(REFERENCE_HEAD) + " |", "|---|" + "---:|" * 5 + "---|"]
+            + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["reference"]["rows"]]
+            + ["", _md(v["reference"]["note"])])
     lines += ["", "## Cache probes", ""] + (["| probe | outcome |", "|---|---|"] + [
         f"| {name} | {_md(status)} |" for name, status in v["probes"].items()] + ["", f"{v['probe_seconds']} s in all"]
         if v["probes"] else ["None ran."])
@@ -581,6 +607,10 @@ def page(v: dict[str, Any]) -> str:
               if v.get("sequential") else []),
             *(["<h2>Teacher-forced distance <small>(KL(off‖on) per position)</small></h2>", _distance_html(v["distance"])]
               if v.get("distance") else []),
+            *(["<h2>Reference arm <small>(each arm against a cache-free read of its answers)</small></h2>",
+               (f"<p>Not observable: {_e(v['reference']['not_observable'])}</p>" if "not_observable" in v["reference"]
+                else _table(REFERENCE_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["reference"]["rows"]])
+                + f"<p>{_e(v['reference']['note'])}</p>")] if v.get("reference") else []),
             "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]
                                                                    for k, st in v["probes"].items()])
                                       if v["probes"] else "<p>None ran.</p>"),

@@ -1,0 +1,82 @@
+"""What the reference arm costs and what it catches, side by side in one run.
+
+1. Cost: `gatekeeper evaluate --flag prefix_cache` on a copy of the default workspace (the default model on the torch
+   engine, the shipped battery, `--limit N` cases per suite), the reference arm on (as shipped): its seconds against
+   the evaluation's wall time, and the reads it made.
+2. Catch: the real-bug entries whose defect both arms share (`bench/real_bugs/*-base.yaml`), at their last affected
+   and first fixed release, with the reference arm off (what the gate saw before it) and on.
+
+    python bench/reference.py [--limit N] [--skip-cost]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import real_bugs  # noqa: E402
+
+
+def cost(limit: int) -> dict:
+    """One evaluation of the default workspace with the reference arm on: its seconds and the whole run's."""
+    with tempfile.TemporaryDirectory(prefix="gatekeeper-reference-") as tmp:
+        ws = Path(tmp) / "ws"
+        for folder in ("engines", "assertions", "prompts", "policies"):
+            shutil.copytree(ROOT / folder, ws / folder, ignore=shutil.ignore_patterns("examples"))
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag",
+                               "prefix_cache", "--engine", "torch", "--limit", str(limit), "--json"],
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+    out = json.loads(done.stdout)
+    r = out["reference"] or {}
+    return {"verdict": out["verdict"], "cases": out["cases"], "wall_s": round(wall, 1),
+            "reference_s": r.get("seconds"), "share": round(r["seconds"] / wall, 3) if r.get("seconds") else None,
+            "positions": {k: a["positions"] for k, a in r.get("arms", {}).items()},
+            "floor": r.get("floor"), "dtype": r.get("dtype")}
+
+
+def catch() -> list[dict]:
+    """Each shared-defect entry's two releases, the reference arm off and on."""
+    rows = []
+    for entry in (e for e in real_bugs.entries() if e["id"].endswith("-base")):
+        for label, extra in (("reference off", "reference: false\n"), ("reference on", "")):
+            variant = real_bugs.variant(entry, extra=extra)
+            found = {side: real_bugs.run(variant, side) for side in ("affected", "fixed")}
+            rows.append({"id": entry["id"], "arm": label, **found, "holds": real_bugs.judged(variant, found)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=2, help="cases per suite in the cost run (default 2)")
+    ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    spent = None if a.skip_cost else cost(a.limit)
+    caught = catch()
+    if a.json:
+        print(json.dumps({"cost": spent, "catch": caught}, indent=2))
+        return
+    if spent:
+        print(f"cost: the default model, {spent['cases']} cases, {spent['verdict']}: the reference arm "
+              f"{spent['reference_s']} s of {spent['wall_s']} s ({100 * (spent['share'] or 0):.1f}% of the evaluation), "
+              f"{spent['dtype']}, positions read {spent['positions']}, floor {spent['floor']}")
+    for row in caught:
+        print(f"{row['id']} ({row['arm']}):")
+        for side in ("affected", "fixed"):
+            r = row[side]
+            print(f"  {side:8} {r['release']:8} {r['verdict']:13} {r['seconds']:6.1f} s  {r['reason'][:150]}")
+        print(f"  {'holds' if row['holds'] else 'does not hold'}: affected never PASS, fixed PASS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The reference arm (gate/reference.py): each arm's answers read again with no cache object, so a defect both arms
+share is seen, and a flag-only defect still FAILs."""
+
+from tests.conftest import evaluate, profile
+
+
+def _reference_on(ws):
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("probes: off\n", "").replace("distance: false\n", ""))  # as shipped
+
+
+def test_a_healthy_engine_agrees_with_the_reference_and_passes(tiny_ws, run_cli):
+    _reference_on(tiny_ws)
+    code, out = evaluate(run_cli, tiny_ws, "tiny")
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    r = out["reference"]
+    assert r["dtype"] == "float64" and not any(r["departs"].values())
+    assert r["arms"]["off"]["positions"] > 0 and r["arms"]["off"]["controls"] > 0
+    assert r["arms"]["on"]["positions"] == r["arms"]["off"]["positions"]
+    assert max(r["floor"].values()) > 0 and r["tolerance"]["gap"] == 100 * max(r["floor"].values())
+    assert any(x.startswith("reference: both arms agree") for x in out["reasons"])
+
+
+def test_a_defect_both_arms_share_is_a_base_defect_never_a_pass(tiny_ws, tiny_llama, run_cli):
+    _reference_on(tiny_ws)
+    (tiny_ws / "engines" / "shared.yaml").write_text(profile("fault_engines:ForgetsFirstSlot", tiny_llama))
+    code, out = evaluate(run_cli, tiny_ws, "shared")
+    assert out["verdict"] == "INCONCLUSIVE" and code != 0, out["reasons"]
+    assert out["reasons"][0].startswith("base_defect: both arms depart"), out["reasons"]
+    assert "engines/shared.yaml" in out["reasons"][0]
+    r = out["reference"]
+    assert r["departs"] == {"off": True, "on": True}
+    first = r["arms"]["off"]["departures"][0]
+    assert first["position"] >= 1  # the first answer token comes from the prefill, which the defect does not touch
+    # the on/off comparison alone is blind to it
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "reference: false\n")
+    code, blind = evaluate(run_cli, tiny_ws, "shared")
+    assert blind["verdict"] == "PASS" and blind["reference"] is None
+
+
+def test_a_defect_of_the_flag_alone_still_fails_and_the_reference_says_which_arm(tiny_ws, run_cli):
+    _reference_on(tiny_ws)
+    code, out = evaluate(run_cli, tiny_ws, "short")
+    assert out["verdict"] == "FAIL", out["reasons"]
+    assert out["reference"]["departs"] == {"off": False, "on": True}
+    assert any(x.startswith("departs_from_reference: the flag-on arm") for x in out["reasons"])
+
+
+def test_the_reference_against_itself_under_another_batch_shape_is_within_the_floor(tiny_llama):
+    import numpy as np
+
+    from gatekeeper.engines.registry import build_engine
+    from gatekeeper.workspace import EngineProfile
+
+    engine = build_engine(EngineProfile(adapter="torch", model=str(tiny_llama)))
+    tokens = engine.tokenize("The quick brown fox jumps over the lazy dog, again and again.")
+    asked = [[t, 0] for t in tokens[1:]]
+    one, two = (engine.reference(tokens, len(tokens) - 1, asked, batch=b) for b in (1, 2))
+    assert one.dtype == "float64"
+    assert np.allclose([a for a, _ in one.asked], [a for a, _ in two.asked], rtol=0, atol=1e-12)
+    # the engine's own float32 forward agrees with its float64 reference far within the gap tolerance
+    with engine.session() as s:
+        own = s.score(tokens[:1], tokens[1:])
+    np.testing.assert_allclose(own.token_logprobs, [a for a, _ in one.asked], atol=1e-4)
+    engine.close()
+
+
+def test_an_engine_whose_logits_are_not_finite_is_named_with_case_and_step(tiny_ws, tiny_llama, run_cli):
+    (tiny_ws / "engines" / "nan.yaml").write_text(profile("fault_engines:NotFinite", tiny_llama))
+    code, out = evaluate(run_cli, tiny_ws, "nan")
+    assert out["verdict"] == "FAIL" and code == 1, out["reasons"]
+    assert out["reasons"][0].startswith("crashed: "), out["reasons"]
+    assert "non-finite logits at generated step 3 of case tiny/" in out["reasons"][0], out["reasons"]
