@@ -30,3 +30,15 @@ def test_the_affected_release_is_never_passed_and_the_fixed_one_is(bug, refused)
     assert rows["affected"]["verdict"] == "FAIL" and rows["affected"]["reason"].startswith(refused), rows
     assert rows["fixed"]["verdict"] == "PASS", rows
     assert real_bugs.judged(entry, rows)
+
+
+def test_a_defect_both_arms_share_is_a_base_defect_on_the_affected_release_and_the_fixed_one_passes():
+    """The pipeline already on the broken sliding-window class, the flag prefix caching: both arms run the broken class
+    and agree, so only the reference arm (a cache-free read of each arm's answers) can see it."""
+    entry = real_bugs.variant(real_bugs.entries(["transformers-37574-base"])[0], without=list(PROBES),
+                              extra="distance: false\n")
+    rows = {side: real_bugs.run(entry, side, limit=1) for side in ("affected", "fixed")}
+    assert rows["affected"]["verdict"] == "INCONCLUSIVE", rows
+    assert rows["affected"]["reason"].startswith("base_defect: both arms depart from a cache-free read"), rows
+    assert "cache_implementation: sliding_window" in rows["affected"]["reason"], rows
+    assert rows["fixed"]["verdict"] == "PASS", rows
