@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo check test bench clean
+.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo lint check test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python is installed without its llama.cpp build (LLAMA_BUILD=OFF: pip compiles nothing, a
@@ -93,20 +93,22 @@ vllm: setup
 # types warm (about 50 s cold, 1 s warm on two cores); mypy validates every entry it reads against its source.
 export MYPY_CACHE_DIR ?= $(or $(GATEKEEPER_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gatekeeper)/mypy
 
-# Lint (ruff), types (mypy) and the fast tests (those not marked slow); `make test` runs it first, then the slow ones.
+# Lint (ruff), types (mypy) and the fast tests (those not marked slow); `make test` runs lint and every test.
 # Tests run a file per worker, TEST_JOBS workers at once (pytest-xdist), each worker and all it starts (servers, llama.cpp,
 # torch) held to one core of its own (tests/conftest.py): threads that spin while they wait never share a core.
 TEST_JOBS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 
-check: setup
+lint: setup
 	$(PY) -m ruff check gatekeeper tests bench
 	$(PY) -m mypy
+
+check: lint
 	$(PYTEST) -m "not slow" -q --durations=10
 
-test: model browser openssh postgresql llama-server vllm promptfoo openfeature-js
-	$(MAKE) check
-	$(PYTEST) -m slow --durations=25
+# One run of every test, the slow ones first: the fast files fill the workers' tails instead of waiting for a phase.
+test: lint model browser openssh postgresql llama-server vllm promptfoo openfeature-js
+	$(PYTEST) --durations=25
 
 bench: model
 	$(PY) bench/engine_cache.py

@@ -20,7 +20,10 @@ LONGEST = ("test_shipped_power.py", "test_served_dialects.py", "test_default_mod
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: LONGEST.index(item.path.name) if item.path.name in LONGEST else len(LONGEST))
+    # the longest files first, then the other files with slow tests, then the fast ones (short: they fill the tails)
+    slow = {item.path.name for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (LONGEST.index(item.path.name) if item.path.name in LONGEST else len(LONGEST),
+                                 item.path.name not in slow))
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -107,8 +107,9 @@ def support_ws(tmp_path_factory):
         old.unlink()
     (ws / "prompts" / "support_router.txt").write_text(router_system())
     (ws / "assertions" / "support.yaml").write_text(yaml.safe_dump(suite(), sort_keys=False))
-    policy = ws / "policies" / "prefix_cache.yaml"  # the subject is the prefill plans' drift: no distance, no probes
-    policy.write_text(policy.read_text() + "probes: off\ndistance: false\n")
+    # the subject is the prefill plans' drift: no distance, no probes, no reference arm (test_reference.py)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "probes: off\ndistance: false\nreference: false\n")
     for plan in ("monolithic", "aligned"):
         (ws / "engines" / f"bf16_{plan}.yaml").write_text(
             f"adapter: torch\nmodel: default\ndtype: bfloat16\ndevice: cpu\nprefill: {plan}\nchunk: 256\n"

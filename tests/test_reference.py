@@ -32,6 +32,19 @@ def test_a_defect_both_arms_share_is_a_base_defect_never_a_pass(tiny_ws, tiny_ll
     assert r["departs"] == {"off": True, "on": True}
     first = r["arms"]["off"]["departures"][0]
     assert first["position"] >= 1  # the first answer token comes from the prefill, which the defect does not touch
+    # the evidence reads where every reason is read: the table, the exports, the review app's page
+    eid = str(out["evaluation_id"])
+    code, md, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "md")
+    assert "## Reference arm" in md and "| flag-off |" in md and f"turn {first['turn']} token {first['position']}" in md
+    code, html, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "html")
+    assert "<h2>Reference arm" in html
+    from gatekeeper.review import pages
+    from gatekeeper.review.source import Source
+
+    page = pages.evaluation(Source(tiny_ws, f"sqlite:///{tiny_ws / 'ledger' / 'evidence.db'}"), eid)
+    assert [row[0] for row in page["reference"]["rows"]] == ["flag-off", "flag-on"]
+    code, text, _ = run_cli("--workspace", tiny_ws, "evaluate", "--flag", "prefix_cache", "--engine", "shared")
+    assert "reference arm off / on" in text and "base_defect: both arms depart" in text
     # the on/off comparison alone is blind to it
     policy = tiny_ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text() + "reference: false\n")

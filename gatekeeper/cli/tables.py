@@ -156,6 +156,11 @@ def print_outcome(o) -> None:
                                           f"{q['seed']}, stopped: {q['stopped']}); {q['harmful']} harmful / "
                                           f"{q['beneficial']} beneficial flips; anytime-valid bounds [{q['lower']:.3f}, "
                                           f"{q['upper']:.3f}] at alpha {q['alpha']:g}, margin {q['margin']:g}"))
+    if o.reference and "arms" in o.reference:
+        r = o.reference
+        rows.append(("reference arm off / on", " / ".join(
+            f"{a['departed']} of {a['positions']} positions depart" for a in (r["arms"]["off"], r["arms"]["on"]))
+            + f" ({r['dtype']}, no cache; {r['seconds']:.1f} s)"))
     if o.probes:
         rows.append(("cache probes", ", ".join(f"{k} {v.split(' (')[0]}" for k, v in o.probes.items())
                      + f" ({o.probe_seconds:.1f} s)"))
