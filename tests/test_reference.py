@@ -38,6 +38,8 @@ def test_a_defect_both_arms_share_is_a_base_defect_never_a_pass(tiny_ws, tiny_ll
     assert "## Reference arm" in md and "| flag-off |" in md and f"turn {first['turn']} token {first['position']}" in md
     code, html, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "html")
     assert "<h2>Reference arm" in html
+    code, junit, _ = run_cli("--workspace", tiny_ws, "ledger", "export", eid, "--format", "junit")
+    assert 'name="reference_departed_off" value="' in junit and 'name="verdict" value="INCONCLUSIVE"' in junit
     from gatekeeper.review import pages
     from gatekeeper.review.source import Source
 

@@ -139,7 +139,7 @@ class Referenced:
     """A cache-free read of one sequence (``Engine.reference``): at each of its last ``steps`` next-token positions,
     the reference's two likeliest tokens and the log-probability it gives each token asked about."""
 
-    top2: list[list[list[float]]]  # per position: [[best_id, logprob], [second_id, logprob]]
+    top2: list[Top2]  # per position: [[best_id, logprob], [second_id, logprob]]
     asked: list[list[float]]  # per position: the log-probability of each asked id, in the order asked
     dtype: str  # what it computed in (float64 where the model is small enough)
 

@@ -7,9 +7,9 @@ is the token the arm emitted the one R picks (a flip), and how far is the arm's 
 between the same two tokens (a gap, which no normalisation moves). Neither is judged against a fixed tolerance but
 against the noise measured in the same evaluation: R against R under another batch shape, the flag-off arm against
 its own repeat, and R against the engine's own model reading the same tokens without a cache (control reads: its
-dtype and kernels, no cache structure between them; the first two answers read). A flip counts only where R's margin is well above that floor, a gap only
-where it is far above it: a structural cache defect is a step change there, on a tiny random model as on a trained
-one.
+dtype and kernels, no cache structure between them; the first two answers read). A flip counts only where R's margin
+is well above that floor, a gap only where it is far above it: a structural cache defect is a step change there, on
+a tiny random model as on a trained one.
 """
 
 from __future__ import annotations
@@ -99,19 +99,19 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                     arms[name].unread.append(f"{item.case_id} turn {n}: {tokens}")
                     break
                 steps, asked = len(turn["tokens"]), _asked(turn)
-                key = (id(model), tuple(tokens))
                 if steps == 0:
                     continue
+                key = (id(model), tuple(tokens))
                 if key not in memo:
-                    memo[key] = r = model.reference(tokens, steps, asked)  # type: ignore[assignment]
+                    memo[key] = r = _read(model, tokens, steps, asked)
                     if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
-                        own = model.reference(tokens, steps, asked, own=True)
+                        own = _read(model, tokens, steps, asked, own=True)
                         floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
-                                                                     for a, b in zip(own.asked, r.asked)))  # type: ignore[union-attr]
+                                                                     for a, b in zip(own.asked, r.asked)))
                         arms[name].controls += steps
                     if not dtype:  # once: the same read as a batch of two
-                        again = model.reference(tokens, steps, asked, batch=2)
-                        floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))  # type: ignore[union-attr]
+                        again = _read(model, tokens, steps, asked, batch=2)
+                        floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))
                 r = memo[key]
                 dtype = r.dtype
                 for j, (emitted, top, want) in enumerate(zip(turn["tokens"], r.top2, r.asked)):
@@ -130,6 +130,12 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 if len(arm.departures) < KEPT:
                     arm.departures.append(d)
     return Read(dtype, arms, floor, tolerance)
+
+
+def _read(model: Engine, *args: Any, **kwargs: Any) -> Referenced:
+    r = model.reference(*args, **kwargs)
+    assert r is not None  # read() asked unreferenced() first
+    return r
 
 
 def _conversation(p: Plan, model: Engine, name: str, item, result):
@@ -220,6 +226,6 @@ def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: st
                                    f"answers{': ' + unread[0] if unread else ''}"]
     t = found.tolerance
     return verdict, reasons + [f"reference: both arms agree with a cache-free {found.dtype} read of their answers at "
-                               f"{off.positions} flag-off and {on.positions} flag-on answer positions (flips counted above a margin of "
-                               f"{t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: the measured noise floor "
-                               f"{max(found.floor.values()):.2g} times {FLIP:g} and {GAP:g})"]
+                               f"{off.positions} flag-off and {on.positions} flag-on answer positions (flips counted "
+                               f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: the measured "
+                               f"noise floor {max(found.floor.values()):.2g} times {FLIP:g} and {GAP:g})"]

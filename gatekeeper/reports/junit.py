@@ -51,8 +51,8 @@ def _summary(record: EvaluationRecord) -> dict[str, Any]:
 
 
 def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
-    """What a paired or sequential verdict rests on, and the teacher-forced distance, as suite properties (none for
-    the evaluations that have neither, so their XML reads as it did)."""
+    """What a paired or sequential verdict rests on, the teacher-forced distance and the reference arm, as suite
+    properties (none for the evaluations that have none of them, so their XML reads as it did)."""
     summary = _summary(record)
     stats, out = summary.get("sequential") or summary.get("paired"), []
     if stats and "suites" not in stats:  # per-suite margins: each suite's bound is in the reasons
@@ -64,6 +64,9 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     moved = (summary.get("distance") or {}).get("distance")
     if moved:
         out += [("kld_mean", f"{moved['kld']['mean']:.4g}"), ("same_top1", f"{moved['same_top1']:.4f}")]
+    arms = (summary.get("reference") or {}).get("arms")
+    if arms:  # the reference arm: answer positions where each arm parts from a cache-free read
+        out += [(f"reference_departed_{name}", f"{a['departed']} of {a['positions']}") for name, a in arms.items()]
     return out
 
 
