@@ -113,9 +113,9 @@ def test_gatekeepers_own_bug_on_the_generate_path_is_exit_3_never_a_crash_of_the
 
 
 def test_a_failed_step_after_the_cases_is_recorded_and_the_verdict_still_comes(tiny_ws, run_cli, monkeypatch):
-    """The teacher-forced distance and a cache probe that raise are named in the reasons (step_failed:, the probe
-    line), and the cases' verdict stands."""
-    from gatekeeper.gate import forced, probes
+    """The teacher-forced distance, the reference arm and a cache probe that raise are named in the reasons
+    (step_failed:, the probe line), and the cases' verdict stands."""
+    from gatekeeper.gate import forced, probes, reference
 
     def raising(*args, **kwargs):
         raise RuntimeError("planted")
@@ -123,6 +123,7 @@ def test_a_failed_step_after_the_cases_is_recorded_and_the_verdict_still_comes(t
     policy = tiny_ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text().replace("probes: off\n", "").replace("distance: false\n", ""))
     monkeypatch.setattr(forced, "measure", raising)
+    monkeypatch.setattr(reference, "read", raising)
     real_base = probes.base
     calls = []
 
@@ -137,5 +138,7 @@ def test_a_failed_step_after_the_cases_is_recorded_and_the_verdict_still_comes(t
     assert (code, result["verdict"]) == (0, "PASS"), result["reasons"]
     failed = [r for r in result["reasons"] if r.startswith("step_failed: distance: RuntimeError: planted")]
     assert len(failed) == 1 and calls, result["reasons"]
+    assert [r for r in result["reasons"] if r.startswith("step_failed: reference: RuntimeError: planted")], result["reasons"]
+    assert result["reference"]["not_observable"].startswith("the reference step failed: RuntimeError: planted")
     assert result["probes"]["split"].startswith("skipped: failed: RuntimeError: planted"), result["probes"]
     assert result["probes"]["repeat"] == "equal"

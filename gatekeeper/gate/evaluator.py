@@ -18,7 +18,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 from weakref import WeakKeyDictionary
 
 from ..battery import partition
@@ -398,15 +398,8 @@ def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
         return None
     if why := next((w for w in (m.unscored() for m in models.values()) if w), None):  # nothing is sent to ask
         return f"an engine here gives no next-token distributions to read teacher-forced: {why}"
-    t0 = time.perf_counter()
-    try:
-        found = forced.measure(p, models, runs.results["off"][0], progress)
-    except Exception as e:  # noqa: BLE001 - a step after the cases: recorded with its error, and a verdict still comes
-        runs.failed.append(f"distance: {described(e)}")
-        return f"the teacher-forced step failed: {described(e)}"
-    if not isinstance(found, str):
-        found.seconds = round(time.perf_counter() - t0, 3)
-    return found
+    return _after_cases(runs, "distance", "the teacher-forced step",
+                        lambda: forced.measure(p, models, runs.results["off"][0], progress))
 
 
 def _reference(p: Plan, models: dict[str, Engine], runs: Runs,
@@ -414,12 +407,21 @@ def _reference(p: Plan, models: dict[str, Engine], runs: Runs,
     """The reference arm's reading (gate/reference.py), or why it cannot be read; None where the policy wants none."""
     if not p.policy.reference:
         return None
+    return _after_cases(runs, "reference", "the reference step", lambda: reference_.read(p, models, runs.results, progress))
+
+
+Found = TypeVar("Found", distance.Compared, reference_.Read)
+
+
+def _after_cases(runs: Runs, name: str, what: str, step: Callable[[], Found | str]) -> Found | str:
+    """A step after the cases, timed; what it raises is recorded (``runs.failed``) and becomes why it cannot be read,
+    so a verdict still comes."""
     t0 = time.perf_counter()
     try:
-        found = reference_.read(p, models, runs.results, progress)
-    except Exception as e:  # noqa: BLE001 - a step after the cases: recorded with its error, and a verdict still comes
-        runs.failed.append(f"reference: {described(e)}")
-        return f"the reference step failed: {described(e)}"
+        found = step()
+    except Exception as e:  # noqa: BLE001 - recorded with its error, and a verdict still comes
+        runs.failed.append(f"{name}: {described(e)}")
+        return f"{what} failed: {described(e)}"
     if not isinstance(found, str):
         found.seconds = round(time.perf_counter() - t0, 3)
     return found
