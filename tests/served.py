@@ -47,6 +47,9 @@ def served_ws(workspace, **profiles: str):
     (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
     for name, body in profiles.items():
         (workspace / "engines" / f"{name}.yaml").write_text(body)
+    # the reference arm costs a server requests per answer: read where it is the subject (read_reference)
+    policy = workspace / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "reference: false\n")
     return workspace
 
 
@@ -54,6 +57,52 @@ def read_distance(ws) -> None:
     """The prefix_cache policy as shipped: the teacher-forced distance read (the fixture turns it off)."""
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text().replace("distance: false\n", ""))
+
+
+def read_reference(ws) -> None:
+    """The prefix_cache policy with the reference arm read, as shipped (``served_ws`` turns it off)."""
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("reference: false\n", ""))
+
+
+def forced_agreement(local, served, texts=("Book a table for four at eight.", "What is the capital of Portugal?",
+                                           "Summarise: the team ships Friday.", "Send the notes to Ana.",
+                                           "Is it raining in Lisbon?", "Add milk to the list.")) -> tuple[float, float, int]:
+    """A server's cold forced reads (``HTTPEngine._forced``, one per answer position) against gatekeeper's in-process
+    reference (``TorchEngine.reference``) on the same weights, over the model's own greedy answers to ``texts``:
+    (the largest top-2 gap difference where both rank the same two tokens first, the floor the reference arm would
+    measure in process (its read against the engine's own kernels), positions compared). Asserts the server picks
+    R's token wherever R's margin is clear."""
+    from gatekeeper.errors import GatekeeperError
+    from gatekeeper.gate.reference import FLIP, FLOOR
+
+    worst, floor, compared = 0.0, FLOOR, 0
+    for text in texts:
+        prompt = local.tokenize(local.render([{"role": "user", "content": text}]))
+        with local.session(cache=False) as s:
+            answer = list(s.generate(prompt, max_tokens=12).tokens)
+        sequence, steps = prompt + answer, len(answer)
+        asked = [[t, t] for t in answer]
+        ref = local.reference(sequence, steps, asked)
+        own = local.reference(sequence, steps, asked, own=True)  # what the engine's kernels alone move
+        floor = max(floor, *(abs(_gap(a) - _gap(b)) for a, b in zip(ref.top2, own.top2)))
+        for j, want in enumerate(ref.top2):
+            try:
+                read = served._forced(sequence[:len(prompt) + j + 1])
+            except GatekeeperError as e:  # a text prompt whose tokens do not round-trip is refused, never misread
+                assert "do not come back from their text" in str(e)
+                continue
+            top = [[i, lp] for i, lp in sorted(read.items(), key=lambda kv: (-kv[1], kv[0]))[:2]]
+            if _gap(want) > FLIP * floor:  # a clear pick: the server makes the same one
+                assert top[0][0] == want[0][0], (text, j, top, want)
+            if [t for t, _ in top] == [t for t, _ in want]:
+                worst = max(worst, abs(_gap(top) - _gap(want)))
+                compared += 1
+    return worst, floor, compared
+
+
+def _gap(top2) -> float:
+    return top2[0][1] - top2[1][1]
 
 
 def _cpus() -> set[int]:
@@ -204,17 +253,18 @@ def assert_aborted(code: int, out: dict, front: str, message: str, ws) -> None:
 
 
 @contextmanager
-def faulty_front(upstream: str, mode: str, delay: float = 0.0):
+def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None = None):
     """Forwards every request to ``upstream`` except POST /v1/completions, which it answers with
-    ``mode``: ``garbage`` (200 with a body that is not JSON), ``wrong`` (JSON, not a completion) or
-    ``slow`` (forwards after ``delay`` seconds)."""
+    ``mode``: ``garbage`` (200 with a body that is not JSON), ``wrong`` (JSON, not a completion),
+    ``slow`` (forwards after ``delay`` seconds) or ``diverted`` (a completion of more than one token
+    goes to ``other``: the answers come from another model than the one-token reads)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # keep test output clean
             pass
 
-        def _forward(self, body: bytes | None):
-            req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+        def _forward(self, body: bytes | None, to: str = upstream):
+            req = urllib.request.Request(to + self.path, data=body, method=self.command,
                                          headers={"Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(req, timeout=60) as r:
@@ -243,6 +293,8 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0):
                 return self._send(200, b"<html>502 bad gateway</html>")
             if mode == "wrong":
                 return self._send(200, json.dumps({"choices": [{"message": "hi"}]}).encode())
+            if mode == "diverted" and other and json.loads(body).get("max_tokens", 16) > 1:
+                return self._forward(body, other)
             time.sleep(delay)
             self._forward(body)
 

@@ -8,7 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ledger
-from served import BAD_ANSWERS, assert_aborted, evaluate, faulty_front, free_port, llama_server, read_distance, served_ws
+from served import (
+    BAD_ANSWERS,
+    assert_aborted,
+    evaluate,
+    faulty_front,
+    free_port,
+    llama_server,
+    read_distance,
+    read_reference,
+    served_ws,
+)
 
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
@@ -41,6 +51,18 @@ def http_profile(url: str, *extra: str) -> str:
     return "\n".join(["adapter: http", f"url: {url}", "cache_switch: cache_prompt", *extra]) + "\n"
 
 
+def test_answers_that_the_servers_own_cold_read_disowns_are_a_base_defect(server, other_server, workspace, run_cli):
+    """Planted: both arms' answers come from another deployment (through a front) than the reads of one token, so
+    both depart from the server's cold read: never a PASS, whatever the two arms say of each other."""
+    with faulty_front(server, "diverted", other=other_server) as front:
+        ws = served_ws(workspace, served=http_profile(front))
+        read_reference(ws)
+        code, out = evaluate(run_cli, ws, "served")
+    assert out["equal"]["baseline"] == 4, out["reasons"]
+    assert (code, out["verdict"]) == (1, "INCONCLUSIVE") and out["reasons"][0].startswith("base_defect: both arms"), out
+    assert out["reference"]["departs"] == {"off": True, "on": True}
+
+
 def engine(url: str, **fields):
     """The http adapter's model on ``url``; its sessions send the requests."""
     from gatekeeper.engines.http import HTTPEngine
@@ -51,11 +73,21 @@ def engine(url: str, **fields):
 def test_pass_with_cache_prompt_off_and_on(server, workspace, run_cli):
     ws = served_ws(workspace, served=http_profile(server))
     read_distance(ws)
+    read_reference(ws)
     code, out = evaluate(run_cli, ws, "served")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
     # llama-server has no prompt log-probabilities: nothing is asked, and the record says why
     assert "llama-server gives probabilities only for the tokens it generates" in out["distance"]["not_observable"]
+    # the reference arm: the server's own cold read of each answer's first token, judged against noise it measured
+    r = out["reference"]
+    assert r["dtype"].startswith("llama-server (cache_prompt off") and not r["departs"]["off"], r
+    assert r["arms"]["off"]["positions"] == r["arms"]["on"]["positions"] >= 4  # one per turn (the loop case has more)
+    # a later turn's hit reuses keys and values the decode computed, which a cold prefill computes with other kernels
+    # on this Q4_1 model: the flag-on arm's gaps may move (drift, graded above), never to a token R would not pick
+    assert r["arms"]["on"]["flipped"] == 0
+    assert any(x.startswith(("reference: both arms agree with a cache-free llama-server", "departs_from_reference:"))
+               for x in out["reasons"]), out["reasons"]
     assert out["tokens"]["cached_on"] > 0 and out["exercised_share"] >= 0.5
 
     lg = ledger(ws)

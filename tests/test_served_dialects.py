@@ -20,15 +20,21 @@ from served import (
     assert_aborted,
     evaluate,
     faulty_front,
+    forced_agreement,
     llama_cpp_python_server,
     mlx_server,
     not_blamed_on_batching,
     read_distance,
+    read_reference,
     served_ws,
     vllm_server,
 )
 
+from gatekeeper.engines.http import HTTPEngine
+from gatekeeper.engines.torch import TorchEngine
+from gatekeeper.gate.reference import GAP
 from gatekeeper.setup.models import default_model_dir, find_gguf
+from gatekeeper.workspace import EngineProfile
 
 pytestmark = pytest.mark.slow
 
@@ -77,9 +83,14 @@ def vllm(tmp_path_factory):
 def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, workspace, run_cli):
     ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
     read_distance(ws)
+    read_reference(ws)
     code, out = evaluate(run_cli, ws, "vllm")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
+    # the reference arm: the flag-off deployment's prompt log-probabilities at each answer's first token
+    r = out["reference"]
+    assert r["dtype"].startswith("vLLM (prompt log-probabilities") and not r["departs"]["off"], r
+    assert r["arms"]["off"]["positions"] >= 4 and r["arms"]["on"]["flipped"] == 0
     # read teacher-forced from vLLM's prompt log-probabilities (top 20, the rest lumped): the same weights and
     # dtype move nothing, and the record says the flag-on server reads no cached prefix for such a request
     moved, floor = out["distance"]["distance"], out["distance"]["floor"]
@@ -99,6 +110,18 @@ def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, worksp
     assert all(t["prefill_s"] > 0 and t["decode_s"] > 0 for t in turns["on"])
     assert all(t["top2"] and t["top2"][0][0][0] == t["tokens"][0] for t in turns["on"])
     assert ledger(ws).verify().ok
+
+
+def test_vllm_cold_reads_agree_with_the_in_process_reference(vllm):
+    """vLLM's prompt log-probabilities (float32, the flag-off deployment) against gatekeeper's in-process reference
+    on the same weights, at every position of the model's own answers."""
+    local = TorchEngine(EngineProfile(name="t", adapter="torch", model=str(default_model_dir()), dtype="float32"))
+    served = HTTPEngine(EngineProfile(name="s", adapter="http", url=vllm["off"]))
+    try:
+        worst, floor, compared = forced_agreement(local, served)
+    finally:
+        served.close()
+    assert compared >= 20 and worst <= GAP * floor, (worst, floor, compared)
 
 
 def test_vllm_under_load_batches_the_battery_and_never_blames_batching_on_the_flag(vllm, workspace, run_cli):
@@ -165,14 +188,31 @@ def mlx(tmp_path_factory, tiny_llama):
 
 def test_mlx_pass_on_a_healthy_pair_with_a_local_tokenizer(mlx, workspace, run_cli):
     ws = served_ws(workspace, mlx=profile(mlx["off"], mlx["on"], f"tokenizer: {mlx['model']}"))
+    read_reference(ws)
     code, out = evaluate(run_cli, ws, "mlx")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["exercised_share"] >= 0.95, out
+    r = out["reference"]  # the flag-off deployment (prompt cache size 0) read at each answer's first token
+    assert r["dtype"].startswith("mlx_lm.server") and not any(r["departs"].values()), r
+    assert r["arms"]["off"]["positions"] >= 4
     ev = ledger(ws).evaluation(out["evaluation_id"])
     assert ev["identity"]["on"]["engine"]["dialect"]["name"] == "mlx"
     turns = {cfg: [t for r in ev["case_results"] if r["config"] == cfg for t in r["result"]["turns"]] for cfg in ("off", "on")}
     assert all(t["cached_tokens"] == 0 for t in turns["off"])  # --prompt-cache-size 0 really reuses nothing
     assert all(t["top2"] and t["top2"][0][0][0] == t["tokens"][0] for t in turns["on"])
+
+
+def test_mlx_cold_reads_agree_with_the_in_process_reference(mlx):
+    """mlx_lm.server's forced reads (its flag-off deployment, text prompts round-tripped) against gatekeeper's
+    in-process reference (float64) on the same weights; where a random model's answer does not come back from its
+    text, the read is refused (counted out), never made on other tokens."""
+    local = TorchEngine(EngineProfile(name="t", adapter="torch", model=str(mlx["model"]), dtype="float32"))
+    served = HTTPEngine(EngineProfile(name="s", adapter="http", url=mlx["off"], tokenizer=str(mlx["model"])))
+    try:
+        worst, floor, compared = forced_agreement(local, served)
+    finally:
+        served.close()
+    assert compared >= 10 and worst <= GAP * floor, (worst, floor, compared)
 
 
 def test_mlx_fail_against_another_rope_base(mlx, workspace, run_cli):

@@ -134,14 +134,12 @@ def test_drift_with_equal_outputs_is_graded_and_bit_exact_policy_is_inconclusive
     noise moves them the same on every CPU, to float32 rounding)."""
     (tiny_ws / "engines" / "drift.yaml").write_text(noisy_hit_profile(tiny_llama, noise=1e-4))
     code, out = evaluate(run_cli, tiny_ws, "drift")
-    # the reference arm sees the planted noise: the flag-on arm's top-2 gaps part from a cache-free read
-    assert (code, out["verdict"]) == (1, "FAIL"), out["reasons"]
-    assert out["reasons"][0].startswith("departs_from_reference: the flag-on arm"), out["reasons"]
-    assert out["reference"]["departs"] == {"off": False, "on": True}
-    policy = tiny_ws / "policies" / "prefix_cache.yaml"
-    policy.write_text(policy.read_text() + "reference: false\n")  # the drift grade is the subject here
-    code, out = evaluate(run_cli, tiny_ws, "drift")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    # the reference arm sees the planted noise in the flag-on arm's top-2 gaps, never a token it would not pick:
+    # drift, reported, which the policy decides (below: require bit_exact)
+    assert out["reference"]["departs"] == {"off": False, "on": True} and out["reference"]["arms"]["on"]["flipped"] == 0
+    assert any(x.startswith("departs_from_reference: the flag-on arm") and "top-2 gaps only" in x
+               for x in out["reasons"]), out["reasons"]
     s = out["strength"]
     assert s["grade"] == "equal_outputs" and s["max_drift"] > 0 and s["where"] is not None, s
     # The construction's premise: the largest drift is far below the smallest top-2 margin, so no step flips.
@@ -222,6 +220,16 @@ def test_battery_far_from_every_tie_is_insensitive(run_cli, tiny_ws, tiny_llama,
     page = export(run_cli, tiny_ws, out["evaluation_id"], "html")
     assert '<tr class="insensitive"><td>tiny</td>' in page and "<strong>insensitive</strong>: suite tiny" in page
     assert json.loads(export(run_cli, tiny_ws, out["evaluation_id"], "json"))["near_ties"][0]["insensitive"] is True
+
+
+def test_a_bit_exact_pass_far_from_every_tie_gets_no_advice(run_cli, tiny_ws, tiny_llama, tmp_path):
+    """The same sharpened model on the aligned plan: the top-2 logits match at every step, so no drift was there for
+    an output to show, and the census (still recorded) is no reason for advice (the shipped router suite's case)."""
+    write_profile(tiny_ws, "sharp", sharpened(tiny_llama, tmp_path / "sharp", 100.0), dtype="float32", prefill="aligned")
+    code, out = evaluate(run_cli, tiny_ws, "sharp")
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    assert out["strength"]["grade"] == "bit_exact" and out["near_ties"]["tiny"]["near_ties"] == 0
+    assert not any(x.startswith("insensitive:") for x in out["reasons"]), out["reasons"]
 
 
 def test_battery_with_near_ties_gets_no_advice(run_cli, tiny_ws, monkeypatch, capsys):

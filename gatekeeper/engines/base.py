@@ -141,7 +141,8 @@ class Referenced:
 
     top2: list[Top2]  # per position: [[best_id, logprob], [second_id, logprob]]
     asked: list[list[float]]  # per position: the log-probability of each asked id, in the order asked
-    dtype: str  # what it computed in (float64 where the model is small enough)
+    dtype: str  # what it computed in (float64 where the model is small enough), or which server read it
+    at: list[int] | None = None  # the positions read, among the last ``steps`` (None: all of them)
 
 
 @dataclass

@@ -50,6 +50,11 @@ class Dialect:
     unscored: ClassVar[str | None] = "the server's API returns no log-probabilities for a prompt's positions"
     # what its distributions leave out, where it gives them (gate/forced.py puts it in the record)
     score_caveat: ClassVar[str | None] = None
+    # why the server gives no cache-free read for the reference arm (None: ``score_request`` or ``forced_request``
+    # reads one), and what that read is, as the reference arm's record names it
+    unreferenced: ClassVar[str | None] = ("the server's API gives no cache-free read of a prompt's positions "
+                                          "(no prompt log-probabilities, no way to turn its cache off per request)")
+    reference_read: ClassVar[str] = "server"
 
     def __init__(self, engine: Server):
         self.engine = engine
@@ -82,6 +87,11 @@ class Dialect:
         """The completion request that returns the top log-probabilities at every position of ``tokens``."""
         return None
 
+    def forced_request(self, prefix: list[int]) -> dict[str, Any] | None:
+        """The completion request that returns the top log-probabilities of the one token after ``prefix``, with the
+        server's prompt cache off (one forced position per request, where ``score_request`` has none)."""
+        return None
+
     def granularity(self, url: str) -> int:
         """Tokens per unit the server's prefix cache reuses (1: any prefix)."""
         return 1
@@ -91,6 +101,8 @@ class LlamaCpp(Dialect):
     name = "llamacpp"
     unscored = ("llama-server gives probabilities only for the tokens it generates (n_probs), never for a prompt's "
                 "positions (it refuses echo)")
+    unreferenced = None
+    reference_read = "llama-server (cache_prompt off, one forced position per request)"
 
     def render(self, messages):
         return self.engine.text_op("/apply-template", {"messages": [dict(m) for m in messages]}, "prompt")
@@ -102,6 +114,9 @@ class LlamaCpp(Dialect):
     def detokenize(self, tokens):
         return self.engine.text_op("/detokenize", {"tokens": [int(t) for t in tokens]}, "content")
 
+    def forced_request(self, prefix):
+        return {"prompt": prefix, "max_tokens": 1, "logprobs": PROMPT_TOP_K, "cache_prompt": False}
+
 
 class VLLM(Dialect):
     name = "vllm"
@@ -109,6 +124,8 @@ class VLLM(Dialect):
     # vLLM's Request sets skip_reading_prefix_cache for any request with prompt_logprobs (v0.32.0)
     score_caveat = ("vLLM reads no cached prefix for a request that asks for prompt log-probabilities, so the "
                     "flag-on side is read without its prefix cache: this distance sees what else the flag changes")
+    unreferenced = None
+    reference_read = "vLLM (prompt log-probabilities, never read from its prefix cache)"
 
     def render(self, messages):
         tokens = self.engine.text_op("/tokenize", {"messages": [dict(m) for m in messages], "add_generation_prompt": True,
@@ -145,8 +162,20 @@ class MLX(Dialect):
     name = "mlx"
     unscored = ("mlx_lm.server gives log-probabilities only for the tokens it generates (top_logprobs), never for "
                 "a prompt's positions")
+    unreferenced = None
+    reference_read = "mlx_lm.server (its flag-off deployment, one forced position per request, text round-tripped)"
     token_prompts = False
     local_tokenizer = True
+    TOP = 10  # mlx_lm.server gives at most 11 top log-probabilities per step
+
+    def forced_request(self, prefix):
+        # a text prompt: the forced tokens reach the server only if their text tokenizes back to them
+        text = self.detokenize(prefix)
+        if self.tokenize(text) != list(prefix):
+            raise GatekeeperError(f"{self.engine.profile.where}: a reference read's {len(prefix)} tokens do not come back "
+                                  "from their text through the tokenizer, so mlx_lm.server would read other tokens; set "
+                                  "'reference: false' in the policy for this server")
+        return {"prompt": text, "max_tokens": 1, "logprobs": True, "top_logprobs": self.TOP}
 
     def request(self, prompt):
         return {"prompt": self.detokenize(prompt), "logprobs": True, "top_logprobs": 2}

@@ -36,9 +36,25 @@ from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
 from . import serve, telemetry
-from .base import Engine, Generation, Scored, Session, Until, attention_limits, checked_request, labelled, request_labels
+from .base import (
+    Engine,
+    Generation,
+    Referenced,
+    Scored,
+    Session,
+    Until,
+    attention_limits,
+    checked_request,
+    labelled,
+    request_labels,
+)
 from .dialects import DIALECTS, PROMPT_TOP_K, detect
 
+# A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
+# last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose
+# kernels a forced prefill does not share (llama-server on the default Q4_1 model: 0.3 nats apart with no cache
+# involved, measured), so a server's own read cannot judge them; it costs one request per turn.
+FORCED_AT = (0,)
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
 _PROPS = ("model_path", "build_info", "chat_template", "total_slots", "modalities", "model_alias")
@@ -320,6 +336,50 @@ class HTTPEngine(Engine):
             raise GatekeeperError(f"{url}/v1/completions: no prompt log-probabilities at every position (bad or missing "
                                   f"{e}); check that {self._where} points at a {self.dialect_name} server") from None
 
+    def unreferenced(self) -> str | None:
+        return self.dialect.unreferenced
+
+    def reference(self, sequence, steps, asked, batch=1, own=False):
+        """The flag-off deployment's own cold read at the positions of ``FORCED_AT`` (``Dialect.unreferenced`` says
+        where there is none): vLLM's prompt log-probabilities, never read from its prefix cache; llama-server one
+        forced request per position, its prompt cache off. ``batch``: as many identical requests at once (another
+        batch shape where the server has the slots); ``own``: the same read again (the server's read is its own). An
+        asked token outside the top ``PROMPT_TOP_K`` gets the least log-probability listed (at most)."""
+        seq = [int(t) for t in sequence]
+        start = len(seq) - steps
+        at = sorted({p % steps for p in FORCED_AT})
+        tops = [_together(batch, lambda j=j: self._forced(seq[:start + j + 1])) for j in at]
+        top2 = [[[i, lp] for i, lp in sorted(top.items(), key=lambda kv: (-kv[1], kv[0]))[:2]] for top in tops]
+        return Referenced(top2, [[top.get(int(a), min(top.values())) for a in asked[j]] for j, top in zip(at, tops)],
+                          self.dialect.reference_read, at)
+
+    def _forced(self, tokens: list[int]) -> dict[int, float]:
+        """The top log-probabilities at the last position of ``tokens`` (what the model gives its last token), read
+        by the flag-off deployment with no cache: vLLM's prompt log-probabilities (its token comes too, at its rank),
+        llama-server's one generated token after the rest, cache_prompt off."""
+        if (request := self.dialect.score_request(tokens)) is None:
+            request = self.dialect.forced_request(tokens[:-1])
+        assert request is not None  # the dialect reads one
+        url, answer, _ = self._send("off", request)
+        try:
+            if "prompt_logprobs" in request:
+                row = answer["choices"][0]["prompt_logprobs"][-1]
+                top = {int(i): float(v["logprob"]) for i, v in row.items()}
+            else:
+                step = answer["choices"][0]["logprobs"]["content"][0]
+                top = {int(t["id"]): float(t["logprob"]) for t in step["top_logprobs"]}
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise GatekeeperError(f"{url}/v1/completions: no top log-probabilities for the forced position (bad or "
+                                  f"missing {e}); check that {self._where} points at a {self.dialect_name} server") from None
+        if cached := telemetry.read(answer).cached_tokens:  # proof, not trust, that the read is cold
+            raise GatekeeperError(f"{url} served {cached} tokens of a reference read from its prompt cache although the "
+                                  "request turned it off; the reference arm needs a cache-free read: "
+                                  "set 'reference: false' in the policy for this server")
+        if len(top) < 2 or any(v != v or abs(v) == float("inf") for v in top.values()):
+            raise GatekeeperError(f"{url}/v1/completions gave no two finite log-probabilities for the last of "
+                                  f"{len(tokens)} forced tokens")
+        return top
+
     def _pick(self, config: str, replica: str | None = None) -> str:
         """``replica``, else the side's replica with the fewest calls in flight, then the fewest sent; counted as busy."""
         with self._lock:
@@ -493,6 +553,29 @@ def _top_k(rows: list[Any], continuation: list[int], cached_tokens: int | None) 
     own = np.array([float(row[str(t)]["logprob"]) for row, t in zip(rows, continuation)], dtype=np.float32)
     return Scored(tokens=list(continuation), kind=f"top{k}", logprobs=lps, token_logprobs=own, ids=ids,
                   cached_tokens=cached_tokens)
+
+
+def _together(n: int, read):
+    """``read()`` ``n`` times at once (threads), the last one's answer: one read where ``n`` is 1."""
+    if n <= 1:
+        return read()
+    out: list[Any] = [None] * n
+
+    def one(k: int) -> None:
+        try:
+            out[k] = read()
+        except BaseException as e:  # raised again below, in the caller's thread
+            out[k] = e
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for answer in out:
+        if isinstance(answer, BaseException):
+            raise answer
+    return out[-1]
 
 
 def _headers(labels: dict[str, str]) -> dict[str, bytes]:

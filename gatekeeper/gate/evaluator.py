@@ -508,7 +508,9 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                        "figure, so that it ran cold cannot be shown")
     reasons += list(dict.fromkeys(n for m in models.values() for n in m.notices))  # telemetry_suspect:, not_observable:
     reasons += _blind(p, models) + battery.skipped(p.items)
-    if p.kind.numeric:  # advice, not a failure: a battery far from every tie is blind to numeric drift
+    # advice, not a failure: a battery far from every tie is blind to numeric drift in its outputs; not where the
+    # top-2 logits matched exactly at every step (bit_exact): there was no drift for an output to show
+    if p.kind.numeric and (strength is None or strength.grade != "bit_exact"):
         reasons += kinds.insensitive(census)
     reasons += _mined_elsewhere(p, models["off"])
     reasons += [f"step_failed: {f}; the verdict stands on the cases (a bug in gatekeeper where the error is in its "

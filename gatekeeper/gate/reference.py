@@ -56,6 +56,7 @@ class Arm:
     flips: int = 0  # R's pick differs, at any margin
     departures: list[Departure] = field(default_factory=list)  # the first KEPT
     departed: int = 0
+    flipped: int = 0  # of those, R picks another token by a margin above the tolerance (the others: the gap only)
     max_gap: float = 0.0
     unread: list[str] = field(default_factory=list)  # turns R could not read, and why
 
@@ -108,15 +109,15 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                         own = _read(model, tokens, steps, asked, own=True)
                         floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
                                                                      for a, b in zip(own.asked, r.asked)))
-                        arms[name].controls += steps
+                        arms[name].controls += steps if r.at is None else len(r.at)
                     if not dtype:  # once: the same read as a batch of two
                         again = _read(model, tokens, steps, asked, batch=2)
                         floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))
                 r = memo[key]
                 dtype = r.dtype
-                for j, (emitted, top, want) in enumerate(zip(turn["tokens"], r.top2, r.asked)):
+                for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
                     gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
-                    d = Departure(item.case_id, n, j, int(emitted), int(top[0][0]), _gap(top), gap)
+                    d = Departure(item.case_id, n, j, int(turn["tokens"][j]), int(top[0][0]), _gap(top), gap)
                     rows[name].append((d, d.emitted != d.reference))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
@@ -125,8 +126,10 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         arm.max_gap = max((d.gap for d, _ in rows[name]), default=0.0)
         arm.flips = sum(f for _, f in rows[name])
         for d, flipped in rows[name]:
-            if (flipped and d.margin > tolerance["flip_margin"]) or d.gap > tolerance["gap"]:
+            clear = flipped and d.margin > tolerance["flip_margin"]
+            if clear or d.gap > tolerance["gap"]:
                 arm.departed += 1
+                arm.flipped += clear
                 if len(arm.departures) < KEPT:
                     arm.departures.append(d)
     return Read(dtype, arms, floor, tolerance)
@@ -216,6 +219,9 @@ def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: st
                 f"{where(on)}; the flag-off arm agrees with it")
         if not exact:
             return verdict, reasons + [line + " (a change that is not exact: reported, its gate decides)"]
+        if not on.flipped:  # its tokens are the reference's picks: a numeric move, which the drift grades
+            return verdict, reasons + [line + " (in its top-2 gaps only, never a token the reference would not "
+                                              "pick: drift, which the policy's require and max_drift decide)"]
         return "FAIL", ([line] + reasons if verdict != "FAIL" else reasons + [line])
     if found.departs("off"):
         return verdict, reasons + [f"repairs_base: the flag-off arm departs from a cache-free read of its own answers "
