@@ -53,7 +53,7 @@ def cost(limit: int, engine: str) -> dict:
     return {"engine": engine, "verdict": out["verdict"], "cases": out["cases"], "wall_s": round(wall, 1),
             "reference_s": r.get("seconds"), "share": round(r["seconds"] / wall, 3) if r.get("seconds") else None,
             "positions": {k: a["positions"] for k, a in r.get("arms", {}).items()},
-            "floor": r.get("floor"), "dtype": r.get("dtype")}
+            "floor": r.get("floor"), "dtype": r.get("dtype"), "reasons": out["reasons"]}
 
 
 def catch() -> list[dict]:
@@ -72,9 +72,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=2, help="cases per suite in the cost run (default 2)")
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--skip-catch", action="store_true", help="only the cost rows")
+    ap.add_argument("--engine", action="append", choices=("torch", "served"), help="the cost rows to run (default both)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    spent = [] if a.skip_cost else [cost(a.limit, engine) for engine in ("torch", "served")]
+    a.engine = a.engine or ["torch", "served"]
+    spent = [] if a.skip_cost else [cost(a.limit, engine) for engine in a.engine]
     caught = [] if a.skip_catch else catch()
     if a.json:
         print(json.dumps({"cost": spent, "catch": caught}, indent=2))
@@ -83,6 +85,7 @@ def main() -> None:
         print(f"cost ({row['engine']}): the default model, {row['cases']} cases, {row['verdict']}: the reference arm "
               f"{row['reference_s']} s of {row['wall_s']} s ({100 * (row['share'] or 0):.1f}% of the evaluation), "
               f"{row['dtype']}, positions read {row['positions']}, floor {row['floor']}")
+        print("\n".join(f"  - {r[:300]}" for r in row["reasons"]))
     for row in caught:
         print(f"{row['id']} ({row['arm']}):")
         for side in ("affected", "fixed"):

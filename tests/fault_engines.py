@@ -320,6 +320,27 @@ class ForgetsFirstSlot(TorchEngine):
         return super()._logits(model, state, tokens, keep)
 
 
+class ColdForgetsSession(GreedySession):
+    """``ForgetsFirstSlot``'s defect on the flag-off side only: its states are marked (sides may run at once)."""
+
+    def _begin(self, prompt):
+        state, cached = super()._begin(prompt)
+        if not self.cache:
+            state.forgets = True
+        return state, cached
+
+
+class RepairedByTheFlag(ForgetsFirstSlot):
+    """A base whose plain path is broken (``ForgetsFirstSlot``) and whose cached path is not: the flag repairs it."""
+
+    session_class = ColdForgetsSession
+
+    def _logits(self, model, state, tokens, keep):
+        if getattr(state, "forgets", False):
+            return super()._logits(model, state, tokens, keep)
+        return TorchEngine._logits(self, model, state, tokens, keep)
+
+
 class NotFiniteSession(GreedySession):
     """A cache hit whose logits overflow: from the third generated step on, NaN (seen with a GPT-2 read past its table)."""
 

@@ -62,6 +62,20 @@ def test_a_defect_of_the_flag_alone_still_fails_and_the_reference_says_which_arm
     assert any(x.startswith("departs_from_reference: the flag-on arm") for x in out["reasons"])
 
 
+def test_a_defect_of_the_base_alone_is_reported_as_repaired_by_the_flag(tiny_ws, tiny_llama, run_cli):
+    """Planted: the flag-off side's decode is broken and the flag-on side's is not (on this model it moves the logits,
+    not the tokens: equal outputs, a PASS graded by its drift). The reference arm says which side is wrong: the base,
+    which the flag repairs. (Each arm is judged on the two candidates it gave: this caught R reading the flag-on arm's
+    gaps against the flag-off arm's second choices where their tokens were equal.)"""
+    (tiny_ws / "engines" / "repaired.yaml").write_text(profile("fault_engines:RepairedByTheFlag", tiny_llama))
+    code, out = evaluate(run_cli, tiny_ws, "repaired")
+    assert (code, out["verdict"]) == (0, "PASS") and out["strength"]["grade"] == "equal_outputs", out["reasons"]
+    assert out["reference"]["departs"] == {"off": True, "on": False}
+    (line,) = [x for x in out["reasons"] if x.startswith("repairs_base:")]
+    assert "the flag-off arm departs from a cache-free read of its own answers at " in line
+    assert not any(x.startswith(("base_defect:", "departs_from_reference:")) for x in out["reasons"])
+
+
 def test_the_reference_against_itself_under_another_batch_shape_is_within_the_floor(tiny_llama):
     import numpy as np
 
@@ -79,6 +93,32 @@ def test_the_reference_against_itself_under_another_batch_shape_is_within_the_fl
         own = s.score(tokens[:1], tokens[1:])
     np.testing.assert_allclose(own.token_logprobs, [a for a, _ in one.asked], atol=1e-4)
     engine.close()
+
+
+def test_mlx_reads_the_reference_torch_reads_and_an_mlx_evaluation_is_checked_by_it(tiny_ws, tiny_llama, run_cli):
+    """mlx-lm's forward with no cache object (float32) against the torch reference (float64) on the same weights:
+    the same picks, the gaps within the tolerance the arm would apply; and an evaluation on mlx reads it."""
+    from gatekeeper.engines.registry import build_engine
+    from gatekeeper.gate.reference import FLOOR, GAP
+    from gatekeeper.workspace import EngineProfile
+
+    torch_, mlx = (build_engine(EngineProfile(adapter=a, model=str(tiny_llama), dtype="float32")) for a in ("torch", "mlx"))
+    try:
+        tokens = torch_.tokenize("The quick brown fox jumps over the lazy dog, again and again.")
+        steps, asked = len(tokens) - 1, [[t, t] for t in tokens[1:]]
+        want, got = torch_.reference(tokens, steps, asked), mlx.reference(tokens, steps, asked)
+        own = torch_.reference(tokens, steps, asked, own=True)
+    finally:
+        torch_.close()
+        mlx.close()
+    gap = lambda top2: top2[0][1] - top2[1][1]  # noqa: E731
+    floor = max(FLOOR, *(abs(gap(a) - gap(b)) for a, b in zip(want.top2, own.top2)))
+    assert got.dtype == "float32" and [t[0][0] for t in got.top2] == [t[0][0] for t in want.top2]
+    assert max(abs(gap(a) - gap(b)) for a, b in zip(want.top2, got.top2)) <= GAP * floor
+    _reference_on(tiny_ws)
+    code, out = evaluate(run_cli, tiny_ws, "tiny_mlx")
+    assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
+    assert out["reference"]["dtype"] == "float32" and not any(out["reference"]["departs"].values())
 
 
 def test_an_engine_whose_logits_are_not_finite_is_named_with_case_and_step(tiny_ws, tiny_llama, run_cli):

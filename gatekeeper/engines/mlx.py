@@ -17,7 +17,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 
 from ..errors import GatekeeperError
-from .base import versions
+from .base import Referenced, versions
 from .greedy import GreedyEngine
 from .hf_tokenizer import ChatTokenizer
 
@@ -30,16 +30,10 @@ class MLXEngine(GreedyEngine):
         on_cpu = self.device == mx.cpu
         self.device_name = "cpu" if on_cpu else ("metal" if sys.platform == "darwin" else "gpu")
         self.dtype_name = self.profile.dtype if self.profile.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
-        adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
-        assert self.model_dir is not None  # set by _locate
-        model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type")
-        override = {"model_type": _MLX_TYPES[model_type]} if model_type in _MLX_TYPES else None
-        # mlx_lm annotates load() as a Union of its 2- and 3-item returns (no overload on return_config)
-        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)  # type: ignore[misc]
-        model.set_dtype(getattr(mx, self.dtype_name))
-        mx.eval(model.parameters())
-        self.model = model
+        model, wrapper = self._read_weights(self.dtype_name)
+        self.model, self._reference = model, None
         # The wrapped Hugging Face tokenizer: the same text handling as the torch adapter.
+        assert self.model_dir is not None  # set by _locate
         self.tok = ChatTokenizer(wrapper._tokenizer, self.model_dir)
         self.state_ops = MLXKV()
 
@@ -60,13 +54,50 @@ class MLXEngine(GreedyEngine):
             mx.eval(logits, [c.state for c in state])
         return np.array(logits)
 
+    def reference(self, sequence, steps, asked, batch=1, own=False):
+        """One pass over ``sequence`` with no cache object (mlx-lm's models take ``cache=None``), in float32: the
+        engine's own model where it runs in float32, else a float32 copy (``own``: the engine's model as it runs)."""
+        model = self.model if own else self._reference_model()
+        with mx.stream(self.device):
+            logits = model(mx.array([list(sequence)] * batch))[-1, -steps - 1:-1].astype(mx.float32)
+            rows = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            mx.eval(rows)
+        rows = np.array(rows, dtype=np.float64)
+        if not np.isfinite(rows).all():
+            bad = int(np.nonzero(~np.isfinite(rows).all(-1))[0][0])
+            raise GatekeeperError(f"the reference read of {self.model_dir} gave non-finite logits at generated step "
+                                  f"{bad + 1} of {steps}")
+        best = np.argsort(-rows, axis=-1, kind="stable")[:, :2]
+        top2 = [[[int(i), float(row[i])] for i in ix] for ix, row in zip(best, rows)]
+        return Referenced(top2, [[float(row[int(t)]) for t in want] for row, want in zip(rows, asked)],
+                          "float32" if not own else self.dtype_name)
+
+    def _reference_model(self) -> Any:
+        if self.dtype_name == "float32":
+            return self.model
+        if self._reference is None:
+            self._reference, _ = self._read_weights("float32")
+        return self._reference
+
+    def _read_weights(self, dtype: str) -> tuple[Any, Any]:
+        """mlx-lm's model (adapter fused in by its loader) in ``dtype``, and its tokenizer wrapper."""
+        adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
+        assert self.model_dir is not None  # set by _locate
+        model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type")
+        override = {"model_type": _MLX_TYPES[model_type]} if model_type in _MLX_TYPES else None
+        # mlx_lm annotates load() as a Union of its 2- and 3-item returns (no overload on return_config)
+        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)  # type: ignore[misc]
+        model.set_dtype(getattr(mx, dtype))
+        mx.eval(model.parameters())
+        return model, wrapper
+
     @classmethod
     def _libraries(cls, profile) -> dict[str, str]:
         return versions("mlx", "mlx_lm")
 
     def close(self) -> None:
         super().close()
-        self.model = None
+        self.model = self._reference = None
 
 
 # transformers saves the text-only Qwen3.5 models under a ``*_text`` model type; mlx-lm reads the

@@ -86,7 +86,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             return f"the flag-{name} engine ({models[name].name}) gives no cache-free read: {why}"
     arms = {name: Arm() for name in ("off", "on")}
     rows: dict[str, list[tuple[Departure, bool]]] = {"off": [], "on": []}  # per position: where, and whether R flips
-    memo: dict[tuple[int, tuple[int, ...]], Referenced] = {}
+    memo: dict[tuple, Referenced] = {}
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
     for item in p.items:
@@ -102,7 +102,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 steps, asked = len(turn["tokens"]), _asked(turn)
                 if steps == 0:
                     continue
-                key = (id(model), tuple(tokens))
+                # what R reads depends on the tokens and on the two candidates asked about at each position
+                key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
                 if key not in memo:
                     memo[key] = r = _read(model, tokens, steps, asked)
                     if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
