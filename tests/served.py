@@ -65,9 +65,11 @@ def read_reference(ws) -> None:
     policy.write_text(policy.read_text().replace("reference: false\n", ""))
 
 
-def forced_agreement(local, served, texts=("Book a table for four at eight.", "What is the capital of Portugal?",
-                                           "Summarise: the team ships Friday.", "Send the notes to Ana.",
-                                           "Is it raining in Lisbon?", "Add milk to the list.")) -> tuple[float, float, int]:
+TEXTS = ("Book a table for four at eight.", "What is the capital of Portugal?", "Summarise: the team ships Friday.",
+         "Send the notes to Ana.", "Is it raining in Lisbon?", "Add milk to the list.")
+
+
+def forced_agreement(local, served, texts=TEXTS[:3]) -> tuple[float, float, int]:
     """A server's cold forced reads (``HTTPEngine._forced``, one per answer position) against gatekeeper's in-process
     reference (``TorchEngine.reference``) on the same weights, over the model's own greedy answers to ``texts``:
     (the largest top-2 gap difference where both rank the same two tokens first, the floor the reference arm would

@@ -17,6 +17,7 @@ import pytest
 from conftest import ledger
 from served import (
     BAD_ANSWERS,
+    TEXTS,
     assert_aborted,
     evaluate,
     faulty_front,
@@ -209,7 +210,7 @@ def test_mlx_cold_reads_agree_with_the_in_process_reference(mlx):
     local = TorchEngine(EngineProfile(name="t", adapter="torch", model=str(mlx["model"]), dtype="float32"))
     served = HTTPEngine(EngineProfile(name="s", adapter="http", url=mlx["off"], tokenizer=str(mlx["model"])))
     try:
-        worst, floor, compared = forced_agreement(local, served)
+        worst, floor, compared = forced_agreement(local, served, TEXTS)
     finally:
         served.close()
     assert compared >= 10 and worst <= GAP * floor, (worst, floor, compared)

@@ -143,6 +143,7 @@ class Referenced:
     asked: list[list[float]]  # per position: the log-probability of each asked id, in the order asked
     dtype: str  # what it computed in (float64 where the model is small enough), or which server read it
     at: list[int] | None = None  # the positions read, among the last ``steps`` (None: all of them)
+    gaps: bool = True  # whether an arm's top-2 gap may be judged against this read's (else only clear flips count)
 
 
 @dataclass

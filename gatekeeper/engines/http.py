@@ -53,7 +53,9 @@ from .dialects import DIALECTS, PROMPT_TOP_K, detect
 # A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
 # last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose
 # kernels a forced prefill does not share (llama-server on the default Q4_1 model: 0.3 nats apart with no cache
-# involved, measured), so a server's own read cannot judge them; it costs one request per turn.
+# involved, measured), so a server's own read cannot judge them; it costs one request per turn. Nor are its gaps
+# judged: a prefix the arm reused holds keys and values its decode computed, which the cold read recomputes with
+# prefill kernels (0.03 to 0.13 nats apart in a gap on that model, no defect involved); only clear flips count.
 FORCED_AT = (0,)
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
@@ -351,7 +353,7 @@ class HTTPEngine(Engine):
         tops = [_together(batch, lambda j=j: self._forced(seq[:start + j + 1])) for j in at]
         top2 = [[[i, lp] for i, lp in sorted(top.items(), key=lambda kv: (-kv[1], kv[0]))[:2]] for top in tops]
         return Referenced(top2, [[top.get(int(a), min(top.values())) for a in asked[j]] for j, top in zip(at, tops)],
-                          self.dialect.reference_read, at)
+                          self.dialect.reference_read, at, gaps=False)
 
     def _forced(self, tokens: list[int]) -> dict[int, float]:
         """The top log-probabilities at the last position of ``tokens`` (what the model gives its last token), read

@@ -85,7 +85,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         if why := models[name].unreferenced():
             return f"the flag-{name} engine ({models[name].name}) gives no cache-free read: {why}"
     arms = {name: Arm() for name in ("off", "on")}
-    rows: dict[str, list[tuple[Departure, bool]]] = {"off": [], "on": []}  # per position: where, and whether R flips
+    # per position: where, whether R flips, whether its gap may be judged (Referenced.gaps)
+    rows: dict[str, list[tuple[Departure, bool, bool]]] = {"off": [], "on": []}
     memo: dict[tuple, Referenced] = {}
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
@@ -119,16 +120,16 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
                     gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
                     d = Departure(item.case_id, n, j, int(turn["tokens"][j]), int(top[0][0]), _gap(top), gap)
-                    rows[name].append((d, d.emitted != d.reference))
+                    rows[name].append((d, d.emitted != d.reference, r.gaps))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
         arm.positions = len(rows[name])
-        arm.max_gap = max((d.gap for d, _ in rows[name]), default=0.0)
-        arm.flips = sum(f for _, f in rows[name])
-        for d, flipped in rows[name]:
+        arm.max_gap = max((d.gap for d, _, _ in rows[name]), default=0.0)
+        arm.flips = sum(f for _, f, _ in rows[name])
+        for d, flipped, gaps in rows[name]:
             clear = flipped and d.margin > tolerance["flip_margin"]
-            if clear or d.gap > tolerance["gap"]:
+            if clear or (gaps and d.gap > tolerance["gap"]):
                 arm.departed += 1
                 arm.flipped += clear
                 if len(arm.departures) < KEPT:
