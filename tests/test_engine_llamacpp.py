@@ -66,6 +66,10 @@ def test_pass_on_the_default_gguf(workspace, run_cli, profile):
     ident = lg.evaluation(out["evaluation_id"])["identity"]["off"]["engine"]
     assert ident["engine"] == "llamacpp" and ident["model_digest"] == file_digest(find_gguf())
     assert ident["libraries"]["llama-cpp-python"] == llama_cpp.__version__
+    # the reference arm: an emptied context's prefill reads each answer's first token; only clear flips count
+    r = out["reference"]
+    assert r["dtype"].startswith("llama.cpp (an emptied context") and not any(r["departs"].values()), r
+    assert r["arms"]["off"]["positions"] == r["arms"]["on"]["positions"] >= 4
 
 
 def test_planted_restore_fault_fails(workspace, run_cli):

@@ -37,7 +37,7 @@ from ..identity import file_digest
 from ..setup.models import find_gguf
 from ..workspace import EngineProfile
 from . import faults
-from .base import Engine, Generation, Scored, Session, Until, checked_request
+from .base import Engine, Generation, Referenced, Scored, Session, Until, checked_request
 from .greedy import pick
 from .plan import segments, splits
 
@@ -377,6 +377,22 @@ class LlamaCppEngine(Engine):
             llm.input_ids[llm.n_tokens: llm.n_tokens + len(batch)] = batch
             llm.n_tokens += len(batch)
         return np.stack(out)
+
+    def reference(self, sequence, steps, asked, batch=1, own=False):
+        """The first answer token's distribution from an emptied context, the prompt in one prefill (its batches of
+        ``n_batch``). As on a server (``http.FORCED_AT``), later tokens are decode steps whose kernels a prefill does
+        not share, and a gap after a reused prefix moves with no defect: only clear flips are judged. ``batch`` and
+        ``own`` read the same again (llama.cpp's read is its own)."""
+        start = len(sequence) - steps
+        with self.lock:
+            self.owner, self.llm.n_tokens = None, 0  # emptied: the next session to run claims it anew
+            row = self.eval([int(t) for t in sequence[:start]]).astype(np.float64)
+        if not np.isfinite(row).all():
+            raise GatekeeperError(f"the reference read of {self.gguf} gave non-finite logits for the first answer token")
+        row -= row.max() + np.log(np.exp(row - row.max()).sum())
+        best = np.argsort(-row, kind="stable")[:2]
+        return Referenced([[[int(i), float(row[i])] for i in best]], [[float(row[int(t)]) for t in asked[0]]],
+                          "llama.cpp (an emptied context, one prefill)", [0], gaps=False)
 
     def save_state(self) -> SavedState:
         ctx = self.llm.ctx
