@@ -49,8 +49,7 @@ def test_llama_server_cold_reads_agree_with_the_in_process_reference(tiny, tmp_p
             sequence = local.tokenize(local.render([{"role": "user", "content": "Hi"}])) + [42, 43]
             read = served.reference(sequence, 2, [[42, 42], [43, 43]])
             assert read.at == [0] and "cache_prompt off" in read.dtype
-            assert read.top2[0] == [[i, lp] for i, lp in sorted(served._forced(sequence[:-1]).items(),
-                                                                  key=lambda kv: (-kv[1], kv[0]))[:2]]
+            assert read.top2[0] == _top2(served, sequence, 2, 0)  # the forced request of its first position
         finally:
             served.close()
     assert compared >= 20, compared
