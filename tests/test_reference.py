@@ -127,3 +127,21 @@ def test_an_engine_whose_logits_are_not_finite_is_named_with_case_and_step(tiny_
     assert out["verdict"] == "FAIL" and code == 1, out["reasons"]
     assert out["reasons"][0].startswith("crashed: "), out["reasons"]
     assert "non-finite logits at generated step 3 of case tiny/" in out["reasons"][0], out["reasons"]
+
+
+def test_a_read_is_log_probabilities_of_its_rows_and_a_row_not_finite_stops_it():
+    import math
+
+    import numpy as np
+    import pytest
+
+    from gatekeeper.engines.base import Referenced
+    from gatekeeper.errors import GatekeeperError
+
+    r = Referenced.of(np.array([[0.0, 2.0, 1.0], [3.0, 3.0, 0.0]]), [[1, 0], [2, 1]], "float64", "m")
+    z = math.log(1 + math.e ** 2 + math.e)
+    assert [t[0] for t in r.top2[0]] == [1, 2] and abs(r.top2[0][0][1] - (2 - z)) < 1e-12
+    assert [t[0] for t in r.top2[1]] == [0, 1]  # a tie: the lowest id first, as greedy picks
+    assert abs(r.asked[0][1] - (0 - z)) < 1e-12 and len(r.asked) == 2
+    with pytest.raises(GatekeeperError, match="reference read of m gave non-finite logits at position 2 of 2"):
+        Referenced.of(np.array([[0.0, 1.0], [np.nan, 1.0]]), [[0, 1], [0, 1]], "float32", "m")

@@ -86,9 +86,7 @@ class Scored:
         x = np.asarray(logits, dtype=np.float64)
         if x.ndim != 2 or x.shape[0] != len(continuation):
             raise ValueError(f"logits of shape {x.shape} for a continuation of {len(continuation)} tokens")
-        top = x.max(axis=1, keepdims=True)
-        lp = (x - top - np.log(np.exp(x - top).sum(axis=1, keepdims=True))).astype(np.float32)
-        return cls.from_logprobs(lp, continuation, top_k, cached_tokens)
+        return cls.from_logprobs(log_softmax(x).astype(np.float32), continuation, top_k, cached_tokens)
 
     @classmethod
     def from_logprobs(cls, logprobs: Any, continuation: Sequence[int], top_k: int | None = None,
@@ -125,6 +123,15 @@ class Scored:
                       ids=ids, cached_tokens=self.cached_tokens)
 
 
+def log_softmax(logits: Any) -> Any:
+    """Each row of ``logits`` as log-probabilities, in float64."""
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+
+
 def top2_rows(logits: Any) -> list[Top2]:
     """Each row's two largest logits as ``[[id, logit], [id, logit]]`` (the lowest id first on a tie, as greedy picks):
     all that a comparison of choices reads, and small enough to cross a worker."""
@@ -144,6 +151,19 @@ class Referenced:
     dtype: str  # what it computed in (float64 where the model is small enough), or which server read it
     at: list[int] | None = None  # the positions read, among the last ``steps`` (None: all of them)
     gaps: bool = True  # whether an arm's top-2 gap may be judged against this read's (else only clear flips count)
+
+    @classmethod
+    def of(cls, logits: Any, asked: Sequence[Sequence[int]], dtype: str, where: str, **kw: Any) -> "Referenced":
+        """From a read's logits, one row per position read (``asked`` aligned with them); a row that is not finite
+        stops the read, naming ``where`` it came from."""
+        import numpy as np
+
+        rows = log_softmax(logits)
+        if not np.isfinite(rows).all():
+            bad = int(np.nonzero(~np.isfinite(rows).all(-1))[0][0])
+            raise GatekeeperError(f"the reference read of {where} gave non-finite logits at position {bad + 1} of "
+                                  f"{len(rows)} read")
+        return cls(top2_rows(rows), [[float(row[int(t)]) for t in want] for row, want in zip(rows, asked)], dtype, **kw)
 
 
 @dataclass

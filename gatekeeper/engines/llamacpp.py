@@ -386,13 +386,9 @@ class LlamaCppEngine(Engine):
         start = len(sequence) - steps
         with self.lock:
             self.owner, self.llm.n_tokens = None, 0  # emptied: the next session to run claims it anew
-            row = self.eval([int(t) for t in sequence[:start]]).astype(np.float64)
-        if not np.isfinite(row).all():
-            raise GatekeeperError(f"the reference read of {self.gguf} gave non-finite logits for the first answer token")
-        row -= row.max() + np.log(np.exp(row - row.max()).sum())
-        best = np.argsort(-row, kind="stable")[:2]
-        return Referenced([[[int(i), float(row[i])] for i in best]], [[float(row[int(t)]) for t in asked[0]]],
-                          "llama.cpp (an emptied context, one prefill)", [0], gaps=False)
+            row = self.eval([int(t) for t in sequence[:start]])
+        return Referenced.of(row[None, :], asked[:1], "llama.cpp (an emptied context, one prefill)", str(self.gguf),
+                             at=[0], gaps=False)
 
     def save_state(self) -> SavedState:
         ctx = self.llm.ctx

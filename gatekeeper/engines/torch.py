@@ -210,15 +210,8 @@ class TorchEngine(GreedyEngine):
         ids = torch.tensor([list(sequence)] * batch, dtype=torch.long, device=self.device)
         with torch.inference_mode():  # no cache object: every position attends the whole sequence as written
             logits = model(input_ids=ids, use_cache=False, logits_to_keep=steps + 1).logits[-1, :steps]
-        if not bool(torch.isfinite(logits).all()):
-            bad = int((~torch.isfinite(logits)).any(-1).nonzero()[0])
-            raise GatekeeperError(f"the reference read of {self.model_dir} gave non-finite logits at generated step "
-                                  f"{bad + 1} of {steps}: the weights overflow {model.dtype}")
-        rows = torch.log_softmax(logits.double(), dim=-1).cpu()
-        best = rows.topk(2, dim=-1)
-        top2 = [[[int(i), float(v)] for i, v in zip(ix, vs)] for ix, vs in zip(best.indices, best.values)]
-        return Referenced(top2, [[float(row[int(t)]) for t in want] for row, want in zip(rows, asked)],
-                          str(model.dtype).removeprefix("torch."))
+        return Referenced.of(logits.double().cpu().numpy(), asked, str(model.dtype).removeprefix("torch."),
+                             f"{self.model_dir} in {model.dtype}")
 
     def _reference_model(self) -> Any:
         """The same weights (and adapter) loaded once more, eager and in float64 where the model has at most
