@@ -97,7 +97,7 @@ export MYPY_CACHE_DIR ?= $(or $(GATEKEEPER_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/
 # Tests run a file per worker, TEST_JOBS workers at once (pytest-xdist), each worker and all it starts (servers, llama.cpp,
 # torch) held to one core of its own (tests/conftest.py): threads that spin while they wait never share a core.
 TEST_JOBS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
+PYTEST := $(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(PY) -m ruff check gatekeeper tests bench

@@ -14,9 +14,11 @@ if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and hasattr(os, "sched_seta
         os.sched_setaffinity(0, {cores[int(worker.removeprefix("gw")) % len(cores)]})
         os.environ["OMP_NUM_THREADS"] = "1"
 
-# The longest files go to the workers first, so the two end together (each about 3 to 6 minutes; docs/testing.md).
-LONGEST = ("test_shipped_power.py", "test_served_dialects.py", "test_default_model_verdicts.py", "test_real_bugs.py",
-           "test_load.py", "test_probes.py", "test_served_sides.py", "test_serve.py", "test_engine_llamacpp.py")
+# The longest files go to the workers first (longest first, as measured; docs/testing.md), so the two end together. The
+# Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out files by their number of tests.
+LONGEST = ("test_served_dialects.py", "test_shipped_power.py", "test_load.py", "test_served_sides.py", "test_probes.py",
+           "test_engine_http.py", "test_engine_llamacpp.py", "test_serve.py", "test_examples.py",
+           "test_default_model_verdicts.py", "test_real_bugs.py", "test_ray.py", "test_enablements.py")
 
 
 def pytest_collection_modifyitems(items):

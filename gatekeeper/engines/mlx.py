@@ -75,9 +75,10 @@ class MLXEngine(GreedyEngine):
         adapter = str(self.adapter_dir) if self.adapter_dir is not None else None
         assert self.model_dir is not None  # set by _locate
         model_type = json.loads((self.model_dir / "config.json").read_text()).get("model_type")
-        override = {"model_type": _MLX_TYPES[model_type]} if model_type in _MLX_TYPES else None
+        # passed only when there is one: some releases (0.28.3) take ``model_config=None`` and then update a dict with it
+        override = {"model_config": {"model_type": _MLX_TYPES[model_type]}} if model_type in _MLX_TYPES else {}
         # mlx_lm annotates load() as a Union of its 2- and 3-item returns (no overload on return_config)
-        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, model_config=override)  # type: ignore[misc]
+        model, wrapper = mlx_lm.load(str(self.model_dir), adapter_path=adapter, **override)  # type: ignore[misc,arg-type]
         model.set_dtype(getattr(mx, dtype))
         mx.eval(model.parameters())
         return model, wrapper
