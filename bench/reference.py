@@ -59,7 +59,7 @@ def cost(limit: int, engine: str) -> dict:
 def catch() -> list[dict]:
     """Each shared-defect entry's two releases, the reference arm off and on."""
     rows = []
-    for entry in (e for e in real_bugs.entries() if e["id"].endswith("-base")):
+    for entry in (e for e in real_bugs.entries() if e.get("shared")):
         for label, extra in (("reference off", "reference: false\n"), ("reference on", "")):
             variant = real_bugs.variant(entry, extra=extra)
             found = {side: real_bugs.run(variant, side) for side in ("affected", "fixed")}
