@@ -148,6 +148,22 @@ def test_a_change_that_is_not_exact_shows_its_bound_flips_and_distance(made, url
     assert f"{recorded['distance']['distance']['kld']['max']:.2g}</text>" in html
 
 
+def test_the_case_page_shows_where_an_arm_parts_from_the_reference_arm(made, url):
+    """The planted restore fault (the FAIL): the reference arm reads the flag-on arm's answers as tokens it would not
+    pick, and the case page lists those departures as the ledger keeps them; a PASS's case has none."""
+    ws, ids = made
+    arms = cli(ws, "ledger", "show", ids["fail"])[1]["verdict_record"]["summary"]["reference"]["arms"]
+    kept = arms["on"]["departures"]
+    assert kept and not arms["off"]["departures"], arms
+    case_id = kept[0]["case"]
+    shown = data(url, f"/evaluations/{ids['fail']}/cases/{quote(case_id, safe='')}.json")["departures"]
+    assert [(d["arm"], d["turn"], d["position"], d["emitted"], d["reference"]) for d in shown] == [
+        ("on", d["turn"], d["position"], d["emitted"], d["reference"]) for d in kept if d["case"] == case_id]
+    assert all(d["emitted_piece"] is not None for d in shown)  # the tiny model's tokenizer is on this machine
+    assert "Where an arm parts from the reference arm" in page(url, f"/evaluations/{ids['fail']}/cases/{quote(case_id, safe='')}")
+    assert "Where an arm parts from the reference arm" not in page(url, f"/evaluations/{ids['pass']}/cases/{quote(case_id, safe='')}")
+
+
 def test_signed_flip_fingerprint_is_the_one_ssh_keygen_prints(made, url, keys):  # noqa: F811
     ws, ids = made
     passed = data(url, f"/evaluations/{ids['pass']}.json")

@@ -128,7 +128,18 @@ def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
             "permalink": _permalink(src, record["id"]) + f"/cases/{quote(case_id, safe='')}",
             "divergences": [{**d, "sides": list(sides(d)), "text": divergence_text(d)} for d in comparisons],
             "turns": turns, "drift": [{"turn": t, "step": s, "drift": d} for (t, s), d in sorted(steps.items())],
+            "departures": _departures(record, case_id, piece),
             "outcomes": _outcomes(off, on), "crash": {k: r["crash"] for k, r in (("off", off), ("on", on)) if r and r.get("crash")}}
+
+
+def _departures(record: EvaluationRecord, case_id: str, piece: dict[str, Callable[[int], str | None]]) -> list[dict[str, Any]]:
+    """Where each arm's answers in this case part from the reference arm (gate/reference.py), among the departures the
+    record keeps (the first few of each arm), with the tokens' text where the tokenizer is here."""
+    verdict = record.get("verdict_record")
+    summary = (verdict["summary"] if verdict else None) or {}
+    arms = (summary.get("reference") or {}).get("arms") or {}
+    return [{"arm": arm, **d, "emitted_piece": piece[arm](d["emitted"]), "reference_piece": piece[arm](d["reference"])}
+            for arm, a in arms.items() for d in a.get("departures") or [] if d["case"] == case_id]
 
 
 def compare(src: Source, a: str, b: str) -> dict[str, Any]:
