@@ -7,12 +7,11 @@ from typing import Any
 
 from ..evidence import EvaluationRecord
 from ..identity import flatten
-from .outcomes import CaseOutcome, case_flips, case_outcomes, divergence_text
+from .outcomes import CaseOutcome, case_flips, case_outcomes, divergence_text, verdict_summary
 
 
 def _header(record: EvaluationRecord) -> dict[str, Any]:
-    verdict = record.get("verdict_record")
-    summary = (verdict["summary"] if verdict else None) or {}
+    summary = verdict_summary(record)
     stats = summary.get("sequential") or summary.get("paired")
     return {"id": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
             "operator": record["operator"], "started_at": record["started_at"],

@@ -23,6 +23,7 @@ from ..evidence import CaseResultRow, Comparison, EvaluationRecord
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..identity import flatten
 from . import junit
+from .outcomes import verdict_summary
 
 PROBE = "probe:"  # the case ids of the gate's cache probes (gate/probes.py)
 
@@ -124,7 +125,7 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
     off, on = flatten(identity.get("off", {})), flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
     verdict = record.get("verdict_record")
-    summary = (verdict["summary"] if verdict else None) or {}
+    summary = verdict_summary(record)
     strength = summary.get("strength")
     return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from typing import Any
 
 from ..evidence import EvaluationRecord
-from .outcomes import DIFFERS, CaseOutcome, case_flips, case_outcomes, divergence_text
+from .outcomes import DIFFERS, CaseOutcome, case_flips, case_outcomes, divergence_text, verdict_summary
 
 # What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -45,15 +44,10 @@ def _verdict_of(record: EvaluationRecord, case: CaseOutcome) -> tuple[str, str, 
     return "pass", "", ""
 
 
-def _summary(record: EvaluationRecord) -> dict[str, Any]:
-    verdict = record.get("verdict_record")
-    return (verdict["summary"] if verdict else None) or {}
-
-
 def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     """What a paired or sequential verdict rests on, the teacher-forced distance and the reference arm, as suite
     properties (none for the evaluations that have none of them, so their XML reads as it did)."""
-    summary = _summary(record)
+    summary = verdict_summary(record)
     stats, out = summary.get("sequential") or summary.get("paired"), []
     if stats and "suites" not in stats:  # per-suite margins: each suite's bound is in the reasons
         out += [("harmful_flips", str(stats["harmful"])), ("beneficial_flips", str(stats["beneficial"])),

@@ -64,11 +64,17 @@ def case_outcomes(record: EvaluationRecord) -> list[CaseOutcome]:
     return list(out.values())
 
 
+def verdict_summary(record: EvaluationRecord) -> dict[str, Any]:
+    """The summary the verdict recorded (gate-specific figures: paired, sequential, distance, reference...); empty
+    where the evaluation has no verdict."""
+    verdict = record.get("verdict_record")
+    return (verdict["summary"] if verdict else None) or {}
+
+
 def case_flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
     """Per case, its (harmful, beneficial) assertion flips, off#0 against on#0, for the gates judged on them
     (a paired or sequential verdict); empty for the others, whose reports then read as they did."""
-    verdict = record.get("verdict_record")
-    summary = (verdict["summary"] if verdict else None) or {}
+    summary = verdict_summary(record)
     if not (summary.get("paired") or summary.get("sequential")):
         return {}
     firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}

@@ -16,7 +16,7 @@ from ..gate.kinds import drifts, margin
 from ..identity import directory_digest
 from ..reports import export
 from ..reports.diff import diff
-from ..reports.outcomes import case_outcomes, divergence_text, flips, sides
+from ..reports.outcomes import case_outcomes, divergence_text, flips, sides, verdict_summary
 from .source import PAGE, NotFound, Source, View
 
 CASE_FILTERS = ("all", "differs", "regressed", "improved", "unchanged")
@@ -135,8 +135,7 @@ def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
 def _departures(record: EvaluationRecord, case_id: str, piece: dict[str, Callable[[int], str | None]]) -> list[dict[str, Any]]:
     """Where each arm's answers in this case part from the reference arm (gate/reference.py), among the departures the
     record keeps (the first few of each arm), with the tokens' text where the tokenizer is here."""
-    verdict = record.get("verdict_record")
-    summary = (verdict["summary"] if verdict else None) or {}
+    summary = verdict_summary(record)
     arms = (summary.get("reference") or {}).get("arms") or {}
     return [{"arm": arm, **d, "emitted_piece": piece[arm](d["emitted"]), "reference_piece": piece[arm](d["reference"])}
             for arm, a in arms.items() for d in a.get("departures") or [] if d["case"] == case_id]
