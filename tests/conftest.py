@@ -65,15 +65,21 @@ def run_cli(monkeypatch, tmp_path):
     return run
 
 
-RULES = " ".join(
-    f"Rule {i}: the router reads the request, picks a tool, and passes the arguments on." for i in range(12)
-)
+def rules(n: int = 12) -> str:
+    """A static system prompt of ``n`` rules (about 20 tokens each)."""
+    return " ".join(f"Rule {i}: the router reads the request, picks a tool, and passes the arguments on." for i in range(n))
 
-SUITE = f"""suite: tiny
+
+RULES = rules()
+
+
+def suite(n_rules: int = 12) -> str:
+    """The tiny suite: four cases, one of three turns, behind a static prompt of ``n_rules`` rules."""
+    return f"""suite: tiny
 stage: tiny
 prompt:
   - {{role: system, static: false, text: "Session: {{session}}"}}
-  - {{role: system, static: true, text: "{RULES}"}}
+  - {{role: system, static: true, text: "{rules(n_rules)}"}}
   - {{role: user, static: false, text: "{{query}}"}}
 decoding: {{max_tokens: 12}}
 cases:
@@ -91,6 +97,9 @@ cases:
     turns: [{{query: "Find flights"}}, {{query: "Now book the cheapest"}}, {{query: "Send the mail"}}]
     assert: [{{type: max-length, value: 10000}}]
 """
+
+
+SUITE = suite()
 
 
 def wide_suite(ws: Path, n: int, assertions=None) -> list[str]:

@@ -155,15 +155,11 @@ def run(p: evaluator.Plan, models: dict, ref: Run | None,
     the adapter cannot plant is listed as such.
     The unfaulted run (noise 0) runs whole; the others stop each case at its first flag unless ``full``."""
     seconds: dict[str, float] = {}
-    off = p.configs["off"]
     with contextlib.ExitStack() as stack:
-        # model-graded assertions are graded as evaluate grades them, so outcomes compare with a recorded reference
-        graders = graders_.open(p.grading, p.ws.root, models.values())
-        if graders is not None:
-            stack.enter_context(graders)
+        graders = _graders(p, models, stack)
         if ref is None:
             t0 = time.perf_counter()
-            ref = _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress, graders=graders)
+            ref = _reference(p, models, progress, graders)
             seconds["reference"] = round(time.perf_counter() - t0, 3)
         layer = stack.enter_context(tempfile.TemporaryDirectory(prefix="gatekeeper-calibration-"))
         # The stage prefixes are pinned once (by the unfaulted run) and loaded by every fault run from
@@ -171,6 +167,26 @@ def run(p: evaluator.Plan, models: dict, ref: Run | None,
         early = models["on"].early_stop and not full
         rows = _faults(p, models["on"], ref, progress, early, Path(layer), graders, graded(faults))
     return _summary(p, rows, seconds, early)
+
+
+def reference_run(p: evaluator.Plan, models: dict, progress: Callable[[str], None] = lambda label: None) -> Run:
+    """The flag-off run ``run`` compares its fault runs with when it is given none, made alone (so that one decode can
+    serve several readers, e.g. mining's fault probes)."""
+    with contextlib.ExitStack() as stack:
+        return _reference(p, models, progress, _graders(p, models, stack))
+
+
+def _graders(p: evaluator.Plan, models: dict, stack: contextlib.ExitStack):
+    # model-graded assertions are graded as evaluate grades them, so outcomes compare with a recorded reference
+    graders = graders_.open(p.grading, p.ws.root, models.values())
+    if graders is not None:
+        stack.enter_context(graders)
+    return graders
+
+
+def _reference(p: evaluator.Plan, models: dict, progress: Callable[[str], None], graders) -> Run:
+    off = p.configs["off"]
+    return _run(models["off"].session(cache=off.cache), p, off.render, "reference", progress, graders=graders)
 
 
 def _faults(p: evaluator.Plan, model, ref: Run, progress, early: bool, layer: Path,
