@@ -39,14 +39,13 @@ def not_blamed_on_batching(code: int, out: dict, ev: dict, fix: str) -> None:
         assert stable and (code, out["verdict"]) in ((0, "PASS"), (1, "FAIL")), out["reasons"]
 
 
-def served_ws(workspace, rules: int = 5, **profiles: str):
-    """The workspace with the tiny suite as its battery and these engine profiles (name -> YAML). Its static prompt
-    has ``rules`` rules: five (about 100 tokens) span three of vLLM's 32-token blocks, and a cold turn of the default
-    model then costs a served test less than half of what twelve did (prefill is most of its time on a CPU)."""
-    from conftest import suite
+def served_ws(workspace, rules: int | None = None, **profiles: str):
+    """The workspace with the tiny suite as its battery (``rules`` rules; default ``conftest.SHORT``) and these engine
+    profiles (name -> YAML)."""
+    from conftest import SHORT, suite
 
     (workspace / "assertions" / "assistant.yaml").unlink()
-    (workspace / "assertions" / "tiny.yaml").write_text(suite(rules))
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(rules or SHORT))
     for name, body in profiles.items():
         (workspace / "engines" / f"{name}.yaml").write_text(body)
     # the reference arm costs a server requests per answer: read where it is the subject (read_reference)

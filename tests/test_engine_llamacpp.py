@@ -5,7 +5,7 @@ give the figures, and a planted fault in the restore is caught (FAIL)."""
 from __future__ import annotations
 
 import pytest
-from conftest import SUITE, ledger
+from conftest import SHORT, ledger, suite
 from served import evaluate
 
 from gatekeeper.errors import GatekeeperError
@@ -44,7 +44,7 @@ MONO = EngineProfile(adapter="llamacpp", prefill="monolithic", options={"n_threa
 
 def llama_ws(workspace):
     (workspace / "assertions" / "assistant.yaml").unlink()
-    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT))
     for name, body in {
         "gguf": f"adapter: llamacpp\nmodel: default\n{ONE_THREAD}",
         "gguf_mono": f"adapter: llamacpp\nmodel: default\nprefill: monolithic\n{ONE_THREAD}",

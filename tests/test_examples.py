@@ -5,7 +5,7 @@ import json
 import shutil
 
 import pytest
-from conftest import ROOT, SUITE, ledger
+from conftest import ROOT, SHORT, ledger, suite
 
 from gatekeeper.setup.llama_libs import import_llama_cpp
 
@@ -20,7 +20,7 @@ LLAMACPP = "adapter: llamacpp\nmodel: default\noptions: {n_ctx: 2048, n_threads:
 @pytest.fixture
 def examples_ws(workspace):
     (workspace / "assertions" / "assistant.yaml").unlink()
-    (workspace / "assertions" / "tiny.yaml").write_text(SUITE)
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT))
     (workspace / "engines" / "torch.yaml").write_text(TORCH)
     (workspace / "engines" / "llamacpp.yaml").write_text(LLAMACPP)
     return workspace
