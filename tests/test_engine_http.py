@@ -20,6 +20,7 @@ from served import (
     served_ws,
 )
 
+from gatekeeper.engines.http import scored_at
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile, Workspace
@@ -77,8 +78,11 @@ def test_pass_with_cache_prompt_off_and_on(server, workspace, run_cli):
     code, out = evaluate(run_cli, ws, "served")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
-    # llama-server has no prompt log-probabilities: nothing is asked, and the record says why
-    assert "llama-server gives probabilities only for the tokens it generates" in out["distance"]["not_observable"]
+    # llama-server has no prompt log-probabilities: the distance is read by forced requests at three positions of each
+    # answer (the flag-on side with its cache on); two cold reads of the same tokens agree exactly (the A/A floor)
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert "llama-server gives no prompt log-probabilities" in out["distance"]["caveat"]
+    assert moved["approximation"].startswith("top20") and floor["kld"]["max"] == 0 and floor["same_top1"] == 1, floor
     # the reference arm: the server's own cold read of each answer's first token, judged against noise it measured
     r = out["reference"]
     assert r["dtype"].startswith("llama-server (cache_prompt off") and not r["departs"]["off"], r
@@ -93,6 +97,8 @@ def test_pass_with_cache_prompt_off_and_on(server, workspace, run_cli):
     lg = ledger(ws)
     assert lg.verify().ok
     ev = lg.evaluation(out["evaluation_id"])
+    answers = [len(t["tokens"]) for r in ev["case_results"] if r["config"] == "off" and r["repeat"] == 0 for t in r["result"]["turns"]]
+    assert moved["positions"] == floor["positions"] == sum(len(scored_at(n)) for n in answers), (moved, answers)
     ident = ev["identity"]["off"]["engine"]
     assert ident["engine"] == "http" and ident["concurrency"] == 1
     assert ident["servers"]["off"]["props"]["model_path"].endswith(".gguf")
@@ -115,10 +121,14 @@ def test_cases_run_side_by_side_up_to_the_profile_concurrency(server, workspace,
 
 def test_fail_when_flag_on_points_at_a_different_server(server, other_server, workspace, run_cli):
     ws = served_ws(workspace, split=http_profile(server, f"url_on: {other_server}"))
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "split")
     assert code == 1, out
     assert out["verdict"] == "FAIL" and out["differing_cases"]
-    assert all(r.startswith("differs:") for r in out["reasons"])
+    assert all(r.startswith("differs:") for r in out["reasons"] if not r.startswith("kld:"))
+    # the distance, read by forced requests, sees another RoPE scale move every distribution
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert moved["kld"]["mean"] > max(1e-3, 10 * floor["kld"]["mean"]) and moved["positions"] > 0, (moved["kld"], floor["kld"])
     assert ledger(ws).verify().ok
 
 

@@ -87,9 +87,10 @@ class Dialect:
         """The completion request that returns the top log-probabilities at every position of ``tokens``."""
         return None
 
-    def forced_request(self, prefix: list[int]) -> dict[str, Any] | None:
+    def forced_request(self, prefix: list[int], cache: bool = False) -> dict[str, Any] | None:
         """The completion request that returns the top log-probabilities of the one token after ``prefix``, with the
-        server's prompt cache off (one forced position per request, where ``score_request`` has none)."""
+        server's prompt cache off, or on with ``cache`` (one forced position per request, where ``score_request`` has
+        none)."""
         return None
 
     def granularity(self, url: str) -> int:
@@ -99,8 +100,11 @@ class Dialect:
 
 class LlamaCpp(Dialect):
     name = "llamacpp"
-    unscored = ("llama-server gives probabilities only for the tokens it generates (n_probs), never for a prompt's "
-                "positions (it refuses echo)")
+    unscored = None
+    # it gives probabilities only for the tokens it generates (n_probs), never for a prompt's positions (it refuses echo)
+    score_caveat = ("llama-server gives no prompt log-probabilities, so the distance is read at the first, middle and "
+                    "last position of each answer, one request each (its top 20, the rest lumped); the flag-on side "
+                    "reads with its prompt cache on")
     unreferenced = None
     reference_read = "llama-server (cache_prompt off, one forced position per request)"
 
@@ -114,8 +118,8 @@ class LlamaCpp(Dialect):
     def detokenize(self, tokens):
         return self.engine.text_op("/detokenize", {"tokens": [int(t) for t in tokens]}, "content")
 
-    def forced_request(self, prefix):
-        return {"prompt": prefix, "max_tokens": 1, "logprobs": PROMPT_TOP_K, "cache_prompt": False}
+    def forced_request(self, prefix, cache=False):
+        return {"prompt": prefix, "max_tokens": 1, "logprobs": PROMPT_TOP_K, "cache_prompt": cache}
 
 
 class VLLM(Dialect):
@@ -168,7 +172,7 @@ class MLX(Dialect):
     local_tokenizer = True
     TOP = 10  # mlx_lm.server gives at most 11 top log-probabilities per step
 
-    def forced_request(self, prefix):
+    def forced_request(self, prefix, cache=False):
         # a text prompt: the forced tokens reach the server only if their text tokenizes back to them
         text = self.detokenize(prefix)
         if self.tokenize(text) != list(prefix):

@@ -57,6 +57,15 @@ from .dialects import DIALECTS, PROMPT_TOP_K, detect
 # judged: a prefix the arm reused holds keys and values its decode computed, which the cold read recomputes with
 # prefill kernels (0.03 to 0.13 nats apart in a gap on that model, no defect involved); only clear flips count.
 FORCED_AT = (0,)
+
+
+def scored_at(n: int) -> list[int]:
+    """Where the distance reads an answer of ``n`` tokens on a server that gives no prompt log-probabilities, one
+    request each: the first position (a reused prefix ends where the answer starts), the middle and the last (past any
+    cache structure); three requests per turn and side however long the answer."""
+    return sorted({0, n // 2, n - 1}) if n else []
+
+
 _MEMO = 4096  # rendered and tokenized texts remembered (a battery's prompts repeat across its runs)
 # Fields of llama.cpp's GET /props that describe the deployment and do not change while it runs.
 _PROPS = ("model_path", "build_info", "chat_template", "total_slots", "modalities", "model_alias")
@@ -326,10 +335,17 @@ class HTTPEngine(Engine):
         return self.dialect.unscored
 
     def score(self, config: str, prompt: list[int], continuation: list[int]) -> Scored | None:
-        """``Session.score`` on the deployment of ``config``: one request, with the whole conversation as its prompt."""
+        """``Session.score`` on the deployment of ``config``: one request with the whole conversation as its prompt
+        where the server gives prompt log-probabilities (vLLM); else one forced request per position of ``scored_at``,
+        which the result holds (llama-server); None where the dialect reads neither (``Dialect.unscored``)."""
+        if self.dialect.unscored:
+            return None
         request = self.dialect.score_request(prompt + continuation)
         if request is None:
-            return None
+            at = scored_at(len(continuation))
+            tops = [self._forced(prompt + continuation[:j + 1], config) for j in at]
+            tokens = [continuation[j] for j in at]
+            return _scored(tops, tokens, [top.get(t, min(top.values())) for top, t in zip(tops, tokens)], None)
         url, answer, _ = self._send(config, request)
         try:
             rows = answer["choices"][0]["prompt_logprobs"][len(prompt):]
@@ -355,14 +371,14 @@ class HTTPEngine(Engine):
         return Referenced(top2, [[top.get(int(a), min(top.values())) for a in asked[j]] for j, top in zip(at, tops)],
                           self.dialect.reference_read, at, gaps=False)
 
-    def _forced(self, tokens: list[int]) -> dict[int, float]:
+    def _forced(self, tokens: list[int], config: str = "off") -> dict[int, float]:
         """The top log-probabilities at the last position of ``tokens`` (what the model gives its last token), read
-        by the flag-off deployment with no cache: vLLM's prompt log-probabilities (its token comes too, at its rank),
-        llama-server's one generated token after the rest, cache_prompt off."""
+        by the deployment of ``config``, the flag-off one with no cache: vLLM's prompt log-probabilities (its token
+        comes too, at its rank), llama-server's one generated token after the rest (cache_prompt as the side has it)."""
         if (request := self.dialect.score_request(tokens)) is None:
-            request = self.dialect.forced_request(tokens[:-1])
+            request = self.dialect.forced_request(tokens[:-1], cache=config == "on")
         assert request is not None  # the dialect reads one
-        url, answer, _ = self._send("off", request)
+        url, answer, _ = self._send(config, request)
         try:
             if "prompt_logprobs" in request:
                 row = answer["choices"][0]["prompt_logprobs"][-1]
@@ -373,7 +389,7 @@ class HTTPEngine(Engine):
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             raise GatekeeperError(f"{url}/v1/completions: no top log-probabilities for the forced position (bad or "
                                   f"missing {e}); check that {self._where} points at a {self.dialect_name} server") from None
-        if cached := telemetry.read(answer).cached_tokens:  # proof, not trust, that the read is cold
+        if config == "off" and (cached := telemetry.read(answer).cached_tokens):  # proof, not trust, that it is cold
             raise GatekeeperError(f"{url} served {cached} tokens of a reference read from its prompt cache although the "
                                   "request turned it off; the reference arm needs a cache-free read: "
                                   "set 'reference: false' in the policy for this server")
@@ -543,17 +559,23 @@ _HEADERS = {"stage": "X-Gatekeeper-Stage", "stream": "X-Gatekeeper-Stream"}
 def _top_k(rows: list[Any], continuation: list[int], cached_tokens: int | None) -> Scored:
     """``Scored`` from vLLM's prompt log-probabilities, one ``{token id: {logprob, rank}}`` per position: its top
     ``PROMPT_TOP_K`` (the position's own token comes too, at its rank), best first, the lowest id first on a tie."""
-    import numpy as np
-
     if len(rows) != len(continuation):
         raise ValueError(f"{len(rows)} positions for {len(continuation)} tokens")
-    tops = [sorted(((int(i), float(v["logprob"])) for i, v in row.items() if int(v["rank"]) <= PROMPT_TOP_K),
-                   key=lambda x: (-x[1], x[0])) for row in rows]
-    k = min((len(t) for t in tops), default=1)  # a vocabulary smaller than PROMPT_TOP_K gives fewer
-    ids = np.array([[i for i, _ in t[:k]] for t in tops], dtype=np.int64).reshape(len(rows), k)
-    lps = np.array([[lp for _, lp in t[:k]] for t in tops], dtype=np.float32).reshape(len(rows), k)
-    own = np.array([float(row[str(t)]["logprob"]) for row, t in zip(rows, continuation)], dtype=np.float32)
-    return Scored(tokens=list(continuation), kind=f"top{k}", logprobs=lps, token_logprobs=own, ids=ids,
+    tops = [{int(i): float(v["logprob"]) for i, v in row.items() if int(v["rank"]) <= PROMPT_TOP_K} for row in rows]
+    own = [float(row[str(t)]["logprob"]) for row, t in zip(rows, continuation)]
+    return _scored(tops, list(continuation), own, cached_tokens)
+
+
+def _scored(tops: list[dict[int, float]], tokens: list[int], own: list[float], cached_tokens: int | None) -> Scored:
+    """``Scored`` from each position's top log-probabilities (best first, the lowest id first on a tie) and the
+    log-probability of the position's own token."""
+    import numpy as np
+
+    ranked = [sorted(top.items(), key=lambda x: (-x[1], x[0])) for top in tops]
+    k = min((len(t) for t in ranked), default=1)  # a vocabulary smaller than PROMPT_TOP_K gives fewer
+    ids = np.array([[i for i, _ in t[:k]] for t in ranked], dtype=np.int64).reshape(len(ranked), k)
+    lps = np.array([[lp for _, lp in t[:k]] for t in ranked], dtype=np.float32).reshape(len(ranked), k)
+    return Scored(tokens=tokens, kind=f"top{k}", logprobs=lps, token_logprobs=np.array(own, dtype=np.float32), ids=ids,
                   cached_tokens=cached_tokens)
 
 

@@ -3,9 +3,10 @@ of each configuration reads every case's flag-off conversation (off#0's answers)
 flag-on side's next-token distributions are compared with the flag-off side's at every position of those
 answers. A second flag-off session gives the A/A floor: what the engine's own nondeterminism moves.
 
-It costs one prefill per turn and side, no decoding. Where an engine gives no distributions (served engines
-today) nothing is measured and the record says ``not_observable``, as it does where the two sides read
-different vocabularies or tokenizers.
+It costs one prefill per turn and side, no decoding (a server with no prompt log-probabilities: three forced
+requests per turn and side, ``engines/http.py``). Where an engine gives no distributions (mlx_lm.server,
+llama-cpp-python's server) nothing is measured and the record says ``not_observable``, as it does where the two
+sides read different vocabularies or tokenizers.
 """
 
 from __future__ import annotations
