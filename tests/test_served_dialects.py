@@ -191,9 +191,16 @@ def mlx(tmp_path_factory, tiny_llama):
 def test_mlx_pass_on_a_healthy_pair_with_a_local_tokenizer(mlx, workspace, run_cli):
     ws = served_ws(workspace, mlx=profile(mlx["off"], mlx["on"], f"tokenizer: {mlx['model']}"))
     read_reference(ws)
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "mlx")
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["exercised_share"] >= 0.95, out
+    # the distance, by forced requests where an answer's tokens come back from their text (every turn's first position:
+    # the prompt as rendered does); two cold reads of the same text agree exactly (the A/A floor)
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]
+    assert "mlx_lm.server gives no prompt log-probabilities" in out["distance"]["caveat"]
+    assert moved["positions"] == floor["positions"] >= 6 and floor["kld"]["max"] == 0, (moved, floor)
+    assert moved["approximation"].startswith("top10"), moved
     r = out["reference"]  # the flag-off deployment (prompt cache size 0) read at each answer's first token
     assert r["dtype"].startswith("mlx_lm.server") and not any(r["departs"].values()), r
     assert r["arms"]["off"]["positions"] >= 4
@@ -219,9 +226,12 @@ def test_mlx_cold_reads_agree_with_the_in_process_reference(mlx):
 
 def test_mlx_fail_against_another_rope_base(mlx, workspace, run_cli):
     ws = served_ws(workspace, planted=profile(mlx["off"], mlx["rope"], f"tokenizer: {mlx['model']}"))
+    read_distance(ws)
     code, out = evaluate(run_cli, ws, "planted")
     assert code == 1, out
     assert out["verdict"] == "FAIL" and out["differing_cases"]
+    moved, floor = out["distance"]["distance"], out["distance"]["floor"]  # another RoPE base moves the distributions
+    assert moved["kld"]["mean"] > max(1e-4, 10 * floor["kld"]["mean"]), (moved["kld"], floor["kld"])
 
 
 def test_mlx_without_a_tokenizer_is_exit_2_naming_the_field(mlx, workspace, run_cli):

@@ -93,6 +93,10 @@ class Dialect:
         none)."""
         return None
 
+    def forceable(self, prefix: list[int]) -> bool:
+        """Whether ``forced_request(prefix)`` reaches the server as these very tokens."""
+        return True
+
     def granularity(self, url: str) -> int:
         """Tokens per unit the server's prefix cache reuses (1: any prefix)."""
         return 1
@@ -164,18 +168,24 @@ class VLLM(Dialect):
 
 class MLX(Dialect):
     name = "mlx"
-    unscored = ("mlx_lm.server gives log-probabilities only for the tokens it generates (top_logprobs), never for "
-                "a prompt's positions")
+    unscored = None
+    # it gives log-probabilities only for the tokens it generates (top_logprobs), never for a prompt's positions
+    score_caveat = ("mlx_lm.server gives no prompt log-probabilities, so the distance is read at the first, middle and "
+                    "last position of each answer, one request each (its top 10, the rest lumped), where the tokens "
+                    "before it come back from their text through the tokenizer (the others are left out)")
     unreferenced = None
     reference_read = "mlx_lm.server (its flag-off deployment, one forced position per request, text round-tripped)"
     token_prompts = False
     local_tokenizer = True
     TOP = 10  # mlx_lm.server gives at most 11 top log-probabilities per step
 
-    def forced_request(self, prefix, cache=False):
+    def forceable(self, prefix):
         # a text prompt: the forced tokens reach the server only if their text tokenizes back to them
+        return self.tokenize(self.detokenize(prefix)) == list(prefix)
+
+    def forced_request(self, prefix, cache=False):
         text = self.detokenize(prefix)
-        if self.tokenize(text) != list(prefix):
+        if not self.forceable(prefix):
             raise GatekeeperError(f"{self.engine.profile.where}: a reference read's {len(prefix)} tokens do not come back "
                                   "from their text through the tokenizer, so mlx_lm.server would read other tokens; set "
                                   "'reference: false' in the policy for this server")

@@ -336,13 +336,14 @@ class HTTPEngine(Engine):
 
     def score(self, config: str, prompt: list[int], continuation: list[int]) -> Scored | None:
         """``Session.score`` on the deployment of ``config``: one request with the whole conversation as its prompt
-        where the server gives prompt log-probabilities (vLLM); else one forced request per position of ``scored_at``,
-        which the result holds (llama-server); None where the dialect reads neither (``Dialect.unscored``)."""
+        where the server gives prompt log-probabilities (vLLM); else one forced request per position of ``scored_at``
+        that the dialect can force, which the result holds (llama-server, mlx_lm.server); None where the dialect reads
+        neither (``Dialect.unscored``)."""
         if self.dialect.unscored:
             return None
         request = self.dialect.score_request(prompt + continuation)
         if request is None:
-            at = scored_at(len(continuation))
+            at = [j for j in scored_at(len(continuation)) if self.dialect.forceable(prompt + continuation[:j])]
             tops = [self._forced(prompt + continuation[:j + 1], config) for j in at]
             tokens = [continuation[j] for j in at]
             return _scored(tops, tokens, [top.get(t, min(top.values())) for top, t in zip(tops, tokens)], None)
