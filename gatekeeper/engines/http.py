@@ -391,9 +391,9 @@ class HTTPEngine(Engine):
             raise GatekeeperError(f"{url}/v1/completions: no top log-probabilities for the forced position (bad or "
                                   f"missing {e}); check that {self._where} points at a {self.dialect_name} server") from None
         if config == "off" and (cached := telemetry.read(answer).cached_tokens):  # proof, not trust, that it is cold
-            raise GatekeeperError(f"{url} served {cached} tokens of a reference read from its prompt cache although the "
-                                  "request turned it off; the reference arm needs a cache-free read: "
-                                  "set 'reference: false' in the policy for this server")
+            raise GatekeeperError(f"{url} served {cached} tokens of a cold read from its prompt cache although the "
+                                  "request turned it off; the reference arm and the distance's flag-off side need "
+                                  "cache-free reads: set 'reference: false' and 'distance: false' in the policy for this server")
         if len(top) < 2 or any(v != v or abs(v) == float("inf") for v in top.values()):
             raise GatekeeperError(f"{url}/v1/completions gave no two finite log-probabilities for the last of "
                                   f"{len(tokens)} forced tokens")
