@@ -43,7 +43,9 @@ def cli(run_cli, ws, flag, engine="served"):
 
 
 def upgrade(ws, change: str) -> None:
-    (ws / "policies" / "upgrade.yaml").write_text(f"flag: upgrade\ngate: byte_equivalence\nprobes: off\nchange: {change}\n")
+    # which server each side reaches is the subject here; the distance is tested in test_engine_http.py
+    (ws / "policies" / "upgrade.yaml").write_text(f"flag: upgrade\ngate: byte_equivalence\nprobes: off\ndistance: false\n"
+                                                  f"change: {change}\n")
 
 
 def requests_in(log) -> int:
