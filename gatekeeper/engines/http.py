@@ -346,7 +346,7 @@ class HTTPEngine(Engine):
             at = [j for j in scored_at(len(continuation)) if self.dialect.forceable(prompt + continuation[:j])]
             tops = [self._forced(prompt + continuation[:j + 1], config) for j in at]
             tokens = [continuation[j] for j in at]
-            return _scored(tops, tokens, [top.get(t, min(top.values())) for top, t in zip(tops, tokens)], None)
+            return _scored(tops, tokens, [_at_most(top, t) for top, t in zip(tops, tokens)], None)
         url, answer, _ = self._send(config, request)
         try:
             rows = answer["choices"][0]["prompt_logprobs"][len(prompt):]
@@ -369,7 +369,7 @@ class HTTPEngine(Engine):
         at = sorted({p % steps for p in FORCED_AT})
         tops = [_together(batch, lambda j=j: self._forced(seq[:start + j + 1])) for j in at]
         top2 = [[[i, lp] for i, lp in sorted(top.items(), key=lambda kv: (-kv[1], kv[0]))[:2]] for top in tops]
-        return Referenced(top2, [[top.get(int(a), min(top.values())) for a in asked[j]] for j, top in zip(at, tops)],
+        return Referenced(top2, [[_at_most(top, a) for a in asked[j]] for j, top in zip(at, tops)],
                           self.dialect.reference_read, at, gaps=False)
 
     def _forced(self, tokens: list[int], config: str = "off") -> dict[int, float]:
@@ -565,6 +565,11 @@ def _top_k(rows: list[Any], continuation: list[int], cached_tokens: int | None) 
     tops = [{int(i): float(v["logprob"]) for i, v in row.items() if int(v["rank"]) <= PROMPT_TOP_K} for row in rows]
     own = [float(row[str(t)]["logprob"]) for row, t in zip(rows, continuation)]
     return _scored(tops, list(continuation), own, cached_tokens)
+
+
+def _at_most(top: dict[int, float], token: int) -> float:
+    """The token's log-probability among a position's top ones; outside them, the least listed (at most)."""
+    return top.get(int(token), min(top.values()))
 
 
 def _scored(tops: list[dict[int, float]], tokens: list[int], own: list[float], cached_tokens: int | None) -> Scored:
