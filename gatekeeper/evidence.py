@@ -38,6 +38,7 @@ class Generated(TypedDict):
     ttft_s: float
     top2: list[Top2] | None  # per generated step; None where the engine gives none
     replica: NotRequired[str]  # served sides with several servers: the one that answered
+    draws: NotRequired[list[list[float]]]  # sampled decoding: per step, what the draw weighed (``sampler.Sampler.pick``)
 
 
 class Turn(Generated):

@@ -224,9 +224,44 @@ class Segment(Strict):
         return self
 
 
+def _unset(default: Any, **bounds: Any) -> Any:
+    """A field left out of dumps while it holds its default, so greedy suites' digests stay as they were."""
+    return Field(default, exclude_if=lambda v: v == default, **bounds)
+
+
 class Decoding(Strict):
+    """A stage's decoding. Greedy (temperature 0) by default; a temperature above 0 samples, through the sampler
+    chain of ``engines/sampler.py`` in process and the server's own sampler when served."""
+
     max_tokens: int = Field(64, ge=1)
     stop: list[str] = []
+    temperature: float = _unset(0.0, ge=0.0, le=100.0)
+    top_p: float = _unset(1.0, gt=0.0, le=1.0)
+    top_k: int = _unset(0, ge=0)  # 0: no top-k filter
+    min_p: float = _unset(0.0, ge=0.0, lt=1.0)
+    repetition_penalty: float = _unset(1.0, gt=0.0, le=10.0)
+    presence_penalty: float = _unset(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = _unset(0.0, ge=-2.0, le=2.0)
+    seed: int = _unset(0, ge=0, lt=2**63)  # keys every draw, with the case and sample
+    samples: int = _unset(1, ge=1, le=1000)  # sampled answers per case, each its own seed
+
+    @property
+    def sampled(self) -> bool:
+        """Whether answers are drawn at random (else the likeliest token, after any penalty)."""
+        return self.temperature > 0
+
+    @property
+    def plain(self) -> bool:
+        """Greedy with nothing that reads the history: what every engine decodes without a sampler."""
+        return not self.sampled and self.model_dump().keys() <= {"max_tokens", "stop"}
+
+    @model_validator(mode="after")
+    def _sampling(self) -> "Decoding":
+        random = ("top_p", "top_k", "min_p", "seed", "samples")  # no-ops on the likeliest token, or on no draw
+        if not self.sampled and (given := [k for k in random if k in self.model_dump()]):
+            raise ValueError(f"{given[0]}: applies to sampled decoding only; set 'temperature' above 0 "
+                             "(greedy decoding is temperature 0), or remove it")
+        return self
 
 
 class Assertion(Strict):
@@ -467,11 +502,11 @@ class Policy(Strict):
     margin: float = Field(0, ge=0, le=1)
     # The statistics of the gates that are not byte equivalence (gate/paired.py). Left out of dumps at their
     # defaults, so the policy digest of a policy that says nothing of them is what it was.
-    alpha: float = Field(0.05, gt=0, lt=0.5, exclude_if=lambda v: v == 0.05)  # one-sided error of a PASS
-    power: float = Field(0.8, gt=0.5, lt=1, exclude_if=lambda v: v == 0.8)  # for the cases a margin needs
+    alpha: float = _unset(0.05, gt=0, lt=0.5)  # one-sided error of a PASS
+    power: float = _unset(0.8, gt=0.5, lt=1)  # for the cases a margin needs
     # what is independent: "case" (a case's assertions and turns are one cluster), "suite", or "var:NAME" (cases
     # sharing that var's value, such as one capture session, are one cluster)
-    cluster: str = Field("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$", exclude_if=lambda v: v == "case")
+    cluster: str = _unset("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$")
     margins: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v)  # per suite (Bonferroni over them)
     # the teacher-forced distance (gate/forced.py): measured unless off; bounds on it, net of the A/A floor
     distance: bool = Field(True, exclude_if=lambda v: v)
@@ -534,9 +569,9 @@ def _explain(path: Path, err: ValidationError) -> str:
             lines.append(f"  field '{field}': unknown key; remove it or check its spelling")
         elif e["type"] == "missing":
             lines.append(f"  field '{field}': required; add it")
-        elif e["type"] == "value_error" and not e["loc"] and _named(e["msg"]):  # a model check naming its field
+        elif e["type"] == "value_error" and _named(e["msg"]):  # a model check naming its field
             name, _, rest = e["msg"].removeprefix("Value error, ").partition(": ")
-            lines.append(f"  field '{name}': {rest}")
+            lines.append(f"  field '{'.'.join([*map(str, e['loc']), name])}': {rest}")
         else:
             lines.append(f"  field '{field}': {e['msg']}")
     return "\n".join(lines)

@@ -3,12 +3,14 @@
 Each is the real torch adapter whose sessions have one thing broken, so the gate is shown to say no.
 """
 
+import os
 import threading
 import time
 from dataclasses import replace
 
 from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.http import HTTPEngine
+from gatekeeper.engines.sampler import Draw, Sampler
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.engines.torch_generate import GenerateSession
 
@@ -353,3 +355,81 @@ class NotFiniteSession(GreedySession):
 
 class NotFinite(TorchEngine):
     session_class = NotFiniteSession
+
+
+# --- sampler faults (sampled decoding, #47): the model computes right, the draw is wrong ---------------------------
+
+class _Hotter(Sampler):
+    """Temperature applied twice."""
+
+    def processed(self, logits, prompt, answer):
+        return super().processed(logits / self.d.temperature, prompt, answer)
+
+
+class _Forgetful(Sampler):
+    """A penalty counted over the answer alone: the prompt's tokens, served from the cache, forgotten."""
+
+    def processed(self, logits, prompt, answer):
+        return super().processed(logits, [], answer)
+
+
+class _Planted(Draw):
+    def __init__(self, draw, sampler_class, key=None):
+        super().__init__(draw.decoding, key or draw.key)
+        object.__setattr__(self, "sampler_class", sampler_class)
+
+    def sampler(self):
+        return self.sampler_class(self.decoding, self.key)
+
+
+class SamplerFaultSession(GreedySession):
+    """With the cache on, the draw goes through ``planted`` (a ``Sampler`` subclass); off, through the real one."""
+
+    planted = Sampler
+
+    def generate(self, prompt, *, sampling=None, **kwargs):
+        if self.cache and sampling is not None:
+            sampling = _Planted(sampling, self.planted)
+        return super().generate(prompt, sampling=sampling, **kwargs)
+
+
+class HotterOnSession(SamplerFaultSession):
+    planted = _Hotter
+
+
+class HotterOn(TorchEngine):
+    session_class = HotterOnSession
+
+
+class ForgetfulOnSession(SamplerFaultSession):
+    planted = _Forgetful
+
+
+class ForgetfulOn(TorchEngine):
+    session_class = ForgetfulOnSession
+
+
+class FrozenSession(GreedySession):
+    """A frozen generator: every draw on either side uses one key, whatever the case and sample."""
+
+    def generate(self, prompt, *, sampling=None, **kwargs):
+        if sampling is not None:
+            sampling = _Planted(sampling, Sampler, key=(1, 2))
+        return super().generate(prompt, sampling=sampling, **kwargs)
+
+
+class Frozen(TorchEngine):
+    session_class = FrozenSession
+
+
+class UnseededSession(GreedySession):
+    """A seed dropped: each draw takes a fresh key, so the same request samples anew."""
+
+    def generate(self, prompt, *, sampling=None, **kwargs):
+        if sampling is not None:
+            sampling = _Planted(sampling, Sampler, key=(int.from_bytes(os.urandom(8), "little"), 0))
+        return super().generate(prompt, sampling=sampling, **kwargs)
+
+
+class Unseeded(TorchEngine):
+    session_class = UnseededSession

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pytest
+
 
 def evaluate(run_cli, ws, engine, *extra, operator="ci"):
     """``gatekeeper evaluate --flag prefix_cache --json`` through the CLI; returns (exit code, JSON),
@@ -64,6 +66,32 @@ def read_reference(ws) -> None:
     """The prefix_cache policy with the reference arm read, as shipped (``served_ws`` turns it off)."""
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text().replace("reference: false\n", ""))
+
+
+# A llama small enough to convert and serve in seconds, with the default model's tokenizer (which llama.cpp's
+# converter knows) and weights louder than the initialiser's, so its answers vary from token to token.
+TINY = {"library": "gguf", "seed": 0,
+        "config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True,
+                   "max_position_embeddings": 2048},
+        "normal": {"proj.weight": 0.3, "embed_tokens.weight": 1.0}}
+# Flash attention off and the KV cache in float32 (llama.cpp keeps it in float16 by default, which moves a log-
+# probability by about 1e-2 on this model even in one pass): the server computes as the in-process reference does.
+F32 = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    """``TINY`` converted by llama.cpp's own script: ``model.gguf`` beside its Hugging Face files (a module imports
+    it under the name its tests ask for)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import real_bugs
+
+    from gatekeeper.setup.models import resolve_model
+
+    out = tmp_path_factory.mktemp("tiny-gguf")
+    real_bugs.build(TINY, resolve_model("default", None), out)
+    return out
 
 
 TEXTS = ("Book a table for four at eight.", "What is the capital of Portugal?", "Summarise: the team ships Friday.",

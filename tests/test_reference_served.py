@@ -4,40 +4,16 @@ reference on the same weights (transformers, eager, no cache object) within the 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from served import forced_agreement, llama_server
+from served import F32, forced_agreement, llama_server, tiny_gguf
 
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.gate.reference import GAP
-from gatekeeper.setup.models import resolve_model
 from gatekeeper.workspace import EngineProfile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import real_bugs  # noqa: E402
-
 pytestmark = pytest.mark.slow
-
-# A llama small enough to convert and serve in seconds, with the default model's tokenizer (which llama.cpp's
-# converter knows) and weights louder than the initialiser's, so its answers vary from token to token.
-TINY = {"library": "gguf", "seed": 0,
-        "config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True,
-                   "max_position_embeddings": 2048},
-        "normal": {"proj.weight": 0.3, "embed_tokens.weight": 1.0}}
-# Flash attention off and the KV cache in float32 (llama.cpp keeps it in float16 by default, which moves a log-
-# probability by about 1e-2 on this model even in one pass): the server computes as the in-process reference does.
-F32 = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny-gguf")
-    real_bugs.build(TINY, resolve_model("default", None), out)
-    return out
+tiny = tiny_gguf
 
 
 def test_llama_server_cold_reads_agree_with_the_in_process_reference(tiny, tmp_path):

@@ -72,12 +72,21 @@ def _read(ws: Workspace) -> dict[str, Suite]:
 
 @dataclass(frozen=True)
 class Item:
+    """One case to run; under sampled decoding with several ``samples``, one sample of it (its own draws)."""
+
     suite: Suite
     case: Case
+    sample: int = 0  # 0-based; a key of every draw, beside the seed and the case
+
+    @property
+    def case_key(self) -> str:
+        """The case, whatever the sample: what its samples share (their cluster, the key of their draws)."""
+        return f"{self.suite.suite}/{self.case.id}"
 
     @property
     def case_id(self) -> str:
-        return f"{self.suite.suite}/{self.case.id}"
+        """What results are recorded under: the case, and ``~N`` (1-based) where a suite samples it several times."""
+        return self.case_key + (f"~{self.sample + 1}" if self.suite.decoding.samples > 1 else "")
 
 
 def read(ws: Workspace, suites: list[str] | None = None, limit: int | None = None, *,
@@ -101,7 +110,8 @@ def read(ws: Workspace, suites: list[str] | None = None, limit: int | None = Non
     if unsupported and not skip_unsupported:
         raise GatekeeperError("promptfoo assertions gatekeeper cannot evaluate deterministically:\n  " + "\n  ".join(unsupported)
                               + "\nremove them, or pass --skip-unsupported to evaluate without them")
-    return [Item(available[name], case) for name in chosen for case in rendered[name][0].cases[:limit]]
+    return [Item(available[name], case, k) for name in chosen for case in rendered[name][0].cases[:limit]
+            for k in range(available[name].decoding.samples)]
 
 
 def skipped(items: list[Item]) -> list[str]:

@@ -20,6 +20,7 @@ from ..errors import GatekeeperError
 from ..evidence import Generated, Top2
 from ..workspace import EngineProfile
 from .faults import Fault
+from .sampler import Draw
 
 # The per-call figures an engine may report; ``Engine.observes`` says which it really measures.
 FIGURES = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")
@@ -41,11 +42,14 @@ class Generation:
     # per generated step, [[best_id, best_logit], [second_id, second_logit]]; None unless asked
     top2: list[list[list[float]]] | None = None
     replica: str | None = None  # the server that answered, where a side has several
+    # sampled decoding: per generated step, what the draw weighed (``sampler.Sampler.pick``); None: greedy
+    draws: list[list[float]] | None = None
 
     def to_dict(self) -> Generated:
         d = asdict(self)
-        if d["replica"] is None:
-            del d["replica"]
+        for optional in ("replica", "draws"):  # left out where unset: greedy records read as before
+            if d[optional] is None:
+                del d[optional]
         return cast(Generated, d)
 
 
@@ -269,10 +273,12 @@ class Session(ABC):
     @abstractmethod
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
-        until: Until | None = None,
+        until: Until | None = None, sampling: Draw | None = None,
     ) -> Generation:
         """Greedy decoding of up to ``max_tokens`` tokens; stops at EOS or a stop string, and, on engines
-        that declare ``early_stop``, as soon as ``until(tokens, top2)`` is true (others decode on)."""
+        that declare ``early_stop``, as soon as ``until(tokens, top2)`` is true (others decode on).
+        ``sampling`` (engines that declare ``samples``): the turn's declared decoding and its key instead of
+        greedy; the answer's ``draws`` say what each drawn token weighed."""
 
     def score(self, prompt: Sequence[int], continuation: Sequence[int], top_k: int | None = None) -> Scored | None:
         """Teacher forcing: this configuration reads ``prompt + continuation`` without decoding, and gives the
@@ -333,6 +339,7 @@ class Engine(ABC):
     # fault kinds it knows (none: cannot)
     fault_session_class: ClassVar[Callable[..., Session] | None] = None
     faults: ClassVar[frozenset[str]] = frozenset()
+    samples: bool = False  # generate() takes a ``sampling`` draw (declared decoding, paired keys)
     early_stop: ClassVar[bool] = False  # generate() honours ``until`` (calibration stops a flagged case there)
     weights: Path | None = None  # the local weights it loads (a file or a model folder); None: a server's
     dialect_name: str | None = None  # served engines: the kind of server (vllm, llamacpp, mlx, ...)
@@ -381,6 +388,18 @@ class Engine(ABC):
         by the model as this engine runs it (its dtype and kernels), still with no cache: what precision alone
         moves. None: this adapter has no such read (``unreferenced`` says why)."""
         return None
+
+    @classmethod
+    def sampler_chain(cls, profile: EngineProfile) -> dict[str, Any] | None:
+        """The sampler a sampled suite runs through, as the identity records it (its chain order and what each penalty
+        counts); None where this adapter decodes greedy only. In process it is gatekeeper's own (``sampler.chain``)."""
+        from .sampler import chain
+
+        return chain() if cls.samples else None
+
+    def sampler(self) -> dict[str, Any] | None:
+        """The sampler this loaded engine runs a sampled suite through, as its record names it."""
+        return type(self).sampler_chain(self.profile)
 
     def unreferenced(self) -> str | None:
         """Why this engine gives no cache-free reference read (``reference``); None: it gives one."""

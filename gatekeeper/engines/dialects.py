@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import GatekeeperError
 from ..workspace import EngineProfile
+from .sampler import Draw
 
 NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
 PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabilities a position returns
@@ -55,6 +56,9 @@ class Dialect:
     unreferenced: ClassVar[str | None] = ("the server's API gives no cache-free read of a prompt's positions "
                                           "(no prompt log-probabilities, no way to turn its cache off per request)")
     reference_read: ClassVar[str] = "server"
+    # the server's own sampler as its documentation states it (chain order, what each penalty counts, its seed); None:
+    # gatekeeper decodes greedy only on this server
+    sampler: ClassVar[dict[str, Any] | None] = None
 
     def __init__(self, engine: Server):
         self.engine = engine
@@ -86,6 +90,11 @@ class Dialect:
     def score_request(self, tokens: list[int]) -> dict[str, Any] | None:
         """The completion request that returns the top log-probabilities at every position of ``tokens``."""
         return None
+
+    def sampling(self, draw: Draw, length: int) -> dict[str, Any]:
+        """The request fields that run ``draw``'s decoding with its seed (only where ``sampler`` is set); ``length``:
+        the prompt's tokens and the most the answer may add (what a penalty window must hold)."""
+        raise NotImplementedError(self.name)
 
     def forced_request(self, prefix: list[int], cache: bool = False) -> dict[str, Any] | None:
         """The completion request that returns the top log-probabilities of the one token after ``prefix``, with the
@@ -125,6 +134,19 @@ class LlamaCpp(Dialect):
     def forced_request(self, prefix, cache=False):
         return {"prompt": prefix, "max_tokens": 1, "logprobs": PROMPT_TOP_K, "cache_prompt": cache}
 
+    # llama.cpp's common_params_sampling: its chain is the request's ``samplers``, sent as the order below; the
+    # penalties count the last ``repeat_last_n`` tokens of prompt and answer (sent as long as both together)
+    sampler = {"sampler": "llama-server", "chain": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+               "window": {"repetition_penalty": "prompt+answer", "presence_penalty": "prompt+answer",
+                          "frequency_penalty": "prompt+answer"}, "draw": "the server's generator, seeded per request"}
+
+    def sampling(self, draw, length):
+        d = draw.decoding
+        return {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+                "repeat_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
+                "frequency_penalty": d.frequency_penalty, "repeat_last_n": length, "seed": draw.seed,
+                "samplers": self.sampler["chain"] if self.sampler else []}
+
 
 class VLLM(Dialect):
     name = "vllm"
@@ -153,6 +175,19 @@ class VLLM(Dialect):
 
     def request(self, prompt):
         return {"prompt": prompt, "logprobs": 2, "return_token_ids": True}
+
+    # vLLM's Sampler (v1): penalties (repetition over prompt and output, presence and frequency over the output), then
+    # temperature, top-k and top-p, then min-p; a request's seed gives it its own generator
+    sampler = {"sampler": "vllm", "chain": ["repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
+                                            "top_k", "top_p", "min_p"],
+               "window": {"repetition_penalty": "prompt+answer", "presence_penalty": "answer",
+                          "frequency_penalty": "answer"}, "draw": "a generator per request, seeded by it"}
+
+    def sampling(self, draw, length):
+        d = draw.decoding
+        return {"temperature": d.temperature, "top_k": d.top_k or -1, "top_p": d.top_p, "min_p": d.min_p,
+                "repetition_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
+                "frequency_penalty": d.frequency_penalty, "seed": draw.seed}
 
     def score_request(self, tokens):
         return {"prompt": tokens, "prompt_logprobs": PROMPT_TOP_K, "max_tokens": 1}

@@ -22,6 +22,7 @@ from . import faults
 from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request, top2_rows
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
+from .sampler import Draw
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
@@ -46,7 +47,7 @@ class GreedySession(Session):
     # --- generation -----------------------------------------------------------------------------
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
-        until: Until | None = None,
+        until: Until | None = None, sampling: Draw | None = None,
     ) -> Generation:
         prompt = checked_request(prompt, max_tokens)
         if self.cache:
@@ -60,7 +61,8 @@ class GreedySession(Session):
         logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
         margins: list[list[list[float]]] | None = [] if top2 else None
-        tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins, until)
+        chooser = Chooser(prompt, margins, sampling)
+        tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins, until, chooser)
         end = perf_counter()
 
         if self.cache and not self.hybrid:
@@ -75,6 +77,7 @@ class GreedySession(Session):
             decode_s=end - prefill_end,
             ttft_s=first - start,
             top2=margins,
+            draws=chooser.draws,
         )
         self.stats.add(g)
         return g
@@ -288,6 +291,7 @@ class GreedyEngine(Engine):
     faults = frozenset(faults.KINDS)
     persists = True
     early_stop = True
+    samples = True
     options: ClassVar[Mapping[str, str] | None] = {}
 
     # set by ``_locate`` (None: the simulator, which has no files)
@@ -345,13 +349,16 @@ class GreedyEngine(Engine):
         """Versions of the libraries that run the model (``base.versions``: no import)."""
 
     def _decode(self, prompt: list[int], state: Any, logits: np.ndarray, max_tokens: int,
-                stop: Sequence[str], margins: list | None, until: Until | None = None) -> tuple[list[int], float]:
-        """Greedy decoding from the prompt's last logits: the tokens, and when the first was picked."""
-        tokens = [pick(logits, margins)]
+                stop: Sequence[str], margins: list | None, until: Until | None = None,
+                chooser: "Chooser | None" = None) -> tuple[list[int], float]:
+        """Decoding from the prompt's last logits (greedy, or ``chooser``'s draws): the tokens, and when the first
+        was picked."""
+        choose = chooser or Chooser(prompt, margins, None)
+        tokens = [choose(logits, [])]
         first = perf_counter()
         while not self._done(tokens, max_tokens, stop, margins, until):
             logits = self._forward(state, tokens[-1:])
-            tokens.append(pick(logits, margins))
+            tokens.append(choose(logits, tokens))
         return tokens, first
 
     def _done(self, tokens: list[int], max_tokens: int, stop: Sequence[str], margins: list | None = None,
@@ -432,6 +439,25 @@ class GreedyEngine(Engine):
 
 # What loads taught, by ``GreedyEngine._learned_key``.
 _LEARNED = Memo("learned.json", keep=256)
+
+
+class Chooser:
+    """How one call picks each next token: greedy (``pick``), or a sampled draw (``sampling``) whose weights go to
+    ``draws`` (``Sampler.pick``); either way the raw top two go to ``margins`` when asked."""
+
+    def __init__(self, prompt: Sequence[int], margins: list | None, sampling: Draw | None):
+        self.prompt, self.margins = prompt, margins
+        self.sampler = None if sampling is None else sampling.sampler()
+        self.draws: list[list[float]] | None = None if sampling is None else []
+
+    def __call__(self, logits: np.ndarray, answer: Sequence[int]) -> int:
+        best = pick(logits, self.margins)
+        if self.sampler is None:
+            return best
+        token, weights = self.sampler.pick(logits, self.prompt, answer)
+        assert self.draws is not None
+        self.draws.append(weights)
+        return token
 
 
 def pick(logits: np.ndarray, margins: list | None) -> int:

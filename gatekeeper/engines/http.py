@@ -49,6 +49,7 @@ from .base import (
     request_labels,
 )
 from .dialects import DIALECTS, PROMPT_TOP_K, detect
+from .sampler import Draw
 
 # A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
 # last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose
@@ -103,12 +104,12 @@ class HTTPSession(Session):
 
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
-        until: Until | None = None,
+        until: Until | None = None, sampling: Draw | None = None,
     ) -> Generation:
         request = checked_request(prompt, max_tokens)
         if self._pins and self.model.profile.warm_up:
             self._warm_up(request, max_tokens, stop)
-        g = self.model.complete(self.config, request, max_tokens, stop)
+        g = self.model.complete(self.config, request, max_tokens, stop, sampling=sampling)
         if not top2:
             g.top2 = None
         with self._lock:
@@ -174,6 +175,7 @@ class HTTPEngine(Engine):
         else:
             self.dialect_name, self.detected = profile.dialect, "set in the profile"
         self.dialect = DIALECTS[self.dialect_name](self)
+        self.samples = self.dialect.sampler is not None
         self.score_caveat = self.dialect.score_caveat
         self.granularity = self.dialect.granularity(self.urls["on"])
         self.context = _context(self.servers["off"])
@@ -301,21 +303,24 @@ class HTTPEngine(Engine):
 
     # --- generation -----------------------------------------------------------------------------
     def complete(self, config: str, prompt: list[int], max_tokens: int, stop: Sequence[str], warm: bool = False,
-                 replica: str | None = None, background: bool = False) -> Generation:
+                 replica: str | None = None, background: bool = False, sampling: Draw | None = None) -> Generation:
         """One completion from the deployment of ``config`` (off or on); ``warm``: a prefix sent ahead;
         ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
-        battery's concurrency limit. It carries the labels in force (``base.labelled``) as headers."""
+        battery's concurrency limit; ``sampling``: the declared decoding with the draw's seed, else greedy. It
+        carries the labels in force (``base.labelled``) as headers."""
+        drawn = self.dialect.sampling(sampling, len(prompt) + max_tokens) if sampling else {}
         url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
-                                                "stop": list(stop)}, replica, background)
+                                                "stop": list(stop), **drawn}, replica, background)
         g = self._parse(url, answer, prompt, wall)
         g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
 
     def _send(self, config: str, request: dict[str, Any], replica: str | None = None,
               background: bool = False) -> tuple[str, Any, float]:
-        """``request`` (the dialect's fields) as a greedy ``/v1/completions`` call to the deployment of ``config``, with
-        the profile's extra fields, its model and cache switch, and the labels in force: (url, answer, wall seconds)."""
-        body: dict[str, Any] = {**self.profile.options.get("request", {}), **request, "temperature": 0, "stream": False}
+        """``request`` (the dialect's fields) as a ``/v1/completions`` call to the deployment of ``config`` (greedy unless
+        it sets a temperature), with the profile's extra fields, its model and cache switch, and the labels in force:
+        (url, answer, wall seconds)."""
+        body: dict[str, Any] = {**self.profile.options.get("request", {}), "temperature": 0, **request, "stream": False}
         if self.model_ids[config]:
             body["model"] = self.model_ids[config]
         if self.profile.cache_switch:
@@ -354,6 +359,13 @@ class HTTPEngine(Engine):
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
             raise GatekeeperError(f"{url}/v1/completions: no prompt log-probabilities at every position (bad or missing "
                                   f"{e}); check that {self._where} points at a {self.dialect_name} server") from None
+
+    @classmethod
+    def sampler_chain(cls, profile: EngineProfile) -> dict[str, Any] | None:
+        return {"sampler": f"the {profile.dialect} server's own, seeded per request"}
+
+    def sampler(self) -> dict[str, Any] | None:
+        return self.dialect.sampler
 
     def unreferenced(self) -> str | None:
         return self.dialect.unreferenced

@@ -38,8 +38,9 @@ from ..setup.models import find_gguf
 from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Referenced, Scored, Session, Until, checked_request
-from .greedy import pick
+from .greedy import Chooser
 from .plan import segments, splits
+from .sampler import Draw
 
 _INSTALL = "pip install -e '.[llamacpp]' (or: pip install llama-cpp-python)"
 # KV-cache types by name, as llama.cpp's ggml_type numbers them (llama-server's --cache-type-k names)
@@ -97,7 +98,7 @@ class LlamaCppSession(Session):
     # --- generation -----------------------------------------------------------------------------
     def generate(
         self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
-        until: Until | None = None,
+        until: Until | None = None, sampling: Draw | None = None,
     ) -> Generation:
         prompt = checked_request(prompt, max_tokens)
         if len(prompt) + max_tokens > self.model.n_ctx:
@@ -105,10 +106,10 @@ class LlamaCppSession(Session):
                                   f"({self.model.n_ctx}); raise options.n_ctx in {self.profile.where}")
         with self.model.lock:
             self._claim()
-            return self._generate(prompt, max_tokens, stop, top2, until)
+            return self._generate(prompt, max_tokens, stop, top2, until, sampling)
 
     def _generate(self, prompt: list[int], max_tokens: int, stop: Sequence[str], top2: bool,
-                  until: Until | None) -> Generation:
+                  until: Until | None, sampling: Draw | None = None) -> Generation:
         if self.cache:
             self._build_pins()
         lib, ctx = self.model.lib, self.llm.ctx
@@ -120,8 +121,9 @@ class LlamaCppSession(Session):
 
         tokens: list[int] = []
         margins: list[list[list[float]]] | None = [] if top2 else None
+        choose = Chooser(prompt, margins, sampling)
         while True:
-            tokens.append(pick(logits, margins))
+            tokens.append(choose(logits, tokens))
             if (tokens[-1] in self.model.eos_ids or len(tokens) >= max_tokens or self.model.stopped(tokens, stop)
                     or (until is not None and until(tokens, margins))):
                 break
@@ -134,7 +136,7 @@ class LlamaCppSession(Session):
         decode_s = _counters(done)[1] - prefill_s
         g = Generation(tokens=tokens, text=self.model.final_text(tokens, stop), prompt_tokens=len(prompt),
                        cached_tokens=len(prompt) - computed, prefill_s=prefill_s, decode_s=decode_s,
-                       ttft_s=prefill_s, top2=margins)
+                       ttft_s=prefill_s, top2=margins, draws=choose.draws)
         self.stats.add(g)
         return g
 
@@ -276,6 +278,7 @@ class LlamaCppEngine(Engine):
     faults = frozenset({"shift", "drop"})
     concurrency = 1  # one llama.cpp context: calls are serialized
     early_stop = True
+    samples = True
     persists = True
     options = {"n_ctx": "context size in tokens (default 4096)",
                "n_threads": "CPU threads (default: every core this process may run on)",

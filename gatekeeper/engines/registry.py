@@ -101,5 +101,11 @@ def identity(profile: EngineProfile, *, workspace_root: Path | None = None) -> d
         return model.identity()
 
 
+def sampler_chain(profile: EngineProfile) -> dict[str, Any] | None:
+    """The sampler the profile's adapter runs a sampled suite through (``Engine.sampler_chain``), with no load."""
+    profile = resolve_profile(profile)
+    return engine_class(profile.adapter).sampler_chain(profile)
+
+
 def _owner(cls: type, name: str) -> type:
     return next(c for c in cls.__mro__ if name in vars(c))

@@ -27,9 +27,10 @@ from ..evidence import Top2
 from ..workspace import EngineProfile
 from .base import Engine, Generation, Referenced, Scored, Session, Until
 from .faults import Fault
+from .sampler import Draw
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # the folder holding the gatekeeper package
-DECLARED = ("name", "concurrency", "hybrid", "persists", "granularity", "window", "context", "early_stop", "weights",
+DECLARED = ("name", "concurrency", "hybrid", "persists", "granularity", "window", "context", "early_stop", "samples", "weights",
             "dialect_name", "score_caveat")
 
 
@@ -65,9 +66,10 @@ class WorkerSession(Session):
                              fault=fault.to_dict() if fault else None)
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
-                 until: Until | None = None) -> Generation:
+                 until: Until | None = None, sampling: Draw | None = None) -> Generation:
         g = Generation(**self.worker.call("generate", sid=self.id, prompt=list(prompt), max_tokens=max_tokens,
-                                          stop=list(stop), top2=top2, until=until is not None, callback=until))
+                                          stop=list(stop), top2=top2, until=until is not None, callback=until,
+                                          sampling=sampling.to_dict() if sampling else None))
         self.stats.add(g)
         return g
 

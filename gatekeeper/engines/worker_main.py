@@ -14,6 +14,7 @@ from ..errors import EngineCrash, GatekeeperError, described, origin
 from ..workspace import EngineProfile
 from .faults import Fault
 from .registry import build_engine
+from .sampler import Draw
 from .worker import DECLARED
 
 
@@ -73,8 +74,9 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
             out.write(json.dumps({"until": [tokens, top2]}) + "\n")
             return bool(json.loads(sys.stdin.readline())["stop"])
 
+        sampled = {"sampling": Draw.of(r["sampling"])} if r.get("sampling") else {}
         g = session.generate(r["prompt"], max_tokens=r["max_tokens"], stop=r["stop"], top2=r["top2"],
-                             until=until if r["until"] else None)
+                             until=until if r["until"] else None, **sampled)
         return {k: v for k, v in vars(g).items()}
     if op == "score":
         s = session.score(r["prompt"], r["continuation"], top_k=r["top_k"])

@@ -28,8 +28,8 @@ from ..errors import GatekeeperError, described
 from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
 from ..workspace import EngineProfile, Load, MinedOn, Workspace
+from . import coupling, distance, forced, kinds, paired, pipeline, production, sequential, sides, switches
 from . import crashes as crashes_
-from . import distance, forced, kinds, paired, pipeline, production, sequential, sides, switches
 from . import graders as graders_
 from . import probes as probes_
 from . import reference as reference_
@@ -70,6 +70,8 @@ class Outcome:
     distance: dict[str, Any] | None = None
     # the reference arm: each arm against a cache-free read of its answers (gate/reference.py); or {not_observable}
     reference: dict[str, Any] | None = None
+    # sampled decoding: coupled steps, mismatches and the per-token TV bound they certify (gate/coupling.py)
+    sampling: dict[str, Any] | None = None
     # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
     sequential: dict[str, Any] | None = None
 
@@ -212,6 +214,10 @@ def _identity(p: Plan, config: str, engine_identity: dict[str, Any], grader: dic
         "decoding": {s.suite: s.decoding.model_dump(mode="json") for s in {i.suite.suite: i.suite for i in p.items}.values()},
         "flags": {p.flag: config},
     }
+    if sampled := [i.suite.suite for i in p.items if not i.suite.decoding.plain]:
+        from ..engines.registry import sampler_chain
+
+        out["sampler"] = {"suites": sorted(set(sampled)), **(sampler_chain(c.profile) or {})}
     served = sides.reaches(c.profile, c.cache)
     if served is not None:  # the server this side's requests go to
         out["reaches"] = served
@@ -235,6 +241,7 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
              progress: Callable[[str], None] = lambda label: None) -> Outcome:
     """Run, compare and decide; every step is appended to the ledger as it happens."""
     t_start = time.perf_counter()
+    runs_.check_decoding(p, models)
     shares = _cacheable_share(models["off"], p)
     with contextlib.ExitStack() as stack:
         graders = graders_.open(p.grading, p.ws.root, models.values())  # once per evaluation; None: nothing to grade
@@ -496,6 +503,9 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
             verdict, reasons = "FAIL", judged.differs + reasons
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
+    coupled = coupling.couple(p.items, reference, on, p.policy.alpha, models["on"].sampler())
+    if coupled and not forced:
+        verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha))
     verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
     if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
         verdict, reasons = "INCONCLUSIVE", judged.base + reasons
@@ -532,6 +542,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
+        sampling=coupled.to_dict() if coupled else None,
         reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
@@ -562,6 +573,9 @@ def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison
     elif profile.adapter == "http" and profile.warm_up and first:
         cause = (f"warm-up: it is the first case of stage {item.suite.stage}, sent right after gatekeeper's warm-up of "
                  f"the stage's static prefix; set 'warm_up: false' in {profile.where} to evaluate without it")
+    elif not item.suite.decoding.plain:
+        cause = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys "
+                 "(its seeds ignored, or dependent on the batch or on call order)")
     elif d.get("near_tie"):
         cause = "order or batching: a near-tie that identical requests resolved differently (float noise in the engine)"
     else:
@@ -682,7 +696,7 @@ def cluster_of(key: str, item: battery.Item) -> str:
         return item.suite.suite
     if key.startswith("var:") and (name := key[4:]) in item.case.vars:
         return f"{name}={item.case.vars[name]}"
-    return item.case_id
+    return item.case_key
 
 
 def _passes(results: Run) -> int:

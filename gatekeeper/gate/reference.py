@@ -37,7 +37,7 @@ class Departure:
     case: str
     turn: int
     position: int  # 0-based, in the turn's answer
-    emitted: int
+    emitted: int  # what the arm emitted; under sampled decoding its likeliest token (a draw is no flip)
     reference: int  # the token R picks there
     margin: float  # R's log-probability margin of its pick over its second
     gap: float  # |arm's top-2 gap - R's gap between the same tokens|
@@ -119,7 +119,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 dtype = r.dtype
                 for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
                     gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
-                    d = Departure(item.case_id, n, j, int(turn["tokens"][j]), int(top[0][0]), _gap(top), gap)
+                    d = Departure(item.case_id, n, j, _likeliest(turn, j), int(top[0][0]), _gap(top), gap)
                     rows[name].append((d, d.emitted != d.reference, r.gaps))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
@@ -157,6 +157,13 @@ def _conversation(p: Plan, model: Engine, name: str, item, result):
             return
         yield turn, list(rendered.tokens) + list(turn["tokens"])
         history = [*rendered.messages, {"role": "assistant", "content": turn["text"]}]
+
+
+def _likeliest(turn: Turn, j: int) -> int:
+    """The arm's pick at step ``j`` as greedy makes it: what it emitted, or where it sampled, its raw likeliest."""
+    if turn.get("draws") and turn["top2"]:
+        return int(turn["top2"][j][0][0])
+    return int(turn["tokens"][j])
 
 
 def _asked(turn: Turn) -> list[list[int]]:

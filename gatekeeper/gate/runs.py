@@ -10,8 +10,9 @@ from typing import Any, Iterable, Iterator
 
 from ..battery import checks, partition
 from ..battery import suites as battery
+from ..engines import sampler
 from ..engines.base import Engine, Scored, Session, labelled
-from ..errors import EngineCrash
+from ..errors import EngineCrash, GatekeeperError
 from ..evidence import CaseResult, Crash, Turn
 from ..identity import sha256_hex
 from ..workspace import Workspace
@@ -60,7 +61,7 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
             rendered = partition.render(model, partition.pieces(ws, suite, values), mode, history)
             with labelled(stage=suite.stage, stream=item.case_id):  # a served engine tells a proxy what this is
                 g = session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop,
-                                     top2=True, **early)
+                                     top2=True, **early, **drawn(item, n))
             if (step := _not_finite(g.top2)) is not None:  # no verdict can rest on it, and no record can hold it
                 raise EngineCrash(f"the {model.name} engine gave non-finite logits at generated step {step} of case "
                                   f"{item.case_id} turn {n + 1}", url=model.name, said="non-finite logits",
@@ -74,6 +75,25 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
     text = turns[-1]["text"]
     context = checks.Context(vars=values, prompt=promptfoo_prompt(rendered.messages), graders=graders)
     return CaseResult(turns=turns, text=text, outcomes=checks.outcomes(list(case.assert_), text, context))
+
+
+def drawn(item: battery.Item, turn: int) -> dict[str, Any]:
+    """``generate``'s sampling argument for one turn of a case: its declared decoding keyed by (seed, case, sample,
+    turn), the same on every side so their draws pair; nothing where the decoding is plain greedy (plugins written
+    before ``sampling`` are never handed one)."""
+    d = item.suite.decoding
+    return {} if d.plain else {"sampling": sampler.Draw(d, sampler.key(d.seed, item.case_key, item.sample, turn))}
+
+
+def check_decoding(p: Plan, models: dict[str, Engine]) -> None:
+    """Exit 2 before any model time is spent where a suite declares a decoding that an engine cannot run."""
+    for suite in {i.suite.suite: i.suite for i in p.items if not i.suite.decoding.plain}.values():
+        for config, model in models.items():
+            if not model.samples:
+                raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of "
+                                      f"{p.configs[config].profile.where} decodes greedy only; it cannot run "
+                                      f"{sampler.describe(suite.decoding)}: evaluate it on an engine that samples "
+                                      "(torch, mlx, llamacpp) or decode the suite greedy")
 
 
 def _not_finite(top2: list | None) -> int | None:

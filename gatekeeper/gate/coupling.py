@@ -1,0 +1,151 @@
+"""What paired draws certify under sampled decoding.
+
+Both sides draw each token with the same keyed noise (``engines/sampler.py``), so until their answers part they read
+the same history: every such step is a coupled step, and the share of coupled steps where the drawn tokens differ
+bounds the per-token total-variation distance between the two sides' next-token distributions from above (under
+any coupling, P(tokens differ) >= TV). The bound is Clopper-Pearson's at ``alpha`` over the coupled steps as
+trials; with no mismatch it is 1 - alpha^(1/n), which holds however the steps depend on each other (the chance of n
+clean steps is a product of per-step chances, at most (1 - mean)^n).
+
+On the coupled steps each side also recorded the log-probability its raw and its processed distribution gave the
+token drawn. The same raw figure with another processed one means the sampler read other state (a penalty's
+history, a filter's order) though the model computed the same: a sampler-state defect, named as one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from ..battery.suites import Item
+from ..engines import sampler
+from ..evidence import Run
+
+KEPT = 5  # sampler-state positions kept in the record (the count holds them all)
+PROCESSED = 1e-6  # processed log-probabilities further apart than this, from equal raw ones, part
+
+
+@dataclass
+class Coupled:
+    """The coupled steps of one evaluation's sampled cases, flag off against on (first runs)."""
+
+    decoding: dict[str, str]  # suite -> its decoding in one line
+    answers: int  # sampled answers compared (cases times samples)
+    chain: dict[str, Any] | None = None  # the flag-on engine's sampler: its chain, penalty windows and draw
+    steps: int = 0  # generated positions both sides drew from the same history
+    mismatches: int = 0  # of those, where they drew different tokens (at most one per answer: the histories part)
+    alpha: float = 0.05
+    tv_bound: float = 1.0  # per-token TV distance, at most this, at confidence 1 - alpha
+    sampler_state: int = 0  # coupled steps with equal raw and different processed log-probabilities
+    where: list[str] = field(default_factory=list)  # the first KEPT of them
+
+    def line(self) -> str:
+        return (f"sampled: {'; '.join(f'{s}: {d}' for s, d in self.decoding.items())}; {self.answers} answers paired "
+                f"by seed, {self.steps} coupled steps, {self.mismatches} mismatched: per-token total variation at most "
+                f"{self.tv_bound:.3g} ({1 - self.alpha:.0%} Clopper-Pearson)")
+
+    def reasons(self) -> list[str]:
+        if not self.sampler_state:
+            return []
+        return [f"sampler_state: at {self.sampler_state} coupled steps both sides computed the same raw log-probability "
+                f"and their samplers weighed it differently ({', '.join(self.where)}): the flag-on sampler reads other "
+                "state (a penalty's history, a filter), though the model computed the same"]
+
+    def judge(self, verdict: str, reasons: list[str], ignored: list[str]) -> tuple[str, list[str]]:
+        """The verdict with what the draws show: draws that do not follow their keys void the pairing
+        (INCONCLUSIVE); a sampler-state defect is a FAIL; either way the coupling line."""
+        if ignored:
+            return "INCONCLUSIVE", ignored + reasons + [self.line()]
+        if self.sampler_state:
+            return "FAIL", self.reasons() + reasons + [self.line()]
+        return verdict, reasons + [self.line()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[str, Any] | None) -> Coupled | None:
+    """The coupled steps of the sampled cases both sides answered; None where no suite samples."""
+    sampled = [i for i in items if not i.suite.decoding.plain]
+    if not sampled:
+        return None
+    c = Coupled({i.suite.suite: sampler.describe(i.suite.decoding) for i in sampled}, 0, chain, alpha=alpha)
+    for item in sampled:
+        a, b = off.get(item.case_id), on.get(item.case_id)
+        if a is None or b is None or "crash" in a or "crash" in b:
+            continue
+        c.answers += 1
+        for n, (ta, tb) in enumerate(zip(a["turns"], b["turns"]), 1):
+            parted = _walk(c, f"{item.case_id} turn {n}", ta, tb)
+            if parted:  # the next turn's prompt holds this turn's answer: no longer one history
+                break
+    c.tv_bound = upper(c.mismatches, c.steps, alpha)
+    return c
+
+
+def ignored(items: Iterable[Item], results: dict[str, list[Run]], alpha: float) -> list[str]:
+    """``seeds_ignored:`` for each side whose samples of a case, drawn under different keys, came out identical
+    where the declared decoding gives that at most a chance below ``alpha`` (Bonferroni over the cases): at each
+    step the samples shared, all k drew one token with a chance of at most p_max^(k-1)."""
+    cases: dict[str, list[Item]] = {}
+    for item in items:
+        if item.suite.decoding.samples > 1:
+            cases.setdefault(item.case_key, []).append(item)
+    out = []
+    for config in ("off", "on"):
+        run, same = results[config][0], []
+        for key, group in cases.items():
+            firsts = [_first_turn(run, i) for i in group]
+            if any(t is None or "draws" not in t for t in firsts) or len({tuple(t["tokens"]) for t in firsts}) > 1:
+                continue
+            chance = math.exp(sum(w[2] for w in firsts[0]["draws"]) * (len(group) - 1))
+            if chance < alpha / len(cases):
+                same.append((key, len(group), chance))
+        if same:
+            key, k, chance = same[0]
+            out.append(f"seeds_ignored: on the flag-{config} side {len(same)} of {len(cases)} cases drew their samples "
+                       f"identical under different keys ({key}: {k} samples, a chance of {chance:.2g} under the declared "
+                       "decoding); its draws do not follow their keys, so the sides cannot be paired by seed")
+    return out
+
+
+def _first_turn(run: Run, item: Item) -> Any:
+    r = run.get(item.case_id)
+    return r["turns"][0] if r and r["turns"] and "crash" not in r else None
+
+
+def _walk(c: Coupled, where: str, a: Any, b: Any) -> bool:
+    """Count one turn's coupled steps into ``c``; whether the two answers parted."""
+    draws = zip(a.get("draws") or [], b.get("draws") or [])
+    for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"])):
+        c.steps += 1
+        if x != y:
+            c.mismatches += 1
+            return True
+        pair: Any = next(draws, None)  # what each side's draw weighed: [raw, processed, ...]
+        if pair and pair[0][0] == pair[1][0] and abs(pair[0][1] - pair[1][1]) > PROCESSED:
+            c.sampler_state += 1
+            if len(c.where) < KEPT:
+                c.where.append(f"{where} token {j}")
+    return len(a["tokens"]) != len(b["tokens"])
+
+
+def upper(k: int, n: int, alpha: float) -> float:
+    """Clopper-Pearson's one-sided upper bound on a rate after ``k`` events in ``n`` trials (1.0 with no trials)."""
+    if n == 0 or k >= n:
+        return 1.0
+    if k == 0:
+        return 1 - alpha ** (1 / n)
+    lo, hi = k / n, 1.0
+    for _ in range(100):  # bisection: P(Binomial(n, p) <= k) falls as p rises
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _cdf(k, n, mid) > alpha else (lo, mid)
+    return hi
+
+
+def _cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), summed in log space."""
+    lp, lq = math.log(p), math.log1p(-p)
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+               for i in range(k + 1))

@@ -1,0 +1,92 @@
+"""Sampled decoding (#47): a suite's declared decoding runs on both sides with draws keyed by (seed, case, sample,
+turn), so the two sides pair; an exact change gives the flag-off tokens, and the record says what the coupled steps
+certify (the per-token total-variation bound). Planted sampler faults are FAILed or named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import SUITE, evaluate, ledger, profile
+
+SAMPLED = "decoding: {max_tokens: 12, temperature: 0.8, top_p: 0.95, repetition_penalty: 1.1, samples: 3}"
+
+
+def sampled_ws(workspace: Path, tiny_llama: Path, decoding: str = SAMPLED) -> Path:
+    (workspace / "assertions" / "assistant.yaml").unlink()
+    (workspace / "assertions" / "tiny.yaml").write_text(SUITE.replace("decoding: {max_tokens: 12}", decoding))
+    (workspace / "engines" / "tiny.yaml").write_text(profile("torch", tiny_llama))
+    return workspace
+
+
+def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace, tiny_llama):
+    ws = sampled_ws(workspace, tiny_llama)
+    code, out = evaluate(run_cli, ws, "tiny")
+    assert out["verdict"] == "PASS", out["reasons"]
+    s = out["sampling"]
+    assert s["answers"] == 12 and s["mismatches"] == 0 and s["steps"] > 12
+    assert 0 < s["tv_bound"] < 0.1
+    assert any(r.startswith("sampled: tiny: temperature 0.8") for r in out["reasons"])
+    with ledger(ws) as lg:  # the samples of a case part from each other (the draws are keyed by sample)
+        answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in lg.evaluation(out["evaluation_id"])["case_results"]
+                   if r["config"] == "off" and r["repeat"] == 0}
+    assert len({answers[f"tiny/{c}~{k}"] for c in "abc" for k in (1, 2, 3)}) > 3
+    # evidence gathered under one decoding is stale for a pipeline that runs another
+    suite = ws / "assertions" / "tiny.yaml"
+    suite.write_text(suite.read_text().replace("temperature: 0.8", "temperature: 0.7"))
+    code, cli_out, _ = run_cli("--workspace", ws, "flip", "prefix_cache", "on", "--operator", "ops", "--reason", "test",
+                               "--evaluation", out["evaluation_id"], "--json")
+    refused = json.loads(cli_out)
+    assert code == 1 and refused["action"] == "refused"
+    assert any(r.startswith("stale:") and "decoding" in r for r in refused["reasons"]), refused["reasons"]
+
+
+def test_bad_decoding_is_exit_2_naming_the_file_and_field(run_cli, workspace, tiny_llama):
+    ws = sampled_ws(workspace, tiny_llama)
+    suite = ws / "assertions" / "tiny.yaml"
+    for bad, field in [("{max_tokens: 12, temperature: -1}", "temperature"), ("{max_tokens: 12, top_p: 0.9}", "top_p"),
+                       ("{max_tokens: 12, temperature: 0.5, samples: 0}", "samples")]:
+        suite.write_text(SUITE.replace("decoding: {max_tokens: 12}", f"decoding: {bad}"))
+        code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "tiny", "--json")
+        said = json.loads(out)["error"]
+        assert code == 2 and "tiny.yaml" in said and f"decoding.{field}" in said, said
+        assert not (ws / "ledger" / "evidence.db").exists()
+
+
+def _planted(run_cli, workspace, tiny_llama, adapter):
+    ws = sampled_ws(workspace, tiny_llama)
+    (ws / "engines" / "planted.yaml").write_text(profile(f"fault_engines:{adapter}", tiny_llama))
+    return evaluate(run_cli, ws, "planted")[1]
+
+
+def test_temperature_applied_twice_on_the_flag_on_side_fails(run_cli, workspace, tiny_llama):
+    out = _planted(run_cli, workspace, tiny_llama, "HotterOn")
+    assert out["verdict"] == "FAIL", out["reasons"]
+    assert out["sampling"]["sampler_state"] > 0 and out["reasons"][0].startswith("sampler_state:")
+
+
+def test_a_penalty_over_another_history_on_the_flag_on_side_fails(run_cli, workspace, tiny_llama):
+    out = _planted(run_cli, workspace, tiny_llama, "ForgetfulOn")
+    assert out["verdict"] == "FAIL", out["reasons"]
+    assert out["sampling"]["sampler_state"] > 0
+
+
+def test_a_frozen_generator_is_named_and_never_passes(run_cli, workspace, tiny_llama):
+    out = _planted(run_cli, workspace, tiny_llama, "Frozen")
+    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert [r for r in out["reasons"] if r.startswith("seeds_ignored: on the flag-off side")]
+
+
+def test_a_dropped_seed_is_named_and_never_passes(run_cli, workspace, tiny_llama):
+    out = _planted(run_cli, workspace, tiny_llama, "Unseeded")
+    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert any(r.startswith("baseline_unstable:") and "draws do not follow their keys" in r for r in out["reasons"])
+
+
+def test_the_identity_names_the_sampler_chain(run_cli, workspace, tiny_llama):
+    ws = sampled_ws(workspace, tiny_llama, SAMPLED.replace("samples: 3", "samples: 1"))
+    code, out = evaluate(run_cli, ws, "tiny", "--limit", "1")
+    with ledger(ws) as lg:
+        sampler = lg.evaluation(out["evaluation_id"])["identity"]["on"]["sampler"]
+    assert sampler["chain"][:4] == ["repetition_penalty", "presence_penalty", "frequency_penalty", "temperature"]
+    assert sampler["window"]["repetition_penalty"] == "prompt+answer" and sampler["suites"] == ["tiny"]

@@ -1,0 +1,36 @@
+"""Sampled decoding on real servers (#47): the suite's decoding goes with each request and the draw's key as the
+server's own per-request seed, on llama-server (its cache switched per request) and vLLM's CPU build. Both sides send
+the same seeds, so an exact cache pairs token for token; a seed the server honours gives the same answer again."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SHORT, suite
+from served import F32, evaluate, llama_server, served_ws, tiny_gguf
+
+from gatekeeper.ledger import Ledger
+
+pytestmark = pytest.mark.slow
+tiny = tiny_gguf
+
+SAMPLED = "decoding: {max_tokens: 12, temperature: 0.9, top_k: 50, top_p: 0.95, repetition_penalty: 1.2, samples: 2}"
+
+
+def sampled(ws):
+    (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", SAMPLED))
+    return ws
+
+
+def test_llama_server_pairs_by_its_seed_and_passes_an_exact_cache(tiny, workspace, run_cli, tmp_path):
+    with llama_server(tiny / "model.gguf", *F32, log=tmp_path / "server.log") as url:
+        ws = sampled(served_ws(workspace, served=f"adapter: http\nurl: {url}\ncache_switch: cache_prompt\ntimeout: 600\n"))
+        code, out = evaluate(run_cli, ws, "served")
+    assert out.get("verdict") == "PASS", out
+    s = out["sampling"]
+    assert s["answers"] == 8 and s["mismatches"] == 0 and s["steps"] >= 8 and s["chain"]["sampler"] == "llama-server"
+    assert out["equal"]["baseline"] == 8  # the same seeds gave the same answers again
+    with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as lg:
+        rows = [r for r in lg.evaluation(out["evaluation_id"])["case_results"] if r["config"] == "on"]
+    answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in rows}
+    assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+    assert sum(t["cached_tokens"] for r in rows for t in r["result"]["turns"]) > 0  # the cache was used
