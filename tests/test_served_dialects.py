@@ -113,6 +113,22 @@ def test_vllm_pass_on_a_healthy_pair_with_the_cache_in_whole_blocks(vllm, worksp
     assert ledger(ws).verify().ok
 
 
+def test_vllm_samples_by_the_draws_seed_and_pairs_an_exact_cache(vllm, workspace, run_cli):
+    """A sampled suite (#47): the decoding goes with each request and the draw's key as vLLM's per-request seed; the
+    same seeds give the same answers again, and the cache pairs token for token."""
+    ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
+    suite = ws / "assertions" / "tiny.yaml"
+    suite.write_text(suite.read_text().replace("decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: "
+                                               "0.9, top_p: 0.95, repetition_penalty: 1.2, samples: 2}"))
+    code, out = evaluate(run_cli, ws, "vllm")
+    assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 8, "off_on": 8}, out["reasons"]
+    s = out["sampling"]
+    assert s["answers"] == 8 and s["mismatches"] == 0 and s["chain"]["sampler"] == "vllm"
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    first = {r["case_id"]: r["result"]["turns"][0]["tokens"] for r in ev["case_results"] if r["config"] == "off"}
+    assert any(first[f"tiny/{c}~1"] != first[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+
+
 def test_vllm_cold_reads_agree_with_the_in_process_reference(vllm):
     """vLLM's prompt log-probabilities (float32, the flag-off deployment) against gatekeeper's in-process reference
     on the same weights, at every position of the model's own answers."""
