@@ -32,6 +32,7 @@ from .battery.suites import all_suites
 from .cache import recipe as recipes
 from .cache import results
 from .cache.response import ResponseCache
+from .engines import sampler
 from .engines.base import Session, labelled
 from .errors import GatekeeperError
 from .gate import pipeline
@@ -189,14 +190,21 @@ class Runtime:
 
     def _answer(self, stage: str, suite: Suite, rendered: partition.Rendered) -> Completion:
         prompt_digest = sha256_hex(rendered.text.encode())
-        hit = self.responses.get(self.pipeline_hash, stage, prompt_digest) if self.responses is not None else None
+        d = suite.decoding
+        # a sampled stage draws afresh on every call (a live draw, keyed at random), and its answers are never replayed
+        responses = None if d.sampled else self.responses
+        drawn: dict[str, Any] = {} if d.plain else {"sampling": sampler.Draw(d, sampler.fresh())}
+        if drawn and not self.model.samples:
+            raise GatekeeperError(f"{suite.path}: field 'decoding': the {self.model.name} engine decodes greedy only; "
+                                  f"it cannot run {sampler.describe(d)}: use an engine that samples or decode greedy")
+        hit = responses.get(self.pipeline_hash, stage, prompt_digest) if responses is not None else None
         if hit is not None:
             return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,
                               [*rendered.messages, {"role": "assistant", "content": hit["text"]}])
         assert self.session is not None  # opened in __init__
-        g = self.session.generate(rendered.tokens, max_tokens=suite.decoding.max_tokens, stop=suite.decoding.stop)
-        if self.responses is not None:
-            self.responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
+        g = self.session.generate(rendered.tokens, max_tokens=d.max_tokens, stop=d.stop, **drawn)
+        if responses is not None:
+            responses.put(self.pipeline_hash, stage, prompt_digest, {"text": g.text, "tokens": g.tokens},
                                self.model_digest, self.adapter_digest)
         return Completion(g.text, g.tokens, False, self.pipeline_hash, g.prompt_tokens, g.cached_tokens, g.prefill_s,
                           g.decode_s, g.ttft_s, [*rendered.messages, {"role": "assistant", "content": g.text}])

@@ -382,54 +382,49 @@ class _Planted(Draw):
         return self.sampler_class(self.decoding, self.key)
 
 
-class SamplerFaultSession(GreedySession):
-    """With the cache on, the draw goes through ``planted`` (a ``Sampler`` subclass); off, through the real one."""
+class PlantedSamplerSession(GreedySession):
+    """Each draw goes through ``planted`` (a ``Sampler`` subclass) with ``key()``'s key where it gives one (else the
+    draw's own): on both sides, or with ``on_only`` only where the cache is on (the flag-on side)."""
 
     planted = Sampler
+    on_only = False
+
+    @staticmethod
+    def key():
+        return None
 
     def generate(self, prompt, *, sampling=None, **kwargs):
-        if self.cache and sampling is not None:
-            sampling = _Planted(sampling, self.planted)
+        if sampling is not None and (self.cache or not self.on_only):
+            sampling = _Planted(sampling, self.planted, self.key())
         return super().generate(prompt, sampling=sampling, **kwargs)
 
 
-class HotterOnSession(SamplerFaultSession):
-    planted = _Hotter
+def _planted_engine(name, doc, **attrs):
+    """A torch engine whose sessions draw through ``PlantedSamplerSession`` with ``attrs``."""
+    session = type(f"{name}Session", (PlantedSamplerSession,), {"__doc__": doc, **attrs})
+    return type(name, (TorchEngine,), {"__doc__": doc, "session_class": session})
 
 
-class HotterOn(TorchEngine):
-    session_class = HotterOnSession
+class _Unfiltered(Sampler):
+    """top-k ignored."""
+
+    def processed(self, logits, prompt, answer):
+        return Sampler(self.d.model_copy(update={"top_k": 0}), self.key).processed(logits, prompt, answer)
 
 
-class ForgetfulOnSession(SamplerFaultSession):
-    planted = _Forgetful
+class _Lukewarm(Sampler):
+    """The temperature ignored (1)."""
+
+    def processed(self, logits, prompt, answer):
+        return Sampler(self.d.model_copy(update={"temperature": 1.0}), self.key).processed(logits, prompt, answer)
 
 
-class ForgetfulOn(TorchEngine):
-    session_class = ForgetfulOnSession
-
-
-class FrozenSession(GreedySession):
-    """A frozen generator: every draw on either side uses one key, whatever the case and sample."""
-
-    def generate(self, prompt, *, sampling=None, **kwargs):
-        if sampling is not None:
-            sampling = _Planted(sampling, Sampler, key=(1, 2))
-        return super().generate(prompt, sampling=sampling, **kwargs)
-
-
-class Frozen(TorchEngine):
-    session_class = FrozenSession
-
-
-class UnseededSession(GreedySession):
-    """A seed dropped: each draw takes a fresh key, so the same request samples anew."""
-
-    def generate(self, prompt, *, sampling=None, **kwargs):
-        if sampling is not None:
-            sampling = _Planted(sampling, Sampler, key=(int.from_bytes(os.urandom(8), "little"), 0))
-        return super().generate(prompt, sampling=sampling, **kwargs)
-
-
-class Unseeded(TorchEngine):
-    session_class = UnseededSession
+HotterOn = _planted_engine("HotterOn", "The flag-on side applies the temperature twice.", planted=_Hotter, on_only=True)
+ForgetfulOn = _planted_engine("ForgetfulOn", "The flag-on side counts its penalty over the answer alone.",
+                              planted=_Forgetful, on_only=True)
+Frozen = _planted_engine("Frozen", "A frozen generator: every draw on either side uses one key.",
+                         key=staticmethod(lambda: (1, 2)))
+Unseeded = _planted_engine("Unseeded", "A seed dropped: each draw takes a fresh key, so the same request samples anew.",
+                           key=staticmethod(lambda: (int.from_bytes(os.urandom(8), "little"), 0)))
+Unfiltered = _planted_engine("Unfiltered", "Both sides ignore top-k: no on/off comparison can see it.", planted=_Unfiltered)
+Lukewarm = _planted_engine("Lukewarm", "Both sides ignore the temperature.", planted=_Lukewarm)

@@ -288,7 +288,8 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
     """Forwards every request to ``upstream`` except POST /v1/completions, which it answers with
     ``mode``: ``garbage`` (200 with a body that is not JSON), ``wrong`` (JSON, not a completion),
     ``slow`` (forwards after ``delay`` seconds) or ``diverted`` (a completion of more than one token
-    goes to ``other``: the answers come from another model than the one-token reads)."""
+    goes to ``other``: the answers come from another model than the one-token reads) or ``hotter`` (a sampled
+    request forwarded at twice its temperature: a server whose sampler does not follow the declared decoding)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # keep test output clean
@@ -326,6 +327,9 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
                 return self._send(200, json.dumps({"choices": [{"message": "hi"}]}).encode())
             if mode == "diverted" and other and json.loads(body).get("max_tokens", 16) > 1:
                 return self._forward(body, other)
+            if mode == "hotter" and json.loads(body).get("temperature"):
+                request = json.loads(body)
+                return self._forward(json.dumps({**request, "temperature": 2 * request["temperature"]}).encode())
             time.sleep(delay)
             self._forward(body)
 

@@ -137,6 +137,27 @@ def test_sessions_of_one_model_share_nothing_but_the_model():
             s.close()
 
 
+def test_sampled_draws_are_keyed_and_pair_through_the_cache():
+    """In-process llama.cpp samples through gatekeeper's sampler: the same key gives the same answer cold and from
+    the cache, another key another answer, and each step records what the draw weighed with its transform."""
+    from gatekeeper.engines.sampler import Draw, key
+    from gatekeeper.workspace import Decoding
+
+    system = "You answer in one short line. " * 30
+    d = Decoding(max_tokens=8, temperature=1.2, top_p=0.98, repetition_penalty=1.1)
+    with LlamaCppEngine(MONO) as model:
+        p = chat(model, system, "Name a fruit.")
+        off, on = model.session(cache=False), model.session(cache=True)
+        first = [off.generate(p, max_tokens=8, sampling=Draw(d, key(0, "c", s, 0))) for s in range(4)]
+        on.generate(p, max_tokens=8)  # the prompt in the context: what follows is a hit
+        hit = on.generate(p, max_tokens=8, sampling=Draw(d, key(0, "c", 0, 0)))
+        assert hit.cached_tokens > 0 and hit.tokens == first[0].tokens
+        assert len({tuple(g.tokens) for g in first}) > 1
+        assert all(len(g.draws) == len(g.tokens) and all(len(w) == 4 and 0 <= w[3] < 1 for w in g.draws) for g in first)
+        off.close()
+        on.close()
+
+
 def test_model_paths(tmp_path):
     assert resolve_gguf("default") == find_gguf()
     (tmp_path / "m.gguf").symlink_to(find_gguf())

@@ -120,3 +120,12 @@ def test_adapter_change_flushes_responses_and_records_it(tiny_ws, tiny_llama, tm
         assert flush["trigger"] == "adapter" and flush["detail"]["responses_purged"] == 1
         assert flush["old"]["adapter_digest"] != flush["new"]["adapter_digest"]
         assert lg.verify().ok
+
+
+def test_a_sampled_stage_draws_afresh_and_is_never_replayed(tiny_ws, tmp_path):
+    suite = tiny_ws / "assertions" / "tiny.yaml"
+    suite.write_text(suite.read_text().replace("decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: 1.0}"))
+    with open_runtime(tiny_ws, tmp_path) as rt:
+        answers = [rt.complete("tiny", VARS[0]) for _ in range(3)]
+    assert not any(a.from_response_cache for a in answers)
+    assert len({tuple(a.tokens) for a in answers}) > 1  # a tiny random model at temperature 1 rarely repeats itself

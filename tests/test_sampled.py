@@ -62,7 +62,10 @@ def _planted(run_cli, workspace, tiny_llama, adapter):
 def test_temperature_applied_twice_on_the_flag_on_side_fails(run_cli, workspace, tiny_llama):
     out = _planted(run_cli, workspace, tiny_llama, "HotterOn")
     assert out["verdict"] == "FAIL", out["reasons"]
-    assert out["sampling"]["sampler_state"] > 0 and out["reasons"][0].startswith("sampler_state:")
+    assert out["sampling"]["sampler_state"] > 0 and any(r.startswith("sampler_state:") for r in out["reasons"])
+    # and the flag-on side's draws alone, against the declared decoding, show it (the flag-off side's do not)
+    assert out["reasons"][0].startswith("sampler_mismatch: the flag-on side's"), out["reasons"]
+    assert out["sampling"]["declared"]["off"]["p"] > 0.025 > out["sampling"]["declared"]["on"]["p"]
 
 
 def test_a_penalty_over_another_history_on_the_flag_on_side_fails(run_cli, workspace, tiny_llama):
@@ -88,5 +91,41 @@ def test_the_identity_names_the_sampler_chain(run_cli, workspace, tiny_llama):
     code, out = evaluate(run_cli, ws, "tiny", "--limit", "1")
     with ledger(ws) as lg:
         sampler = lg.evaluation(out["evaluation_id"])["identity"]["on"]["sampler"]
-    assert sampler["chain"][:4] == ["repetition_penalty", "presence_penalty", "frequency_penalty", "temperature"]
+    assert sampler["chain"] == ["penalties", "temperature", "top_k", "top_p", "min_p"]
     assert sampler["window"]["repetition_penalty"] == "prompt+answer" and sampler["suites"] == ["tiny"]
+
+
+def test_a_pass_needs_the_bound_the_policy_asks_for(run_cli, workspace, tiny_llama):
+    """An underpowered sampled verdict is never PASS: with max_tv below what the coupled steps can bound, the same
+    evidence is INCONCLUSIVE, naming the steps and answers it needs; within it, PASS."""
+    ws = sampled_ws(workspace, tiny_llama)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "max_tv: 0.001\n")
+    code, out = evaluate(run_cli, ws, "tiny")
+    assert out["verdict"] == "INCONCLUSIVE" and out["sampling"]["mismatches"] == 0, out["reasons"]
+    short = out["reasons"][0]
+    assert short.startswith("tv_bound:") and "needs about 2995 coupled steps" in short, short
+    policy.write_text(policy.read_text().replace("max_tv: 0.001", f"max_tv: {out['sampling']['tv_bound'] * 1.01:.4f}"))
+    assert evaluate(run_cli, ws, "tiny")[1]["verdict"] == "PASS"
+
+
+def test_a_filter_both_sides_ignore_is_a_base_defect(run_cli, workspace, tiny_llama):
+    """A sampler both sides share that ignores top-k: the pair agrees token for token, and each draw of a token
+    outside the top k is a defect on sight."""
+    ws = sampled_ws(workspace, tiny_llama, SAMPLED.replace("top_p: 0.95", "top_k: 3"))
+    (ws / "engines" / "planted.yaml").write_text(profile("fault_engines:Unfiltered", tiny_llama))
+    out = evaluate(run_cli, ws, "planted")[1]
+    assert out["verdict"] == "INCONCLUSIVE" and out["sampling"]["mismatches"] == 0, out["reasons"]
+    assert out["reasons"][0].startswith("base_defect: the flag-off side drew") and "no chance" in out["reasons"][0]
+    assert out["sampling"]["declared"]["off"]["impossible"] > 0
+
+
+def test_a_temperature_both_sides_ignore_is_a_base_defect(run_cli, workspace, tiny_llama):
+    ws = sampled_ws(workspace, tiny_llama, SAMPLED.replace("temperature: 0.8, top_p: 0.95", "temperature: 0.3"))
+    (ws / "engines" / "planted.yaml").write_text(profile("fault_engines:Lukewarm", tiny_llama))
+    out = evaluate(run_cli, ws, "planted")[1]
+    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert out["reasons"][0].startswith("base_defect: the flag-off side's") and "Kolmogorov-Smirnov" in out["reasons"][0]
+    # the healthy sampler's transforms are uniform on the same model and decoding
+    healthy = evaluate(run_cli, ws, "tiny")[1]
+    assert healthy["verdict"] == "PASS" and healthy["sampling"]["declared"]["on"]["p"] > 0.025, healthy["sampling"]

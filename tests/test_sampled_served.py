@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import SHORT, suite
-from served import F32, evaluate, llama_server, served_ws, tiny_gguf
+from served import F32, evaluate, faulty_front, llama_server, served_ws, tiny_gguf
 
 from gatekeeper.ledger import Ledger
 
@@ -34,3 +34,28 @@ def test_llama_server_pairs_by_its_seed_and_passes_an_exact_cache(tiny, workspac
     answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in rows}
     assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
     assert sum(t["cached_tokens"] for r in rows for t in r["result"]["turns"]) > 0  # the cache was used
+
+
+# no penalty, and a top-k within the 20 log-probabilities llama-server lists: each draw can be read exactly against
+# the declared decoding through llama-server's own chain
+READABLE = "decoding: {max_tokens: 12, temperature: 0.9, top_k: 20, top_p: 0.95, samples: 2}"
+
+
+def test_llama_servers_draws_follow_its_documented_chain_and_a_hotter_one_is_a_base_defect(tiny, workspace, run_cli,
+                                                                                            tmp_path):
+    """Each side's draws against the declared decoding, read from the top log-probabilities llama-server returns
+    through its documented chain (top-k, top-p, min-p, then temperature): uniform transforms on the real server; with
+    every request forwarded at twice its temperature (both sides: no on/off comparison sees it), a base defect."""
+    served_ws(workspace)
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", READABLE))
+    with llama_server(tiny / "model.gguf", *F32, log=tmp_path / "server.log") as url, faulty_front(url, "hotter") as hot:
+        for name, front in (("served", url), ("hot", hot)):
+            (workspace / "engines" / f"{name}.yaml").write_text(
+                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        healthy = evaluate(run_cli, workspace, "served")[1]
+        hotter = evaluate(run_cli, workspace, "hot")[1]
+    declared = healthy["sampling"]["declared"]
+    assert healthy["verdict"] == "PASS" and min(declared["off"]["p"], declared["on"]["p"]) > 0.025, healthy["sampling"]
+    assert declared["off"]["steps"] >= 40 and declared["off"]["impossible"] == 0
+    assert hotter["verdict"] == "INCONCLUSIVE" and hotter["sampling"]["mismatches"] == 0, hotter["reasons"]
+    assert hotter["reasons"][0].startswith("base_defect: the flag-off side's"), hotter["reasons"]

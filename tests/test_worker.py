@@ -54,6 +54,22 @@ def test_a_worker_engine_gives_the_in_process_verdict_and_records(worker_ws, run
     assert a == b  # the same packages: the same engine identity, besides the interpreter
 
 
+def test_sampled_draws_cross_the_process(worker_ws, run_cli):
+    """A sampled suite's draws go to the worker with their keys: the worker samples what the process samples, for
+    torch and mlx alike (their records, draws and all, are the in-process ones)."""
+    suite = worker_ws / "assertions" / "tiny.yaml"
+    suite.write_text(suite.read_text().replace("decoding: {max_tokens: 12}",
+                                               "decoding: {max_tokens: 12, temperature: 0.8, top_k: 40}"))
+    draws = {}
+    for engine in ("tiny", "worker", "tiny_mlx", "worker_mlx"):
+        code, out = evaluate(run_cli, worker_ws, engine, "--limit", "2")
+        assert out["verdict"] == "PASS" and out["sampling"]["steps"] > 0, out["reasons"]
+        with ledger(worker_ws) as lg:
+            draws[engine] = {(r["case_id"], r["config"], r["repeat"]): [t["tokens"] for t in r["result"]["turns"]]
+                             for r in lg.evaluation(out["evaluation_id"])["case_results"]}
+    assert draws["worker"] == draws["tiny"] and draws["worker_mlx"] == draws["tiny_mlx"]
+
+
 def test_faults_and_early_stopping_cross_the_process(worker_ws, run_cli):
     """A calibration plants its faults in the worker and stops each flagged case early through it: the shares it
     finds are the in-process ones."""

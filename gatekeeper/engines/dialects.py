@@ -176,10 +176,9 @@ class VLLM(Dialect):
     def request(self, prompt):
         return {"prompt": prompt, "logprobs": 2, "return_token_ids": True}
 
-    # vLLM's Sampler (v1): penalties (repetition over prompt and output, presence and frequency over the output), then
-    # temperature, top-k and top-p, then min-p; a request's seed gives it its own generator
-    sampler = {"sampler": "vllm", "chain": ["repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
-                                            "top_k", "top_p", "min_p"],
+    # vLLM's Sampler (v1, vllm/v1/sample/sampler.py): penalties (repetition over prompt and output, presence and
+    # frequency over the output), temperature, min-p, then top-k and top-p; a request's seed gives it its own generator
+    sampler = {"sampler": "vllm", "chain": ["penalties", "temperature", "min_p", "top_k", "top_p"],
                "window": {"repetition_penalty": "prompt+answer", "presence_penalty": "answer",
                           "frequency_penalty": "answer"}, "draw": "a generator per request, seeded by it"}
 

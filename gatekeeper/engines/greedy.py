@@ -22,7 +22,7 @@ from . import faults
 from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request, top2_rows
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
-from .sampler import Draw
+from .sampler import Draw, pit
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
@@ -446,16 +446,18 @@ class Chooser:
     ``draws`` (``Sampler.pick``); either way the raw top two go to ``margins`` when asked."""
 
     def __init__(self, prompt: Sequence[int], margins: list | None, sampling: Draw | None):
-        self.prompt, self.margins = prompt, margins
+        self.prompt, self.margins, self.sampling = prompt, margins, sampling
         self.sampler = None if sampling is None else sampling.sampler()
         self.draws: list[list[float]] | None = None if sampling is None else []
 
     def __call__(self, logits: np.ndarray, answer: Sequence[int]) -> int:
         best = pick(logits, self.margins)
-        if self.sampler is None:
+        if self.sampler is None or self.sampling is None:
             return best
         token, weights = self.sampler.pick(logits, self.prompt, answer)
         assert self.draws is not None
+        if self.sampling.decoding.sampled:  # the draw against the declared decoding (gate/pit.py)
+            weights.append(pit(self.sampling.decoding, self.sampling.key, logits, self.prompt, answer, token))
         self.draws.append(weights)
         return token
 

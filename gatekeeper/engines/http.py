@@ -35,7 +35,7 @@ from .. import __version__
 from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
 from ..workspace import EngineProfile
-from . import serve, telemetry
+from . import sampler, serve, telemetry
 from .base import (
     Engine,
     Generation,
@@ -308,10 +308,13 @@ class HTTPEngine(Engine):
         ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
         battery's concurrency limit; ``sampling``: the declared decoding with the draw's seed, else greedy. It
         carries the labels in force (``base.labelled``) as headers."""
-        drawn = self.dialect.sampling(sampling, len(prompt) + max_tokens) if sampling else {}
+        # sampled: the server's top lists too, to read each draw against the declared decoding (gate/pit.py)
+        drawn = {**self.dialect.sampling(sampling, len(prompt) + max_tokens), "logprobs": PROMPT_TOP_K} if sampling else {}
         url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
                                                 "stop": list(stop), **drawn}, replica, background)
         g = self._parse(url, answer, prompt, wall)
+        if sampling is not None:
+            g.draws = self._draws(url, sampling, answer["choices"][0], g.tokens)
         g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
 
@@ -455,6 +458,19 @@ class HTTPEngine(Engine):
         return Generation(tokens=tokens, text=text, prompt_tokens=prompt_tokens,
                           cached_tokens=t.cached_tokens, prefill_s=prefill, decode_s=t.decode_s or 0.0,
                           ttft_s=prefill, top2=margins)
+
+    def _draws(self, url: str, draw: Draw, choice: dict[str, Any], tokens: list[int]) -> list[list[float]] | None:
+        """What each draw weighed under the server's own chain (``sampler.served``); None, and a notice, where the
+        answer's top lists cannot tell it."""
+        tops = _tops(choice)
+        spec = self.dialect.sampler
+        rows = (sampler.served(draw.decoding, draw.key, spec, tokens, tops) if tops is not None and spec is not None
+                and len(tops) == len(tokens) else "the answer gives no top log-probabilities by token id")
+        if isinstance(rows, str):
+            self._notice(f"not_observable: the draws of {url} against the declared decoding ({rows}), so a sampler "
+                         "that does not follow it is not seen on this side")
+            return None
+        return rows
 
     def _notice(self, text: str) -> None:
         """Remember a finding once (by its text up to the first number that varies per call)."""
@@ -622,6 +638,19 @@ def _together(n: int, read):
 
 def _headers(labels: dict[str, str]) -> dict[str, bytes]:
     return {_HEADERS[k]: v.encode() for k, v in labels.items() if k in _HEADERS}
+
+
+def _tops(choice: dict[str, Any]) -> list[dict[int, float]] | None:
+    """Each step's listed candidates by token id and log-probability; None where the ids are not given."""
+    logprobs = choice.get("logprobs") or {}
+    steps = logprobs.get("content")
+    try:
+        if isinstance(steps, list):  # llama.cpp: one entry per token, with ids
+            return [{int(t["id"]): float(t["logprob"]) for t in s.get("top_logprobs") or []} for s in steps]
+        return [{k: float(v) for k, v in ((_key(k), v) for k, v in step.items()) if isinstance(k, int)}
+                for step in logprobs["top_logprobs"]]  # vLLM, ids as token_id:N
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def _best(top: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -22,14 +22,15 @@ if TYPE_CHECKING:
 
     from ..workspace import Decoding
 
-CHAIN = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p", "min_p")
-# what each penalty counts: the repetition penalty every token it has seen, presence and frequency the answer's
+CHAIN = ("penalties", "temperature", "top_k", "top_p", "min_p")
+# what each penalty counts: the repetition penalty every token seen, presence and frequency the answer's
 WINDOW = {"repetition_penalty": "prompt+answer", "presence_penalty": "answer", "frequency_penalty": "answer"}
 
 
 def chain() -> dict[str, Any]:
     """gatekeeper's own sampler as the identity records it (an in-process engine's chain order and windows)."""
-    return {"sampler": "gatekeeper", "chain": list(CHAIN), "window": WINDOW, "draw": "gumbel-max, philox(seed, case, sample, turn) at step"}
+    return {"sampler": "gatekeeper", "chain": list(CHAIN), "window": WINDOW,
+            "draw": "gumbel-max, philox(seed, case, sample, turn) at step"}
 
 
 def describe(d: "Decoding") -> str:
@@ -42,6 +43,13 @@ def key(seed: int, case: str, sample: int, turn: int) -> tuple[int, int]:
     """The 128-bit Philox key of one turn of one sampled answer."""
     h = hashlib.sha256(f"{seed}\0{case}\0{sample}\0{turn}".encode()).digest()
     return int.from_bytes(h[:8], "little"), int.from_bytes(h[8:16], "little")
+
+
+def fresh() -> tuple[int, int]:
+    """A key at random: a live draw, paired with nothing."""
+    import secrets
+
+    return secrets.randbits(64), secrets.randbits(64)
 
 
 @dataclass(frozen=True)
@@ -71,12 +79,15 @@ class Draw:
 
 
 class Sampler:
-    """One turn's chain and noise: ``pick`` takes a step's raw logits and the history, and returns the token with the
-    log-probabilities the raw and the processed distributions give it (an arm's record for pairing)."""
+    """One turn's chain and noise: ``pick`` takes a step's raw logits and the history, and returns the token with
+    what the draw weighed. ``spec``: the chain order and penalty windows (``chain()``'s keys; a server's own, as its
+    dialect states them, to read its draws against)."""
 
-    def __init__(self, decoding: "Decoding", key: tuple[int, int]):
+    def __init__(self, decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any] | None = None):
         self.d = decoding
         self.key = key
+        spec = spec or chain()
+        self.chain, self.window = spec["chain"], spec["window"]
 
     def processed(self, logits: "np.ndarray", prompt: Sequence[int], answer: Sequence[int]) -> "np.ndarray":
         """The processed log-probabilities (float64; -inf where a filter removed the token)."""
@@ -84,29 +95,38 @@ class Sampler:
 
         x = np.asarray(logits, dtype=np.float64).copy()
         d = self.d
-        if d.repetition_penalty != 1.0:
-            seen = np.unique(np.asarray([*prompt, *answer], dtype=np.int64))
+        for stage in self.chain:
+            if stage == "penalties":
+                self._penalise(x, prompt, answer)
+            elif not d.sampled:  # greedy: the likeliest penalised token; the rest change nothing
+                continue
+            elif stage == "temperature":
+                x /= d.temperature
+            elif stage == "top_k" and 0 < d.top_k < len(x):
+                x[x < np.partition(x, -d.top_k)[-d.top_k]] = -np.inf
+            elif stage == "top_p" and d.top_p < 1.0:
+                order = np.argsort(-x, kind="stable")
+                mass = np.cumsum(np.exp(_log_softmax(x)[order]))
+                x[order[int(np.searchsorted(mass, d.top_p)) + 1:]] = -np.inf  # the fewest likeliest holding top_p
+            elif stage == "min_p" and d.min_p:
+                x[x < np.max(x) + np.log(d.min_p)] = -np.inf
+        return _log_softmax(x)
+
+    def _penalise(self, x: "np.ndarray", prompt: Sequence[int], answer: Sequence[int]) -> None:
+        import numpy as np
+
+        d = self.d
+
+        def counted(penalty: str) -> "np.ndarray":
+            return np.asarray([*(prompt if self.window[penalty] == "prompt+answer" else ()), *answer], dtype=np.int64)
+
+        if d.repetition_penalty != 1.0 and len(seen := np.unique(counted("repetition_penalty"))):
             v = x[seen]
             x[seen] = np.where(v > 0, v / d.repetition_penalty, v * d.repetition_penalty)
-        if (d.presence_penalty or d.frequency_penalty) and len(answer):
-            ids, counts = np.unique(np.asarray(answer, dtype=np.int64), return_counts=True)
-            x[ids] -= d.presence_penalty + d.frequency_penalty * counts
-        if d.sampled:
-            x /= d.temperature
-        lp = _log_softmax(x)
-        if not d.sampled:
-            return lp
-        if d.top_k and d.top_k < len(lp):
-            kth = np.partition(lp, -d.top_k)[-d.top_k]
-            lp[lp < kth] = -np.inf
-        if d.top_p < 1.0:
-            order = np.argsort(-lp, kind="stable")
-            mass = np.cumsum(np.exp(lp[order]))
-            keep = int(np.searchsorted(mass, d.top_p)) + 1  # the fewest likeliest tokens holding top_p
-            lp[order[keep:]] = -np.inf
-        if d.min_p:
-            lp[lp < np.max(lp) + np.log(d.min_p)] = -np.inf
-        return _log_softmax(lp)
+        for name, per in (("presence_penalty", False), ("frequency_penalty", True)):
+            if getattr(d, name) and len(tokens := counted(name)):
+                ids, counts = np.unique(tokens, return_counts=True)
+                x[ids] -= getattr(d, name) * (counts if per else 1)
 
     def noise(self, step: int, vocab: int) -> "np.ndarray":
         """Gumbel noise of one step: a function of the key and the step alone."""
@@ -127,8 +147,52 @@ class Sampler:
         return token, [float(raw[token]), float(lp[token]), float(np.max(lp))]
 
 
+def pit(decoding: "Decoding", key: tuple[int, int], logits: "np.ndarray", prompt: Sequence[int], answer: Sequence[int],
+        token: int | None, spec: dict[str, Any] | None = None) -> float:
+    """The randomized probability-integral transform of ``token`` under the declared decoding (through ``spec``'s
+    chain, default this module's, whatever sampler drew it): tokens ordered likeliest first (lowest id on a tie), F(tokens before it) + V p(token),
+    V uniform from the key's second lane at this step. Over the steps of draws that follow the declared decoding it
+    is uniform on [0, 1) (a sharper sampler gathers it near 0, a flatter one near 1); -1.0 where the declared
+    decoding gives the token no chance."""
+    import numpy as np
+
+    lp = Sampler(decoding, key, spec).processed(logits, prompt, answer)
+    if token is None or lp[token] == -np.inf:
+        return -1.0
+    before = (lp > lp[token]) | ((lp == lp[token]) & (np.arange(len(lp)) < token))
+    bits = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=np.array([len(answer), 1, 0, 0], dtype=np.uint64))
+    v = float(np.random.Generator(bits).random())
+    return float(np.exp(lp[before]).sum() + v * np.exp(lp[token]))
+
+
 def _log_softmax(x: "np.ndarray") -> "np.ndarray":
     import numpy as np
 
     top = np.max(x)
     return x - top - np.log(np.sum(np.exp(x - top)))
+
+
+def served(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any], tokens: Sequence[int],
+           tops: Sequence[dict[int, float]]) -> list[list[float]] | str:
+    """What each draw of a served answer weighed (``Sampler.pick``'s row, the transform included), read from the top
+    raw log-probabilities the server returned per step through its own chain (``spec``); or why they cannot be
+    read exactly: only where a declared top-k keeps no more tokens than the server lists and no penalty moves a
+    token into the list from outside (a log-probability hides the sign a repetition penalty reads)."""
+    import numpy as np
+
+    d = decoding
+    k = min((len(t) for t in tops), default=0)
+    if not 0 < d.top_k <= k:
+        return f"top_k {d.top_k} is not within the {k} log-probabilities the server lists per step"
+    if d.repetition_penalty != 1.0 or d.presence_penalty or d.frequency_penalty:
+        return "a penalty can move a token the server does not list into the top-k"
+    rows = []
+    for j, (token, top) in enumerate(zip(tokens, tops)):
+        ids = sorted(top)
+        x = np.array([top[i] for i in ids], dtype=np.float64)
+        lp = Sampler(d, key, spec).processed(x, [], [])
+        at = ids.index(token) if token in top else None
+        u = pit(d, key, x, [], list(tokens[:j]), at, spec) if at is not None else -1.0
+        raw = top.get(token, float(np.min(x)))  # outside the list: at most its least
+        rows.append([raw, float(lp[at]) if u >= 0 and at is not None else raw, float(np.max(lp)), u])
+    return rows

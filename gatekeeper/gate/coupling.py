@@ -52,14 +52,32 @@ class Coupled:
                 f"and their samplers weighed it differently ({', '.join(self.where)}): the flag-on sampler reads other "
                 "state (a penalty's history, a filter), though the model computed the same"]
 
-    def judge(self, verdict: str, reasons: list[str], ignored: list[str]) -> tuple[str, list[str]]:
+    def judge(self, verdict: str, reasons: list[str], ignored: list[str],
+              max_tv: float | None = None) -> tuple[str, list[str]]:
         """The verdict with what the draws show: draws that do not follow their keys void the pairing
-        (INCONCLUSIVE); a sampler-state defect is a FAIL; either way the coupling line."""
+        (INCONCLUSIVE); a sampler-state defect is a FAIL; a PASS whose bound exceeds ``max_tv`` (the policy's) is
+        INCONCLUSIVE with the steps it needs; either way the coupling line."""
         if ignored:
             return "INCONCLUSIVE", ignored + reasons + [self.line()]
         if self.sampler_state:
             return "FAIL", self.reasons() + reasons + [self.line()]
+        if verdict == "PASS" and max_tv is not None and self.tv_bound > max_tv:
+            return "INCONCLUSIVE", [self.short_of(max_tv)] + reasons + [self.line()]
         return verdict, reasons + [self.line()]
+
+    def short_of(self, max_tv: float) -> str:
+        """``tv_bound:`` why the coupled steps cannot yet show a distance within ``max_tv``, and what would."""
+        head = (f"tv_bound: {self.steps} coupled steps ({self.mismatches} mismatched) bound the per-token total variation "
+                f"at {self.tv_bound:.3g}, above the policy's max_tv {max_tv:g}")
+        rate = self.mismatches / self.steps if self.steps else 0.0
+        needed = steps_needed(rate, max_tv, self.alpha)
+        if needed is None:
+            return (f"{head}; the sides part at {rate:.3g} of their coupled steps, so no number of samples brings the "
+                    "bound under it (the coupling may part more often than the distributions differ: judge the change "
+                    "by its pass rates, or raise max_tv)")
+        per = self.steps / self.answers if self.answers else 1.0
+        return (f"{head}; at this mismatch rate it needs about {needed} coupled steps, {math.ceil(needed / per)} sampled "
+                f"answers ({math.ceil(needed / per) - self.answers} more): raise the suite's samples")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +147,22 @@ def _walk(c: Coupled, where: str, a: Any, b: Any) -> bool:
             if len(c.where) < KEPT:
                 c.where.append(f"{where} token {j}")
     return len(a["tokens"]) != len(b["tokens"])
+
+
+def steps_needed(rate: float, limit: float, alpha: float) -> int | None:
+    """The fewest coupled steps whose bound falls to ``limit`` at the mismatch ``rate`` seen; None where it never will."""
+    if rate >= limit:
+        return None
+    n = 1
+    while upper(round(rate * n), n, alpha) > limit:
+        n *= 2
+        if n > 1 << 40:
+            return None
+    lo, hi = n // 2, n  # the bound falls with n at a fixed rate (up to rounding): bisect the doubling's last step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if upper(round(rate * mid), mid, alpha) <= limit else (mid, hi)
+    return hi
 
 
 def upper(k: int, n: int, alpha: float) -> float:

@@ -28,7 +28,7 @@ from ..errors import GatekeeperError, described
 from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
 from ..workspace import EngineProfile, Load, MinedOn, Workspace
-from . import coupling, distance, forced, kinds, paired, pipeline, production, sequential, sides, switches
+from . import coupling, distance, forced, kinds, paired, pipeline, pit, production, sequential, sides, switches
 from . import crashes as crashes_
 from . import graders as graders_
 from . import probes as probes_
@@ -504,8 +504,12 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
             verdict, reasons = "FAIL", judged.differs + reasons
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
     coupled = coupling.couple(p.items, reference, on, p.policy.alpha, models["on"].sampler())
+    declared = pit.read(p.items, runs.results) if coupled else None
     if coupled and not forced:
-        verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha))
+        verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),
+                                         p.policy.max_tv)
+        if declared:
+            verdict, reasons = pit.judge(declared, p.policy.alpha, verdict, reasons)
     verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
     if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
         verdict, reasons = "INCONCLUSIVE", judged.base + reasons
@@ -542,7 +546,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
-        sampling=coupled.to_dict() if coupled else None,
+        sampling={**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None} if coupled else None,
         reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
