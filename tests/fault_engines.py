@@ -183,10 +183,10 @@ class BatchVariant(HTTPEngine):
     """A served engine whose answers change only when batched: a battery call made while other requests
     are in flight takes the runner-up at its nearest tie (as batch-dependent reduction order can)."""
 
-    def complete(self, config, prompt, max_tokens, stop, warm=False, replica=None, background=False):
+    def complete(self, config, prompt, max_tokens, stop, warm=False, replica=None, background=False, sampling=None):
         with self._lock:
             batched = sum(busy for busy, _ in self._busy.values()) > 0
-        g = super().complete(config, prompt, max_tokens, stop, warm, replica, background)
+        g = super().complete(config, prompt, max_tokens, stop, warm, replica, background, sampling)
         if background or warm or not batched or not g.top2:
             return g
         step = min(range(len(g.top2)), key=lambda i: g.top2[i][0][1] - g.top2[i][1][1])

@@ -119,17 +119,17 @@ def test_vllm_samples_by_the_draws_seed_and_pairs_an_exact_cache(vllm, workspace
     ws = served_ws(workspace, vllm=profile(vllm["off"], vllm["on"]))
     suite = ws / "assertions" / "tiny.yaml"
     suite.write_text(suite.read_text().replace("decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: "
-                                               "0.9, top_k: 20, top_p: 0.95, samples: 2}"))
-    code, out = evaluate(run_cli, ws, "vllm")
-    assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 8, "off_on": 8}, out["reasons"]
+                                               "0.9, top_k: 20, top_p: 0.95, samples: 3}"))
+    code, out = evaluate(run_cli, ws, "vllm", "--limit", "2")
+    assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 6, "off_on": 6}, out["reasons"]
     s = out["sampling"]
-    assert s["answers"] == 8 and s["mismatches"] == 0 and s["chain"]["sampler"] == "vllm"
+    assert s["answers"] == 6 and s["mismatches"] == 0 and s["chain"]["sampler"] == "vllm"
     # each side's draws, read from vLLM's top 20 raw log-probabilities through its documented chain, follow the
     # declared decoding
     assert min(s["declared"]["off"]["p"], s["declared"]["on"]["p"]) > 0.025 and s["declared"]["off"]["steps"] >= 40, s
     ev = ledger(ws).evaluation(out["evaluation_id"])
     first = {r["case_id"]: r["result"]["turns"][0]["tokens"] for r in ev["case_results"] if r["config"] == "off"}
-    assert any(first[f"tiny/{c}~1"] != first[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+    assert any(first[f"tiny/{c}~1"] != first[f"tiny/{c}~2"] for c in "ab")  # the samples draw apart
 
 
 def test_vllm_cold_reads_agree_with_the_in_process_reference(vllm):
