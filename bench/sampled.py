@@ -49,7 +49,7 @@ def run(limit: int, engine: str, decoding: dict | None) -> dict:
     s = out.get("sampling") or {}
     return {"decoding": "sampled" if decoding else "greedy", "verdict": out["verdict"], "cases": out["cases"],
             "wall_s": round(wall, 1), "answers": s.get("answers", out["cases"]), "coupled_steps": s.get("steps"),
-            "mismatches": s.get("mismatches"), "tv_bound": s.get("tv_bound"),
+            "mismatches": s.get("mismatches"), "tv_bound": round(s["tv_bound"], 4) if s else None,
             "steps_per_min": round(s["steps"] / (wall / 60), 1) if s else None,
             "declared_p": {k: v["p"] for k, v in (s.get("declared") or {}).items()}, "reasons": out["reasons"]}
 
