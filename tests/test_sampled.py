@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from conftest import SUITE, evaluate, ledger, profile
+from review_ledger import get, review
 
 SAMPLED = "decoding: {max_tokens: 12, temperature: 0.8, top_p: 0.95, repetition_penalty: 1.1, samples: 3}"
 
@@ -31,6 +32,13 @@ def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace
         answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in lg.evaluation(out["evaluation_id"])["case_results"]
                    if r["config"] == "off" and r["repeat"] == 0}
     assert len({answers[f"tiny/{c}~{k}"] for c in "abc" for k in (1, 2, 3)}) > 3
+    # every report shows it: the markdown and HTML exports, and the review app's evaluation page
+    for fmt, head in (("md", "## Sampled decoding"), ("html", "<h2>Sampled decoding")):
+        code, shown, _ = run_cli("--workspace", ws, "ledger", "export", out["evaluation_id"], "--format", fmt)
+        assert code == 0 and head in shown and f"{s['steps']} coupled steps" in shown and "flag-on" in shown, shown[-3000:]
+    with review(ws) as url:
+        status, _, body = get(f"{url}/evaluations/{out['evaluation_id']}")
+    assert status == 200 and "<h2>Sampled decoding</h2>" in body and "Kolmogorov-Smirnov D" in body
     # evidence gathered under one decoding is stale for a pipeline that runs another
     suite = ws / "assertions" / "tiny.yaml"
     suite.write_text(suite.read_text().replace("temperature: 0.8", "temperature: 0.7"))

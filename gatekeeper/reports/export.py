@@ -149,6 +149,7 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
         **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
         **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
+        **({"sampling": _sampling_view(summary["sampling"])} if summary.get("sampling") else {}),
     }
 
 
@@ -210,6 +211,21 @@ def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
     floor = ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in r["floor"].items())
     return {"rows": rows, "note": f"{r['dtype']}, one pass, no cache; noise floor: {floor}; counted: flips above a margin "
                                   f"of {r['tolerance']['flip_margin']:.3g}, gaps above {r['tolerance']['gap']:.3g}"}
+
+
+SAMPLING_HEAD = ["side", "draws read", "Kolmogorov-Smirnov D", "p", "impossible draws", "first impossible"]
+
+
+def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
+    """Sampled decoding (gate/coupling.py, gate/pit.py): what the paired draws certify, and each side's draws against
+    the declared decoding."""
+    rows = [[f"flag-{side}", str(d["steps"]), f"{d['statistic']:.3g}", f"{d['p']:.2g}", str(d["impossible"]),
+             d["where"][0] if d["where"] else "-"] for side, d in (s.get("declared") or {}).items()]
+    decoding = "; ".join(f"{suite}: {d}" for suite, d in s["decoding"].items())
+    return {"rows": rows, "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
+                                  f"{s['mismatches']} mismatched: per-token total variation at most {s['tv_bound']:.3g} "
+                                  f"({1 - s['alpha']:.0%}); {s['sampler_state']} coupled steps weighed differently by "
+                                  f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"}
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +358,12 @@ def markdown(v: dict[str, Any]) -> str:
             ["| " + " | ".join(REFERENCE_HEAD) + " |", "|---|" + "---:|" * 5 + "---|"]
             + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["reference"]["rows"]]
             + ["", _md(v["reference"]["note"])])
+    if v.get("sampling"):
+        lines += ["", "## Sampled decoding (paired draws, and each side's draws against the declared decoding)", "",
+                  _md(v["sampling"]["note"])] + (
+            ["", "| " + " | ".join(SAMPLING_HEAD) + " |", "|---|" + "---:|" * 4 + "---|"]
+            + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sampling"]["rows"]]
+            if v["sampling"]["rows"] else [])
     lines += ["", "## Cache probes", ""] + (["| probe | outcome |", "|---|---|"] + [
         f"| {name} | {_md(status)} |" for name, status in v["probes"].items()] + ["", f"{v['probe_seconds']} s in all"]
         if v["probes"] else ["None ran."])
@@ -612,6 +634,10 @@ def page(v: dict[str, Any]) -> str:
                (f"<p>Not observable: {_e(v['reference']['not_observable'])}</p>" if "not_observable" in v["reference"]
                 else _table(REFERENCE_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["reference"]["rows"]])
                 + f"<p>{_e(v['reference']['note'])}</p>")] if v.get("reference") else []),
+            *(["<h2>Sampled decoding <small>(paired draws, and each side's draws against the declared decoding)</small></h2>",
+               f"<p>{_e(v['sampling']['note'])}</p>"
+               + (_table(SAMPLING_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["sampling"]["rows"]])
+                  if v["sampling"]["rows"] else "")] if v.get("sampling") else []),
             "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]
                                                                    for k, st in v["probes"].items()])
                                       if v["probes"] else "<p>None ran.</p>"),
