@@ -54,6 +54,7 @@ def test_a_worker_engine_gives_the_in_process_verdict_and_records(worker_ws, run
     assert a == b  # the same packages: the same engine identity, besides the interpreter
 
 
+@pytest.mark.slow  # four evaluations, two of them on mlx's CPU backend
 def test_sampled_draws_cross_the_process(worker_ws, run_cli):
     """A sampled suite's draws go to the worker with their keys: the worker samples what the process samples, for
     torch and mlx alike (their records, draws and all, are the in-process ones)."""
