@@ -5,6 +5,7 @@ certify (the per-token total-variation bound). Planted sampler faults are FAILed
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from conftest import SUITE, evaluate, ledger, profile
@@ -137,3 +138,22 @@ def test_a_temperature_both_sides_ignore_is_a_base_defect(run_cli, workspace, ti
     # the healthy sampler's transforms are uniform on the same model and decoding
     healthy = evaluate(run_cli, ws, "tiny")[1]
     assert healthy["verdict"] == "PASS" and healthy["sampling"]["declared"]["on"]["p"] > 0.025, healthy["sampling"]
+
+
+def test_battery_size_gives_the_samples_a_tv_bound_needs(run_cli, workspace, tiny_llama):
+    ws = sampled_ws(workspace, tiny_llama)
+
+    def size(*extra):
+        code, out, _ = run_cli("--workspace", ws, "battery", "size", "--flag", "prefix_cache", "--max-tv", "0.01",
+                               *extra, "--json")
+        return code, json.loads(out)
+
+    code, before = size()  # no evaluation yet: 12 steps per answer (max_tokens), no mismatch
+    assert code == 0 and before["evaluation_id"] is None and before["needed_steps"] == 299, before
+    assert before["samples_per_case"] == math.ceil(299 / 12 / 4)
+    out = evaluate(run_cli, ws, "tiny")[1]
+    code, after = size()  # from the evaluation: its coupled steps per answer
+    assert after["evaluation_id"] == out["evaluation_id"] and after["mismatch_rate"] == 0
+    assert after["steps_per_answer"] == round(out["sampling"]["steps"] / out["sampling"]["answers"], 3)
+    code, said, err = run_cli("--workspace", ws, "battery", "size", "--flag", "prefix_cache", "--max-tv", "0")
+    assert code == 2 and "--max-tv" in said + err

@@ -105,9 +105,13 @@ def size(
     margin: Annotated[Optional[float], typer.Option(help="The margin to size for (default: the policy's).")] = None,
     evaluation: Annotated[Optional[int], typer.Option(
         help="The evaluation whose discordance to use (default: the flag's last finished one; none: assume none).")] = None,
+    max_tv: Annotated[Optional[float], typer.Option(
+        "--max-tv", help="Size sampled suites for this per-token total-variation bound instead (default: the policy's "
+                         "max_tv, where it sets one): the samples per case it needs.")] = None,
     json_: Json = False,
 ) -> None:
-    """The cases the policy's margin needs at its alpha and power, and the smallest margin the battery supports now."""
+    """The cases the policy's margin needs at its alpha and power, and the smallest margin the battery supports now;
+    for sampled suites with --max-tv (or the policy's max_tv), the samples per case that bound needs."""
     from ..gate import sizing
 
     settings: Settings = ctx.obj
@@ -122,5 +126,6 @@ def size(
             record = ledger.evaluation(evaluation) if evaluation is not None else None
     if evaluation is not None and record is None:
         raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
-    result = sizing.size(ws, flag, margin, record)
+    result = (sizing.coupled(ws, flag, max_tv, record) if max_tv is not None or ws.policy(flag).max_tv is not None
+              else sizing.size(ws, flag, margin, record))
     emit(json_, result.to_dict(), lambda: typer.echo(result.line()))

@@ -73,6 +73,61 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
                   None if needed is None else math.ceil(needed * cases / len(pairs)), round(verdict.supported_margin, 6))
 
 
+@dataclass
+class Coupled:
+    """The samples a per-token total-variation bound needs (sampled suites, ``gate/coupling.py``)."""
+
+    flag: str
+    max_tv: float
+    alpha: float
+    evaluation_id: int | None  # whose coupled steps were used; None: the battery's max_tokens, no mismatch assumed
+    cases: int
+    steps_per_answer: float
+    mismatch_rate: float
+    needed_steps: int | None  # None: at this mismatch rate no number of samples brings the bound under max_tv
+    samples_per_case: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        source = (f"evaluation {self.evaluation_id}: {self.steps_per_answer:.1f} coupled steps per answer, "
+                  f"mismatch rate {self.mismatch_rate:.3g}" if self.evaluation_id is not None
+                  else f"no sampled evaluation yet: {self.steps_per_answer:.0f} steps per answer, no mismatch assumed")
+        if self.needed_steps is None:
+            return (f"{self.flag}: no number of samples bounds the per-token total variation at {self.max_tv:g} (from "
+                    f"{source}: the sides part more often than that)")
+        return (f"{self.flag}: a per-token total variation of at most {self.max_tv:g} at alpha {self.alpha:g} needs "
+                f"{self.needed_steps} coupled steps: {self.samples_per_case} samples per case over the {self.cases} "
+                f"sampled cases (from {source})")
+
+
+def coupled(ws: Workspace, flag: str, max_tv: float | None, evaluation: EvaluationRecord | None = None) -> Coupled:
+    """The samples per case the policy's (or ``max_tv``) bound needs: at the coupled steps per answer and the mismatch
+    rate ``evaluation`` saw, else at the suites' ``max_tokens`` with no mismatch."""
+    from .coupling import steps_needed
+
+    policy = ws.policy(flag)
+    limit = max_tv if max_tv is not None else policy.max_tv
+    if limit is None or not 0 < limit < 1:
+        raise GatekeeperError(f"--max-tv {limit}: give the per-token total-variation bound to size for, above 0 and "
+                              "below 1 (or set max_tv in the policy)")
+    items = [i for i in evaluator.read_battery(ws, None, None, True)[0] if i.suite.decoding.sampled and i.sample == 0]
+    if not items:
+        raise GatekeeperError("no suite samples: a total-variation bound is for suites whose decoding sets a temperature "
+                              "above 0 (see docs/sampling.md)")
+    verdict: Any = evaluation.get("verdict_record") if evaluation else None
+    s = ((verdict or {}).get("summary") or {}).get("sampling") or {}
+    if s.get("steps") and s.get("answers"):
+        per, rate, source = s["steps"] / s["answers"], s["mismatches"] / s["steps"], evaluation
+    else:
+        per, rate, source = sum(i.suite.decoding.max_tokens for i in items) / len(items), 0.0, None
+    needed = steps_needed(rate, limit, policy.alpha)
+    samples = None if needed is None else max(1, math.ceil(needed / per / len(items)))
+    return Coupled(flag, limit, policy.alpha, source["id"] if source else None, len(items), round(per, 3),
+                   round(rate, 6), needed, samples)
+
+
 def _pairs(evaluation: EvaluationRecord) -> list[paired.Pair]:
     """Each assertion's outcome in the evaluation's first flag-off and flag-on runs, by case id."""
     runs = {(r["config"], r["case_id"]): r["result"] for r in evaluation["case_results"] if r["repeat"] == 0}
