@@ -157,3 +157,13 @@ def test_battery_size_gives_the_samples_a_tv_bound_needs(run_cli, workspace, tin
     assert after["steps_per_answer"] == round(out["sampling"]["steps"] / out["sampling"]["answers"], 3)
     code, said, err = run_cli("--workspace", ws, "battery", "size", "--flag", "prefix_cache", "--max-tv", "0")
     assert code == 2 and "--max-tv" in said + err
+
+
+def test_a_configuration_that_decodes_greedy_only_is_exit_2_before_anything_is_written(run_cli, workspace, tiny_llama):
+    """Assisted decoding is greedy in this adapter: a sampled suite on it is refused naming the suite's decoding."""
+    ws = sampled_ws(workspace, tiny_llama)
+    (ws / "engines" / "drafted.yaml").write_text(profile("torch", tiny_llama) + f"options: {{draft_model: {tiny_llama}}}\n")
+    code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "drafted", "--json")
+    said = json.loads(out)["error"]
+    assert code == 2 and "tiny.yaml: field 'decoding'" in said and "greedy only" in said, said
+    assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []

@@ -122,6 +122,8 @@ class TorchEngine(GreedyEngine):
                     f"{self.draft.config.vocab_size} tokens, the model {self.model.config.vocab_size}; a draft must share "
                     "the model's tokenizer")
         self.draft_tokens = int(opts.get("draft_tokens", 4))
+        # assisted decoding and transformers' generate path are greedy here: a sampled suite is refused before it runs
+        self.samples = self.draft is None and not self.generation
 
     def _from_pretrained(self, path: Path) -> Any:
         from transformers import AutoModelForCausalLM

@@ -91,9 +91,10 @@ def check_decoding(p: Plan, models: dict[str, Engine]) -> None:
         for config, model in models.items():
             if not model.samples:
                 raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of "
-                                      f"{p.configs[config].profile.where} decodes greedy only; it cannot run "
-                                      f"{sampler.describe(suite.decoding)}: evaluate it on an engine that samples "
-                                      "(torch, mlx, llamacpp) or decode the suite greedy")
+                                      f"{p.configs[config].profile.where} decodes greedy only as configured; it cannot "
+                                      f"run {sampler.describe(suite.decoding)}: evaluate it where it samples (torch "
+                                      "without draft_model or cache_implementation, mlx, llamacpp, llama-server, vLLM) "
+                                      "or decode the suite greedy")
 
 
 def _not_finite(top2: list | None) -> int | None:
