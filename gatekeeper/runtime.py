@@ -35,7 +35,7 @@ from .cache.response import ResponseCache
 from .engines import sampler
 from .engines.base import Session, labelled
 from .errors import GatekeeperError
-from .gate import pipeline
+from .gate import pipeline, runs
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
 from .setup.models import home
@@ -194,9 +194,7 @@ class Runtime:
         # a sampled stage draws afresh on every call (a live draw, keyed at random), and its answers are never replayed
         responses = None if d.sampled else self.responses
         drawn: dict[str, Any] = {} if d.plain else {"sampling": sampler.Draw(d, sampler.fresh())}
-        if drawn and not self.model.samples:
-            raise GatekeeperError(f"{suite.path}: field 'decoding': the {self.model.name} engine decodes greedy only; "
-                                  f"it cannot run {sampler.describe(d)}: use an engine that samples or decode greedy")
+        runs.check_samples(suite, self.model)
         hit = responses.get(self.pipeline_hash, stage, prompt_digest) if responses is not None else None
         if hit is not None:
             return Completion(hit["text"], hit["tokens"], True, self.pipeline_hash, len(rendered.tokens), 0, 0.0, 0.0, 0.0,

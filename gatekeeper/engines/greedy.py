@@ -22,7 +22,7 @@ from . import faults
 from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request, top2_rows
 from .hf_tokenizer import ChatTokenizer
 from .plan import segments, splits
-from .sampler import Draw, pit
+from .sampler import Draw, Sampler, transform
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
@@ -452,12 +452,13 @@ class Chooser:
 
     def __call__(self, logits: np.ndarray, answer: Sequence[int]) -> int:
         best = pick(logits, self.margins)
-        if self.sampler is None or self.sampling is None:
+        if self.sampling is None or self.sampler is None or self.draws is None:
             return best
-        token, weights = self.sampler.pick(logits, self.prompt, answer)
-        assert self.draws is not None
-        if self.sampling.decoding.sampled:  # the draw against the declared decoding (gate/pit.py)
-            weights.append(pit(self.sampling.decoding, self.sampling.key, logits, self.prompt, answer, token))
+        token, weights, lp = self.sampler.pick(logits, self.prompt, answer)
+        d, key = self.sampling.decoding, self.sampling.key
+        if d.sampled:  # the draw against the declared decoding (gate/pit.py): its own row, unless another sampler drew
+            declared = lp if type(self.sampler) is Sampler else Sampler(d, key).processed(logits, self.prompt, answer)
+            weights.append(transform(declared, token, key, len(answer)))
         self.draws.append(weights)
         return token
 

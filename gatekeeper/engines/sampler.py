@@ -136,31 +136,30 @@ class Sampler:
         u = np.random.Generator(bits).random(vocab)
         return -np.log(-np.log(np.maximum(u, 1e-300)))
 
-    def pick(self, logits: "np.ndarray", prompt: Sequence[int], answer: Sequence[int]) -> tuple[int, list[float]]:
-        """The next token after ``prompt + answer``, and the raw and the processed log-probability of it with the
-        processed one of the likeliest token (what a draw weighed: ``Generation.draws``)."""
+    def pick(self, logits: "np.ndarray", prompt: Sequence[int],
+             answer: Sequence[int]) -> tuple[int, list[float], "np.ndarray"]:
+        """The next token after ``prompt + answer``; the raw and the processed log-probability of it with the
+        processed one of the likeliest token (what a draw weighed: ``Generation.draws``); the processed row."""
         import numpy as np
 
         lp = self.processed(logits, prompt, answer)
         token = int(np.argmax(lp + self.noise(len(answer), len(lp)) if self.d.sampled else lp))
         raw = _log_softmax(np.asarray(logits, dtype=np.float64))
-        return token, [float(raw[token]), float(lp[token]), float(np.max(lp))]
+        return token, [float(raw[token]), float(lp[token]), float(np.max(lp))], lp
 
 
-def pit(decoding: "Decoding", key: tuple[int, int], logits: "np.ndarray", prompt: Sequence[int], answer: Sequence[int],
-        token: int | None, spec: dict[str, Any] | None = None) -> float:
-    """The randomized probability-integral transform of ``token`` under the declared decoding (through ``spec``'s
-    chain, default this module's, whatever sampler drew it): tokens ordered likeliest first (lowest id on a tie), F(tokens before it) + V p(token),
-    V uniform from the key's second lane at this step. Over the steps of draws that follow the declared decoding it
+def transform(lp: "np.ndarray", token: int | None, key: tuple[int, int], step: int) -> float:
+    """The randomized probability-integral transform of ``token`` under the declared decoding's processed row ``lp``
+    (whatever sampler drew it): tokens ordered likeliest first (lowest id on a tie), F(tokens before it) + V p(token),
+    V uniform from the key's second lane at ``step``. Over the steps of draws that follow the declared decoding it
     is uniform on [0, 1) (a sharper sampler gathers it near 0, a flatter one near 1); -1.0 where the declared
-    decoding gives the token no chance."""
+    decoding gives the token no chance (or it is not among the tokens read)."""
     import numpy as np
 
-    lp = Sampler(decoding, key, spec).processed(logits, prompt, answer)
     if token is None or lp[token] == -np.inf:
         return -1.0
     before = (lp > lp[token]) | ((lp == lp[token]) & (np.arange(len(lp)) < token))
-    bits = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=np.array([len(answer), 1, 0, 0], dtype=np.uint64))
+    bits = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=np.array([step, 1, 0, 0], dtype=np.uint64))
     v = float(np.random.Generator(bits).random())
     return float(np.exp(lp[before]).sum() + v * np.exp(lp[token]))
 
@@ -192,7 +191,7 @@ def served(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any], tok
         x = np.array([top[i] for i in ids], dtype=np.float64)
         lp = Sampler(d, key, spec).processed(x, [], [])
         at = ids.index(token) if token in top else None
-        u = pit(d, key, x, [], list(tokens[:j]), at, spec) if at is not None else -1.0
+        u = transform(lp, at, key, j)
         raw = top.get(token, float(np.min(x)))  # outside the list: at most its least
         rows.append([raw, float(lp[at]) if u >= 0 and at is not None else raw, float(np.max(lp)), u])
     return rows

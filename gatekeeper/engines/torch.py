@@ -176,10 +176,6 @@ class TorchEngine(GreedyEngine):
 
         if self.draft is None:
             return super()._decode(prompt, state, logits, max_tokens, stop, margins, until, chooser)
-        if chooser is not None and chooser.sampler is not None:
-            raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding here is "
-                                  "greedy; a sampled suite needs speculative sampling, which this adapter lacks: "
-                                  "remove draft_model or decode the suite greedy")
         if self.hybrid:
             raise GatekeeperError(f"{self.profile.where}: field 'options.draft_model': assisted decoding needs a state "
                                   "that can be cut back; this model has recurrent layers")

@@ -110,10 +110,6 @@ class GenerateSession(GreedySession):
 
     def generate(self, prompt: Sequence[int], *, max_tokens: int, stop: Sequence[str] = (), top2: bool = False,
                  until: Until | None = None, sampling: Any = None) -> Generation:
-        if sampling is not None:
-            raise GatekeeperError(f"{self.model.profile.where}: field 'options.cache_implementation': transformers' "
-                                  "generate runs greedy here; a sampled suite decodes on gatekeeper's own loop: remove "
-                                  "cache_implementation or decode the suite greedy")
         prompt = checked_request(prompt, max_tokens)
         if self.cache:
             self._build_pins()

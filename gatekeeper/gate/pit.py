@@ -3,7 +3,7 @@
 Pairing by seed compares the two sides; it cannot see a sampler both share that ignores a penalty, applies the
 temperature twice or filters in another order. So each step of a sampled answer also records the randomized
 probability-integral transform of its token under the declared decoding, computed from the logits the arm itself
-produced (``sampler.pit``). Over the steps of draws that follow the declared decoding these values are independent
+produced (``sampler.transform``). Over the steps of draws that follow the declared decoding these values are independent
 and uniform on [0, 1); a Kolmogorov-Smirnov test per side says whether they are, and a token the declared decoding
 gives no chance is a defect on sight. A side whose draws do not follow it: the flag-on side alone, FAIL; the
 flag-off side, the pipeline's base is broken (``base_defect:``, never PASS).

@@ -87,14 +87,18 @@ def drawn(item: battery.Item, turn: int) -> dict[str, Any]:
 
 def check_decoding(p: Plan, models: dict[str, Engine]) -> None:
     """Exit 2 before any model time is spent where a suite declares a decoding that an engine cannot run."""
-    for suite in {i.suite.suite: i.suite for i in p.items if not i.suite.decoding.plain}.values():
-        for config, model in models.items():
-            if not model.samples:
-                raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of "
-                                      f"{p.configs[config].profile.where} decodes greedy only as configured; it cannot "
-                                      f"run {sampler.describe(suite.decoding)}: evaluate it where it samples (torch "
-                                      "without draft_model or cache_implementation, mlx, llamacpp, llama-server, vLLM) "
-                                      "or decode the suite greedy")
+    for suite in {i.suite.suite: i.suite for i in p.items}.values():
+        for model in models.values():
+            check_samples(suite, model)
+
+
+def check_samples(suite: battery.Suite, model: Engine) -> None:
+    """Exit 2 where ``suite`` declares a decoding beyond greedy and ``model`` does not declare ``samples``."""
+    if not suite.decoding.plain and not model.samples:
+        raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of {model.profile.where} "
+                              f"decodes greedy only as configured; it cannot run {sampler.describe(suite.decoding)}: "
+                              "run it where it samples (torch without draft_model or cache_implementation, mlx, "
+                              "llamacpp, llama-server, vLLM) or decode the suite greedy")
 
 
 def _not_finite(top2: list | None) -> int | None:
