@@ -289,6 +289,25 @@ class PositionsRestart(TorchEngine):
             return out.logits[0].float().cpu()
 
 
+class PositionsWrap(TorchEngine):
+    """A rotary table that holds ``WRAP`` positions and wraps past them (a model read past its position table), on
+    every path of both arms alike: only a prompt longer than ``WRAP`` shows it, which a block probe past 512 tokens
+    reaches and the tiny suite's cases (under 500) never do. The on/off comparison cannot see it."""
+
+    WRAP = 600
+
+    def _logits(self, model, state, tokens, keep):
+        import torch
+
+        start = self.state_ops.length(state)
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        where = torch.arange(start, start + len(tokens))[None] % self.WRAP
+        with torch.inference_mode():
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=keep, position_ids=where,
+                        **{self._cache_arg: state})
+            return out.logits[0].float().cpu()
+
+
 class StaleRepeatSession(GreedySession):
     """A deployment whose own state reuse is broken with its cache off too: a prompt identical to the one before it
     is read on top of that one's answer (llama-cpp-python before 0.3.17 on a recurrent model)."""

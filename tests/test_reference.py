@@ -145,3 +145,25 @@ def test_a_read_is_log_probabilities_of_its_rows_and_a_row_not_finite_stops_it()
     assert abs(r.asked[0][1] - (0 - z)) < 1e-12 and len(r.asked) == 2
     with pytest.raises(GatekeeperError, match="reference read of m gave non-finite logits at position 2 of 2"):
         Referenced.of(np.array([[0.0, 1.0], [np.nan, 1.0]]), [[0, 1], [0, 1]], "float32", "m")
+
+
+def test_a_defect_only_the_cache_probes_reach_is_read_there(tiny_ws, tiny_llama, run_cli):
+    """Planted: positions wrap past 600 tokens on both arms (``PositionsWrap``); no case is that long, a block probe
+    past 512 tokens is. R reads the probes' answers too (the window crossing, the block edge, the continuation start, the stage-prefix
+    cut): ``base_defect:`` named at the probe, where the cases and the on/off comparison see nothing."""
+    _reference_on(tiny_ws)
+    policy = tiny_ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "probes:\n  block: 512\n")
+    (tiny_ws / "engines" / "wraps.yaml").write_text(profile("fault_engines:PositionsWrap", tiny_llama))
+    code, out = evaluate(run_cli, tiny_ws, "wraps")
+    assert out["verdict"] == "INCONCLUSIVE" and code != 0, out["reasons"]
+    assert out["reasons"][0].startswith("base_defect: both arms depart"), out["reasons"]
+    arms = out["reference"]["arms"]
+    for arm in arms.values():
+        assert arm["probed"] > 0 and arm["departures"]
+        assert {d["case"] for d in arm["departures"]} == {"probe:block"}, arm["departures"]
+    assert out["probes"]["block"] == "equal"  # the on/off comparison of the probe is blind to it
+    # healthy, the probes' positions are read and agree
+    code, healthy = evaluate(run_cli, tiny_ws, "tiny")
+    assert healthy["verdict"] == "PASS" and healthy["reference"]["arms"]["on"]["probed"] > 0, healthy["reasons"]
+    assert any("of them in the cache probes" in x for x in healthy["reasons"])

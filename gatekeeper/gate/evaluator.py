@@ -270,9 +270,11 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
 
 def steps(p: Plan, cases: int) -> int:
     """The progress steps an evaluation of ``cases`` cases reports: each case of each run, each run's cache probes,
-    and each case read teacher-forced for the distance."""
-    probed = sum(config != ALONE for config, _ in p.schedule) if probes_.why_not(p) is None else 0
-    return cases * len(p.schedule) + probed + (cases if p.policy.distance else 0) + (cases if p.policy.reference else 0)
+    each case read teacher-forced for the distance, and each case and the probes read by the reference arm."""
+    probing = probes_.why_not(p) is None
+    probed = sum(config != ALONE for config, _ in p.schedule) if probing else 0
+    read = cases + probing if p.policy.reference else 0
+    return cases * len(p.schedule) + probed + (cases if p.policy.distance else 0) + read
 
 
 @dataclass
@@ -414,7 +416,8 @@ def _reference(p: Plan, models: dict[str, Engine], runs: Runs,
     """The reference arm's reading (gate/reference.py), or why it cannot be read; None where the policy wants none."""
     if not p.policy.reference:
         return None
-    return _after_cases(runs, "reference", "the reference step", lambda: reference_.read(p, models, runs.results, progress))
+    return _after_cases(runs, "reference", "the reference step",
+                        lambda: reference_.read(p, models, runs.results, progress, runs.probes))
 
 
 Found = TypeVar("Found", distance.Compared, reference_.Read)

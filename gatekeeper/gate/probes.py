@@ -56,11 +56,13 @@ class Base:
 
 @dataclass
 class Probed:
-    """One run's probes: results by probe id, the probes skipped and why, the seconds they took."""
+    """One run's probes: results by probe id, the probes skipped and why, the seconds they took, and per probe and
+    turn the sequence the reference arm reads there (kept in memory; its last positions are the turn's answer)."""
 
     results: Run = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    read: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
 def why_not(p: Plan) -> str | None:
@@ -165,6 +167,11 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         whole, cut = rows
         return [(prompt, _choices(whole, whole)), (prompt, _choices(cut, whole))]
 
+    def read_as(prompt: list[int], g: Generation) -> list[int]:
+        """What R reads of one probe turn: its prompt and answer; for ``split``'s teacher-forced rows, the prompt and
+        one more token (any: a row never sees the token after it), so that its last rows are those after the cut."""
+        return [*prompt, g.tokens[-1]] if name == "split" else [*prompt, *g.tokens]
+
     steps: dict[str, Callable[[], list[tuple[list[int], Generation]]]] = {
         "repeat": repeat, "continuation": continuation, "inside": inside, "block": block, "window": window,
         "split": split}
@@ -174,6 +181,7 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         try:
             for prompt, g in steps[name]():
                 turns.append(Turn(**g.to_dict(), static_tokens=0, prompt_digest=sha256_hex(str(prompt).encode())))
+                out.read.setdefault(PREFIX + name, []).append(read_as(prompt, g))
         except _Skip as e:
             out.skipped[name] = str(e)
             continue

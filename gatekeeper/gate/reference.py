@@ -22,6 +22,7 @@ from ..engines.base import Engine, Referenced
 from ..evidence import Run, Turn
 from ..identity import sha256_hex
 from .plans import Plan
+from .probes import PREFIX, Probed
 
 FLIP = 10.0  # a flip counts where R's top-1/top-2 margin exceeds this many noise floors
 GAP = 100.0  # a gap counts where it exceeds this many noise floors
@@ -59,6 +60,7 @@ class Arm:
     flipped: int = 0  # of those, R picks another token by a margin above the tolerance (the others: the gap only)
     max_gap: float = 0.0
     unread: list[str] = field(default_factory=list)  # turns R could not read, and why
+    probed: int = 0  # of the positions, those in the cache probes' answers (gate/probes.py)
 
 
 @dataclass
@@ -79,8 +81,10 @@ class Read:
 
 
 def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
-         progress: Callable[[str], None]) -> Read | str:
-    """R over both arms' first runs; or why it cannot be read."""
+         progress: Callable[[str], None], probes: dict[str, list[Probed]] | None = None) -> Read | str:
+    """R over both arms' first runs, their cases and then their cache probes (``probes``: the window crossing, the
+    block edge, the continuation start and the stage-prefix cut, which the cases may never reach); or why it cannot
+    be read."""
     for name in ("off", "on"):
         if why := models[name].unreferenced():
             return f"the flag-{name} engine ({models[name].name}) gives no cache-free read: {why}"
@@ -90,37 +94,52 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     memo: dict[tuple, Referenced] = {}
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
+
+    def turns(name: str, case: str, conversation) -> None:
+        nonlocal dtype
+        model = models[name]
+        for n, (turn, tokens) in enumerate(conversation, 1):
+            if isinstance(tokens, str):
+                arms[name].unread.append(f"{case} turn {n}: {tokens}")
+                break
+            steps, asked = len(turn["tokens"]), _asked(turn)
+            if steps == 0:
+                continue
+            # what R reads depends on the tokens and on the two candidates asked about at each position
+            key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
+            if key not in memo:
+                memo[key] = r = _read(model, tokens, steps, asked)
+                if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
+                    own = _read(model, tokens, steps, asked, own=True)
+                    floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
+                                                                 for a, b in zip(own.asked, r.asked)))
+                    arms[name].controls += steps if r.at is None else len(r.at)
+                if not dtype:  # once: the same read as a batch of two
+                    again = _read(model, tokens, steps, asked, batch=2)
+                    floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))
+            r = memo[key]
+            dtype = r.dtype
+            for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
+                gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
+                d = Departure(case, n, j, _likeliest(turn, j), int(top[0][0]), _gap(top), gap)
+                rows[name].append((d, d.emitted != d.reference, r.gaps))
+                arms[name].probed += case.startswith(PREFIX)
+
     for item in p.items:
         progress(f"reference {item.case_id}")
         for name in ("off", "on"):
-            model, result = models[name], results[name][0].get(item.case_id)
-            if result is None or "crash" in result:
-                continue
-            for n, (turn, tokens) in enumerate(_conversation(p, model, name, item, result), 1):
-                if isinstance(tokens, str):
-                    arms[name].unread.append(f"{item.case_id} turn {n}: {tokens}")
-                    break
-                steps, asked = len(turn["tokens"]), _asked(turn)
-                if steps == 0:
-                    continue
-                # what R reads depends on the tokens and on the two candidates asked about at each position
-                key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
-                if key not in memo:
-                    memo[key] = r = _read(model, tokens, steps, asked)
-                    if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
-                        own = _read(model, tokens, steps, asked, own=True)
-                        floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
-                                                                     for a, b in zip(own.asked, r.asked)))
-                        arms[name].controls += steps if r.at is None else len(r.at)
-                    if not dtype:  # once: the same read as a batch of two
-                        again = _read(model, tokens, steps, asked, batch=2)
-                        floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))
-                r = memo[key]
-                dtype = r.dtype
-                for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
-                    gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
-                    d = Departure(item.case_id, n, j, _likeliest(turn, j), int(top[0][0]), _gap(top), gap)
-                    rows[name].append((d, d.emitted != d.reference, r.gaps))
+            result = results[name][0].get(item.case_id)
+            if result is not None and "crash" not in result:
+                turns(name, item.case_id, _conversation(p, models[name], name, item, result))
+    if probes:
+        progress("reference cache probes")
+    for name, probed in (probes or {}).items():
+        if name not in arms or not probed:
+            continue
+        first = probed[0]
+        for pid, result in first.results.items():
+            if "crash" not in result and pid in first.read:
+                turns(name, pid, zip(result["turns"], first.read[pid]))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
@@ -240,7 +259,8 @@ def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: st
         return verdict, reasons + [f"reference: nothing read of the flag-{'off' if not off.positions else 'on'} arm's "
                                    f"answers{': ' + unread[0] if unread else ''}"]
     t = found.tolerance
+    probed = f", {off.probed} and {on.probed} of them in the cache probes" if off.probed or on.probed else ""
     return verdict, reasons + [f"reference: both arms agree with a cache-free {found.dtype} read of their answers at "
-                               f"{off.positions} flag-off and {on.positions} flag-on answer positions (flips counted "
+                               f"{off.positions} flag-off and {on.positions} flag-on answer positions{probed} (flips counted "
                                f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: the measured "
                                f"noise floor {max(found.floor.values()):.2g} times {FLIP:g} and {GAP:g})"]

@@ -194,7 +194,7 @@ def _distance_view(d: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "quantiles": quantiles, "reason": d.get("reason")}
 
 
-REFERENCE_HEAD = ["arm", "positions", "control reads", "flips", "departures", "largest gap", "first departure"]
+REFERENCE_HEAD = ["arm", "positions", "in the probes", "control reads", "flips", "departures", "largest gap", "first departure"]
 
 
 def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +206,7 @@ def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
         return (f"{d[0]['case']} turn {d[0]['turn']} token {d[0]['position']}: emitted {d[0]['emitted']}, the reference "
                 f"picks {d[0]['reference']} by {d[0]['margin']:.3g}" if d else "-")
 
-    rows = [[f"flag-{name}", str(a["positions"]), str(a["controls"]), str(a["flips"]), str(a["departed"]),
+    rows = [[f"flag-{name}", str(a["positions"]), str(a.get("probed", 0)), str(a["controls"]), str(a["flips"]), str(a["departed"]),
              f"{a['max_gap']:.3g}", first(a["departures"])] for name, a in r["arms"].items()]
     floor = ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in r["floor"].items())
     return {"rows": rows, "note": f"{r['dtype']}, one pass, no cache; noise floor: {floor}; counted: flips above a margin "
@@ -355,7 +355,7 @@ def markdown(v: dict[str, Any]) -> str:
     if v.get("reference"):
         lines += ["", "## Reference arm (each arm against a cache-free read of its answers)", ""] + (
             [f"Not observable: {_md(v['reference']['not_observable'])}"] if "not_observable" in v["reference"] else
-            ["| " + " | ".join(REFERENCE_HEAD) + " |", "|---|" + "---:|" * 5 + "---|"]
+            ["| " + " | ".join(REFERENCE_HEAD) + " |", "|---|" + "---:|" * 6 + "---|"]
             + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["reference"]["rows"]]
             + ["", _md(v["reference"]["note"])])
     if v.get("sampling"):
