@@ -119,6 +119,10 @@ class EngineProfile(Strict):
     tokenizer: str | None = None
     timeout: float = Field(60, gt=0)
     concurrency: int = Field(1, ge=1)
+    # the weights transformers reads for a second, independent cache-free reference beside the engine's own cold read
+    # (a model folder or a .gguf file, relative to the workspace): the two disagreeing is INCONCLUSIVE (gate/reference.py).
+    # It judges the evidence, not the pipeline: never dumped
+    reference_model: str | None = Field(None, exclude=True)
     # where an evaluation runs its cases: in this process, or on Ray actors (in-process adapters). It moves
     # the model, not what it computes, so it is no part of the identity: never dumped, recorded in the config
     executor: Literal["local", "ray"] = Field("local", exclude=True)

@@ -65,3 +65,40 @@ def _top2(served: HTTPEngine, sequence: list[int], steps: int, j: int) -> list[l
 
 def _gap(top2) -> float:
     return top2[0][1] - top2[1][1]
+
+
+def test_a_second_independent_reference_sees_a_server_that_does_not_compute_the_model(tiny, workspace, run_cli,
+                                                                                       tmp_path):
+    """``reference_model``: transformers reads the served GGUF beside llama-server's own cold read. A healthy server:
+    the two references agree and the flag PASSes. Planted: the server runs another RoPE base than the weights say, so
+    both arms AND its own cold read compute another model (the arms agree with that read: the first reference alone is
+    blind, as with mlx-lm #430); the independent read disagrees: INCONCLUSIVE ``references_disagree:``."""
+    from served import evaluate, read_reference, served_ws
+
+    ws = served_ws(workspace)
+    read_reference(ws)
+    gguf = tiny / "model.gguf"
+    with llama_server(gguf, *F32, log=tmp_path / "healthy.log") as url, \
+            llama_server(gguf, *F32, "--rope-freq-base", "500", log=tmp_path / "other.log") as other:
+        for name, at in (("served", url), ("other", other)):
+            (ws / "engines" / f"{name}.yaml").write_text(f"adapter: http\nurl: {at}\ncache_switch: cache_prompt\n"
+                                                         f"timeout: 600\nreference_model: {gguf}\n")
+        healthy = evaluate(run_cli, ws, "served")[1]
+        broken = evaluate(run_cli, ws, "other")[1]
+    second = healthy["reference"]["second"]
+    assert healthy["verdict"] == "PASS" and second["disagreed"] == 0 and second["positions"] > 0, healthy["reasons"]
+    assert second["dtype"] == "float64" and any(x.startswith("second_reference:") for x in healthy["reasons"])
+    assert broken["verdict"] == "INCONCLUSIVE", broken["reasons"]
+    assert broken["reasons"][0].startswith("references_disagree:"), broken["reasons"]
+    assert not any(broken["reference"]["departs"].values())  # the server's own read is blind to it
+    assert broken["reference"]["second"]["disagreed"] > 0
+
+
+def test_a_reference_model_that_is_not_there_is_exit_2_before_anything_runs(workspace, run_cli):
+    from served import served_ws
+
+    ws = served_ws(workspace, served="adapter: http\nurl: http://127.0.0.1:9\ncache_switch: cache_prompt\n"
+                                                  "reference_model: nowhere.gguf\n")
+    code, out, err = run_cli("--workspace", ws, "evaluate", "--flag", "prefix_cache", "--engine", "served")
+    assert code == 2 and "engines/served.yaml: field 'reference_model'" in err and "nowhere.gguf" in err, err
+    assert not (ws / "ledger" / "evidence.db").exists()

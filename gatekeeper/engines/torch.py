@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 from ..errors import GatekeeperError
 from ..identity import directory_digest
 from ..setup.models import quiet_loading, resolve_model
-from .base import Referenced, versions
+from . import reader
+from .base import versions
 from .greedy import GreedyEngine, pick
 from .hf_tokenizer import ChatTokenizer, load_tokenizer
 
 # the cache implementations ``generate`` may run with (torch_generate.py, imported once a model is loaded)
 IMPLEMENTATIONS = ("dynamic", "static", "sliding_window", "hybrid", "quantized")
 MAX_CACHE_LEN = 2048
-REFERENCE_FLOAT64 = 50_000_000  # parameters: the reference read runs in float64 up to this size
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
     import numpy as np
@@ -132,7 +132,7 @@ class TorchEngine(GreedyEngine):
             if "attn_implementation" in self.profile.options else {}
         try:
             with quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(str(path), **{_dtype_arg(): self.dtype}, local_files_only=True,
+                model = AutoModelForCausalLM.from_pretrained(str(path), **{reader.dtype_arg(): self.dtype}, local_files_only=True,
                                                              **kwargs)
         except (ValueError, ImportError) as e:
             if not kwargs:
@@ -206,32 +206,11 @@ class TorchEngine(GreedyEngine):
         return tokens, first
 
     def reference(self, sequence, steps, asked, batch=1, own=False):
-        import torch
-
-        model = self.model if own else self._reference_model()
-        ids = torch.tensor([list(sequence)] * batch, dtype=torch.long, device=self.device)
-        with torch.inference_mode():  # no cache object: every position attends the whole sequence as written
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=steps + 1).logits[-1, :steps]
-        return Referenced.of(logits.double().cpu().numpy(), asked, str(model.dtype).removeprefix("torch."),
-                             f"{self.model_dir} in {model.dtype}")
-
-    def _reference_model(self) -> Any:
-        """The same weights (and adapter) loaded once more, eager and in float64 where the model has at most
-        ``REFERENCE_FLOAT64`` parameters (float32 above: a second copy that stays affordable)."""
-        if self._reference is None:
-            import torch
-            from transformers import AutoModelForCausalLM
-
+        if self._reference is None and not own:  # the same weights (and adapter) loaded once more
             assert self.model_dir is not None  # set by _locate
-            with quiet_loading():
-                model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), **{_dtype_arg(): torch.float32},
-                                                             attn_implementation="eager", local_files_only=True)
-            if self.adapter_dir is not None:
-                model = _merge_lora(model, self.adapter_dir)
-            if sum(p.numel() for p in model.parameters()) <= REFERENCE_FLOAT64:
-                model = model.double()
-            self._reference = model.to(self.device).eval()
-        return self._reference
+            self._reference = reader.load(self.model_dir, self.device, adapt=(
+                None if self.adapter_dir is None else lambda model: _merge_lora(model, self.adapter_dir)))
+        return reader.read(self.model if own else self._reference, sequence, steps, asked, batch, str(self.model_dir))
 
     @classmethod
     def _identity_extra(cls, profile, workspace_root: Path | None) -> dict[str, Any]:
@@ -260,14 +239,6 @@ class TorchEngine(GreedyEngine):
             import torch
 
             torch.cuda.empty_cache()
-
-
-def _dtype_arg() -> str:
-    """from_pretrained's dtype argument: ``torch_dtype`` before transformers 4.56 (which ignore ``dtype``)."""
-    import transformers
-
-    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
 
 
 def _device(name: str) -> Any:

@@ -113,6 +113,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
                      **({"skip_unsupported": True} if skip_unsupported else {}),
                      **({"load": production.identity(ws, load, digest_)} if load else {}),
                      **({"sequential": dataclasses.asdict(budget)} if budget else {})})
+    reference_.check(p)
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
     if budget is not None:
         _check_sequential(p, budget)

@@ -15,10 +15,12 @@ a tiny random model as on a trained one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from ..battery import partition
 from ..engines.base import Engine, Referenced
+from ..errors import GatekeeperError
 from ..evidence import Run, Turn
 from ..identity import sha256_hex
 from .plans import Plan
@@ -64,6 +66,19 @@ class Arm:
 
 
 @dataclass
+class Second:
+    """A second, independent reference (a profile's ``reference_model``): transformers reading those weights at the
+    positions the engine's own cold read covers. Where they pick different tokens by a clear margin, one of the two
+    forwards does not compute the model, and no reading of the arms can be trusted until a person looks."""
+
+    weights: str
+    dtype: str = ""
+    positions: int = 0
+    disagreed: int = 0
+    where: list[Departure] = field(default_factory=list)  # the first KEPT: emitted = the engine's pick, reference = its
+
+
+@dataclass
 class Read:
     """R's reading of both arms, the floors it was judged against, and what it took."""
 
@@ -72,6 +87,7 @@ class Read:
     floor: dict[str, float]  # reference_batch, repeat, controls
     tolerance: dict[str, float]  # flip_margin, gap
     seconds: float = 0.0
+    second: Second | None = None
 
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
@@ -92,6 +108,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     # per position: where, whether R flips, whether its gap may be judged (Referenced.gaps)
     rows: dict[str, list[tuple[Departure, bool, bool]]] = {"off": [], "on": []}
     memo: dict[tuple, Referenced] = {}
+    where: dict[tuple, tuple[str, int, str]] = {}  # a read's first case, turn and arm
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
 
@@ -109,6 +126,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
             if key not in memo:
                 memo[key] = r = _read(model, tokens, steps, asked)
+                where[key] = (case, n, name)
                 if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
                     own = _read(model, tokens, steps, asked, own=True)
                     floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
@@ -153,7 +171,53 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 arm.flipped += clear
                 if len(arm.departures) < KEPT:
                     arm.departures.append(d)
-    return Read(dtype, arms, floor, tolerance)
+    return Read(dtype, arms, floor, tolerance, second=_second(p, memo, where, tolerance, progress))
+
+
+def check(p: Plan) -> None:
+    """Exit 2 before anything runs where a profile's ``reference_model`` names no weights."""
+    for c in p.configs.values():
+        if c.profile.reference_model and not _weights(p, c.profile.reference_model).exists():
+            raise GatekeeperError(f"{c.profile.where}: field 'reference_model': {_weights(p, c.profile.reference_model)} "
+                                  "does not exist; name the served model's folder or .gguf file (relative to the "
+                                  "workspace), or remove the field")
+
+
+def _weights(p: Plan, spec: str) -> Path:
+    path = Path(spec).expanduser()
+    return path if path.is_absolute() else p.ws.root / path
+
+
+def _second(p: Plan, memo: dict[tuple, Referenced], where: dict[tuple, tuple[str, int, str]],
+            tolerance: dict[str, float], progress: Callable[[str], None]) -> Second | None:
+    """Every sequence the engine's own cold read covered, read again by transformers from the ``reference_model``
+    weights (one per arm's profile), compared where the engine read; None where no profile names any."""
+    specs = {name: p.configs[name].profile.reference_model for name in ("off", "on")}
+    if not any(specs.values()):
+        return None
+    from ..engines import reader
+
+    models: dict[str, Any] = {}
+    out = Second(", ".join(sorted({s for s in specs.values() if s})))
+    for key, own in memo.items():
+        case, turn, arm = where[key]
+        if not (spec := specs[arm]):
+            continue
+        if spec not in models:
+            progress(f"reference {spec}")
+            models[spec] = reader.load(_weights(p, spec))
+        tokens, asked = list(key[1]), [list(a) for a in key[2]]
+        other = reader.read(models[spec], tokens, len(asked), asked, where=spec)
+        out.dtype = other.dtype
+        for i, j in enumerate(range(len(asked)) if own.at is None else own.at):
+            mine, theirs = own.top2[i], other.top2[j]
+            out.positions += 1
+            if mine[0][0] != theirs[0][0] and _gap(theirs) > tolerance["flip_margin"]:
+                out.disagreed += 1
+                if len(out.where) < KEPT:
+                    out.where.append(Departure(case, turn, j, int(mine[0][0]), int(theirs[0][0]), _gap(theirs),
+                                               abs(_asked_gap(own.asked[i]) - _asked_gap(other.asked[j]))))
+    return out
 
 
 def _read(model: Engine, *args: Any, **kwargs: Any) -> Referenced:
@@ -229,9 +293,27 @@ def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: st
     """R's word on a verdict: both arms depart: ``base_defect:``, INCONCLUSIVE (the flag's verdict is void); the
     flag-on arm alone: FAIL where the change should be ``exact`` (a change that is not exact moves that arm by
     design, and its own gate judges it: reported); the flag-off arm alone: reported (the flag repairs the base);
-    neither: a line of what was read. ``shared``: the cache path both sides run, named in a base_defect."""
+    neither: a line of what was read. ``shared``: the cache path both sides run, named in a base_defect. A second,
+    independent reference that disagrees with the first makes a PASS ``references_disagree:``, INCONCLUSIVE."""
     if found is None or isinstance(found, str):
         return verdict, reasons
+    verdict, reasons = _by_arms(found, verdict, reasons, shared, detok, exact)
+    if (second := found.second) is None:
+        return verdict, reasons
+    if not second.disagreed:
+        return verdict, reasons + [f"second_reference: transformers reading {second.weights} in {second.dtype} picks what "
+                                   f"the engine's own cache-free read picks at all {second.positions} positions it read"]
+    first = second.where[0]
+    line = (f"references_disagree: the engine's own cache-free read and transformers reading {second.weights} pick "
+            f"different tokens at {second.disagreed} of {second.positions} positions (first {first.case} turn "
+            f"{first.turn} token {first.position}: the engine's read picks {detok([first.emitted])!r}, transformers "
+            f"{detok([first.reference])!r} by {first.margin:.3g} nats): one of the two forwards does not compute the "
+            "model, so no reading of the arms can be trusted; a person must look (the positions are in the record)")
+    return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+
+
+def _by_arms(found: Read, verdict: str, reasons: list[str], shared: str, detok: Callable[[list[int]], str],
+             exact: bool) -> tuple[str, list[str]]:
     off, on = found.arms["off"], found.arms["on"]
 
     def where(arm: Arm) -> str:

@@ -209,8 +209,14 @@ def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
     rows = [[f"flag-{name}", str(a["positions"]), str(a.get("probed", 0)), str(a["controls"]), str(a["flips"]), str(a["departed"]),
              f"{a['max_gap']:.3g}", first(a["departures"])] for name, a in r["arms"].items()]
     floor = ", ".join(f"{k.replace('_', ' ')} {v:.3g}" for k, v in r["floor"].items())
-    return {"rows": rows, "note": f"{r['dtype']}, one pass, no cache; noise floor: {floor}; counted: flips above a margin "
-                                  f"of {r['tolerance']['flip_margin']:.3g}, gaps above {r['tolerance']['gap']:.3g}"}
+    note = (f"{r['dtype']}, one pass, no cache; noise floor: {floor}; counted: flips above a margin "
+            f"of {r['tolerance']['flip_margin']:.3g}, gaps above {r['tolerance']['gap']:.3g}")
+    if second := r.get("second"):
+        note += (f"; a second, independent reference (transformers reading {second['weights']}, {second['dtype']}) "
+                 f"picks otherwise at {second['disagreed']} of {second['positions']} positions")
+        if second["where"]:
+            note += f", first {first(second['where'])}"
+    return {"rows": rows, "note": note}
 
 
 SAMPLING_HEAD = ["side", "draws read", "Kolmogorov-Smirnov D", "p", "impossible draws", "first impossible"]
