@@ -158,19 +158,19 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
     for folder in ("assertions", "engines", "policies", "prompts"):
         shutil.copytree(ROOT / folder, ws / folder)
     shutil.rmtree(ws / "policies" / "examples", ignore_errors=True)
+    places = {"{gguf}": str(path / "model.gguf"), "{model}": str(path)}
     if entry["profile"]["adapter"] == "http":  # a server this release runs, started by gatekeeper (``serve``)
         from gatekeeper.setup.llama_libs import lib_dir
         from gatekeeper.setup.runtimes import environment as made
 
-        release = python.rsplit("-", 1)[1]
-        places = {"{python}": made(python) or python, "{lib}": str(lib_dir(release)), "{gguf}": str(path / "model.gguf"),
-                  "{model}": str(path)}
-        text = json.dumps(entry["profile"])
-        for key, value in places.items():
-            text = text.replace(key, value)
-        profile = json.loads(text)
+        places.update({"{python}": made(python) or python, "{lib}": str(lib_dir(python.rsplit("-", 1)[1]))})
+        profile = entry["profile"]
     else:
         profile = {**entry["profile"], "model": str(path), "python": python}
+    text = json.dumps(profile)
+    for key, value in places.items():
+        text = text.replace(key, value)
+    profile = json.loads(text)
     (ws / "engines" / "bug.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
     for flag, extra in (entry.get("policies") or {}).items():  # fields set in (or making) the flag's policy
         policy = ws / "policies" / f"{flag}.yaml"

@@ -85,7 +85,11 @@ def test_a_flag_off_side_that_answers_its_repeat_differently_is_named_stale_stat
         f"adapter: fault_engines:StaleRepeat\nmodel: {tiny_llama}\ndtype: float32\ndevice: cpu\n")
     probes(tiny_ws, "{kinds: [repeat]}")
     code, out = evaluate(run_cli, tiny_ws, "stale")
-    assert out["verdict"] == "INCONCLUSIVE" and out["reasons"][0].startswith("stale_state: probe:repeat the flag-off"), out
+    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert any(x.startswith("stale_state: probe:repeat the flag-off") for x in out["reasons"]), out["reasons"]
+    # the reference arm reads the probe's answers too: both arms' repeat departs from a cache-free read of its prompt
+    assert out["reasons"][0].startswith("base_defect: both arms depart"), out["reasons"]
+    assert {d["case"] for d in out["reference"]["arms"]["off"]["departures"]} == {"probe:repeat"}
 
 
 def test_probes_off_run_none(run_cli, tiny_ws):

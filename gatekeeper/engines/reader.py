@@ -22,14 +22,19 @@ def load(path: Path, device: Any = "cpu", adapt: Callable[[Any], Any] | None = N
     from transformers import AutoModelForCausalLM
 
     gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+    model: Any
+    info: dict[str, Any]
     try:
         with quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent if gguf else path), **gguf,
-                                                         **{dtype_arg(): torch.float32}, attn_implementation="eager",
-                                                         local_files_only=True)
+            model, info = AutoModelForCausalLM.from_pretrained(  # type: ignore[misc]
+                str(path.parent if gguf else path), **gguf, **{dtype_arg(): torch.float32}, attn_implementation="eager",
+                local_files_only=True, output_loading_info=True)
     except (OSError, ValueError) as e:
         raise GatekeeperError(f"{path}: transformers cannot read these weights for a cache-free reference ({e}); "
                               "point at a model folder or a .gguf file of an architecture transformers knows") from None
+    if missing := sorted(info.get("missing_keys") or []):  # initialised at random: a reference of nothing
+        raise GatekeeperError(f"{path}: transformers found no weights for {len(missing)} of the model's tensors "
+                              f"({missing[0]}, ...); these weights are not in the layout transformers reads")
     if adapt is not None:
         model = adapt(model)
     if sum(p.numel() for p in model.parameters()) <= FLOAT64_UP_TO:

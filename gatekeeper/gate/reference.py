@@ -125,7 +125,13 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             # what R reads depends on the tokens and on the two candidates asked about at each position
             key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
             if key not in memo:
-                memo[key] = r = _read(model, tokens, steps, asked)
+                try:
+                    memo[key] = r = _read(model, tokens, steps, asked)
+                except GatekeeperError as e:  # a probe's own text a server cannot be sent as these tokens: that turn
+                    if not case.startswith(PREFIX):
+                        raise
+                    arms[name].unread.append(f"{case} turn {n}: {e}")
+                    break
                 where[key] = (case, n, name)
                 if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
                     own = _read(model, tokens, steps, asked, own=True)
