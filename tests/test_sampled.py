@@ -167,3 +167,23 @@ def test_a_configuration_that_decodes_greedy_only_is_exit_2_before_anything_is_w
     said = json.loads(out)["error"]
     assert code == 2 and "tiny.yaml: field 'decoding'" in said and "greedy only" in said, said
     assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
+
+
+def test_the_cache_probes_draw_under_the_suites_decoding_and_see_a_penalty_that_forgets_the_cached_history(
+        run_cli, workspace, tiny_llama):
+    """Penalty probes: in a sampled suite the probes draw as its cases do (one key per probe, the same on both sides
+    and for a repeat's two turns). The continuation probe's cached prefix holds the previous answer's words, so a
+    penalty that forgets the cached history shows there on its own."""
+    ws = sampled_ws(workspace, tiny_llama)
+    (ws / "engines" / "planted.yaml").write_text(profile("fault_engines:ForgetfulOn", tiny_llama))
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("probes: off\n", "") + "probes: {kinds: [repeat, continuation]}\n")
+    code, healthy = evaluate(run_cli, ws, "tiny")
+    assert healthy["verdict"] == "PASS" and healthy["probes"] == {"repeat": "equal", "continuation": "equal"}, healthy
+    with ledger(ws) as lg:
+        probed = [r["result"] for r in lg.evaluation(healthy["evaluation_id"])["case_results"]
+                  if r["case_id"].startswith("probe:")]
+    assert probed and all(t.get("draws") for r in probed for t in r["turns"])  # drawn, not greedy
+    code, planted = evaluate(run_cli, ws, "planted")
+    assert planted["verdict"] == "FAIL" and planted["probes"]["continuation"] == "differs", planted["reasons"]
+    assert any(r.startswith("differs: probe:continuation") for r in planted["reasons"]), planted["reasons"]

@@ -30,10 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..battery import partition
+from ..engines import sampler
 from ..engines.base import Generation, Session, labelled
 from ..errors import EngineCrash, described
 from ..evidence import CaseResult, Crash, Run, Top2, Turn
 from ..identity import sha256_hex
+from ..workspace import Decoding
 from . import kinds
 from .plans import Plan
 
@@ -52,6 +54,7 @@ class Base:
     other: list[int]  # another case's prompt of the same suite (P again when there is none)
     follow: list[int]  # the follow-up of a continuation
     stop: list[str]
+    decoding: Decoding  # the suite's: a sampled suite's probes draw as its cases do, keyed per probe
 
 
 @dataclass
@@ -89,7 +92,7 @@ def base(session: Session, p: Plan, mode: partition.Mode) -> Base:
     r = rendered(item)
     other = rendered(others[0]).tokens if others else r.tokens
     return Base(item.suite.stage, r.tokens, r.static_tokens, other, session.model.tokenize(FOLLOW),
-                list(item.suite.decoding.stop))
+                list(item.suite.decoding.stop), item.suite.decoding)
 
 
 class _Skip(Exception):
@@ -109,8 +112,12 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         need = len(prompt) + spec.max_tokens
         if model.context is not None and need > model.context:
             raise _Skip(f"does not fit: it needs {need} tokens and the engine holds {model.context}")
+        # sampled: one key per probe, the same on both sides and for each of its turns (a repeat draws as the first
+        # time), so the penalties' history across the cached prefix and the draws pair as the cases' do
+        d = b.decoding
+        drawn: dict[str, Any] = {} if d.plain else {"sampling": sampler.Draw(d, sampler.key(d.seed, PREFIX + name, 0, 0))}
         with labelled(stage=b.stage, stream="gatekeeper-probes"):
-            return session.generate(prompt, max_tokens=spec.max_tokens, stop=b.stop, top2=True)
+            return session.generate(prompt, max_tokens=spec.max_tokens, stop=b.stop, top2=True, **drawn)
 
     def stretched(length: int, tail: list[int]) -> list[int]:
         """P's static part lengthened to ``length`` tokens with its own text, then ``tail``."""
