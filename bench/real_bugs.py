@@ -206,6 +206,7 @@ def run(entry: dict, side: str, limit: int | None = None) -> dict:
     found = next((m for r in reasons if (m := DIVERGES.search(r))), None)
     verdict = out.get("verdict") or ("aborted" if done.returncode == 2 else f"exit {done.returncode}")
     return {"release": entry[side]["release"], "verdict": verdict, "exit": done.returncode, "reason": reasons[0],
+            "reasons": reasons,
             "differing_cases": len(out.get("differing_cases") or []),
             "first_divergent_position": int(found.group(1)) if found else None, "seconds": round(seconds, 1)}
 

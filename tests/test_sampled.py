@@ -29,6 +29,9 @@ def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace
     assert s["answers"] == 12 and s["mismatches"] == 0 and s["steps"] > 12
     assert 0 < s["tv_bound"] < 0.1
     assert any(r.startswith("sampled: tiny: temperature 0.8") for r in out["reasons"])
+    # the controls of every sampled evaluation: no shared seed parts, the temperature doubled is seen
+    assert (s["controls"]["unpaired"], s["controls"]["planted"]) == ("seen", "seen"), s["controls"]
+    assert any(r.startswith("controls: on tiny/") for r in out["reasons"])
     with ledger(ws) as lg:  # the samples of a case part from each other (the draws are keyed by sample)
         answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in lg.evaluation(out["evaluation_id"])["case_results"]
                    if r["config"] == "off" and r["repeat"] == 0}
@@ -135,6 +138,10 @@ def test_a_temperature_both_sides_ignore_is_a_base_defect(run_cli, workspace, ti
     out = evaluate(run_cli, ws, "planted")[1]
     assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
     assert out["reasons"][0].startswith("base_defect: the flag-off side's") and "Kolmogorov-Smirnov" in out["reasons"][0]
+    # the planted control (the temperature doubled under the shared seed) is missed: an engine that ignores the
+    # temperature cannot show a change of it, whatever the pairing says
+    assert out["sampling"]["controls"]["planted"] == "missed"
+    assert any(r.startswith("control_missed: on tiny/") for r in out["reasons"]), out["reasons"]
     # the healthy sampler's transforms are uniform on the same model and decoding
     healthy = evaluate(run_cli, ws, "tiny")[1]
     assert healthy["verdict"] == "PASS" and healthy["sampling"]["declared"]["on"]["p"] > 0.025, healthy["sampling"]

@@ -28,6 +28,7 @@ from ..errors import GatekeeperError, described
 from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
 from ..identity import digest
 from ..workspace import EngineProfile, Load, MinedOn, Workspace
+from . import controls as controls_
 from . import coupling, distance, forced, kinds, paired, pipeline, pit, production, sequential, sides, switches
 from . import crashes as crashes_
 from . import graders as graders_
@@ -284,6 +285,7 @@ class Runs:
     seconds: dict[str, float]
     model_s: float
     probes: dict[str, list[probes_.Probed]] = field(default_factory=dict)  # config -> one per repeat
+    controls: dict[str, Any] | None = None  # sampled: the flag-on run's control draws (gate/controls.py)
     ran: list[battery.Item] | None = None  # sequential: the cases run, in their order (None: the whole battery)
     rule: sequential.Sequential | None = None  # sequential: the rule's state where it stopped
     failed: list[str] = field(default_factory=list)  # steps after the cases that raised: each, and what it raised
@@ -308,6 +310,8 @@ def _run(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progres
             runs.seconds[config] += time.perf_counter() - t0
             if config != ALONE and probing:  # after the battery, in every run, in one order
                 _probe(runs, session, p, ledger, evaluation_id, config, repeat, progress)
+            if (config, repeat) == ("on", 0):
+                runs.controls = controls_.run(session, p, c.render)
         runs.results[config].append(results)
     return runs
 
@@ -390,6 +394,9 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
         if probes_.why_not(probed_plan) is None:  # after the cases run, in every run, in one order (as in _run)
             for config, repeat, _, session in sessions:
                 _probe(runs, session, probed_plan, ledger, evaluation_id, config, repeat, progress)
+        for config, repeat, c, session in sessions:
+            if (config, repeat) == ("on", 0):
+                runs.controls = controls_.run(session, probed_plan, c.render)
     return runs
 
 
@@ -509,11 +516,14 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
     coupled = coupling.couple(p.items, reference, on, p.policy.alpha, models["on"].sampler())
     declared = pit.read(p.items, runs.results) if coupled else None
+    checked = controls_.judge(runs.controls, reference, p.policy.alpha) if coupled else None
     if coupled and not forced:
         verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),
                                          p.policy.max_tv)
         if declared:
             verdict, reasons = pit.judge(declared, p.policy.alpha, verdict, reasons)
+        if checked:
+            verdict, reasons = checked.judge(verdict, reasons)
     verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
     if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
         verdict, reasons = "INCONCLUSIVE", judged.base + reasons
@@ -550,7 +560,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
-        sampling={**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None} if coupled else None,
+        sampling={**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None,
+                  "controls": checked.to_dict() if checked else None} if coupled else None,
         reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),

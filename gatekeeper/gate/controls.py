@@ -1,0 +1,94 @@
+"""Controls in every sampled evaluation: the gate is shown to say no where it says yes.
+
+At the end of the flag-on run, on its session (its cache as the cases left it), the first sampled case's first turn
+is drawn twice more and set against the flag-off answer drawn under the case's key:
+
+- ``unpaired``: under a fresh key, no seed shared. It must part from that answer wherever the declared decoding gives
+  two independent draws of it less than ``alpha`` chance to agree (the product of each step's likeliest probability);
+  identical, the engine's draws do not follow their keys, and agreement under shared keys shows nothing.
+- ``planted``: under the case's key with the temperature doubled, a sampler defect. The coupling must see it: tokens
+  that part, or the same raw log-probability weighed otherwise (``coupling.PROCESSED``) where the side records what
+  its draws weighed.
+
+Each is ``seen``, ``missed`` or ``undecided`` (a decoding too peaked to tell, or a server that records no weights and
+whose tokens happened to agree). A missed control turns a PASS into INCONCLUSIVE (``control_missed:``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..battery import partition
+from ..engines import sampler
+from ..engines.base import Session, labelled
+from ..evidence import Run
+from .coupling import PROCESSED
+from .plans import Plan
+
+
+@dataclass
+class Controls:
+    case: str
+    unpaired: str  # seen | missed | undecided
+    planted: str
+    chance: float  # the chance two independent draws give the flag-off answer's tokens, at most
+
+    def line(self) -> str:
+        return (f"controls: on {self.case}, a draw with no shared seed {self._said(self.unpaired)} (chance of agreeing "
+                f"at most {self.chance:.2g}); the temperature doubled under the shared seed {self._said(self.planted)}")
+
+    @staticmethod
+    def _said(outcome: str) -> str:
+        return {"seen": "parted, as it must", "missed": "did NOT part",
+                "undecided": "could not tell"}[outcome]
+
+    def judge(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
+        if "missed" not in (self.unpaired, self.planted):
+            return verdict, reasons + [self.line()]
+        line = (f"control_missed: {self.line().removeprefix('controls: ')}: the pairing cannot show a sampled change on "
+                "this engine, so agreement proves nothing; check that it honours per-request seeds and records its draws")
+        return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(session: Session, p: Plan, mode: partition.Mode) -> dict[str, Any] | None:
+    """The two control draws on the flag-on ``session`` (after its cases); None where no suite samples."""
+    item = next((i for i in p.items if not i.suite.decoding.plain and i.sample == 0), None)
+    if item is None:
+        return None
+    d = item.suite.decoding
+    values = {**item.case.vars, **(item.case.turns[0] if item.case.turns else {})}
+    prompt = partition.render(session.model, partition.pieces(p.ws, item.suite, values), mode).tokens
+    hotter = d.model_copy(update={"temperature": min(2 * d.temperature, 100.0)})
+    out: dict[str, Any] = {"case": item.case_id}
+    for name, draw in (("unpaired", sampler.Draw(d, sampler.fresh())),
+                       ("planted", sampler.Draw(hotter, sampler.key(d.seed, item.case_key, item.sample, 0)))):
+        with labelled(stage=item.suite.stage, stream="gatekeeper-controls"):
+            out[name] = session.generate(prompt, max_tokens=d.max_tokens, stop=list(d.stop), top2=True,
+                                         sampling=draw).to_dict()
+    return out
+
+
+def judge(drawn: dict[str, Any] | None, off: Run, alpha: float) -> Controls | None:
+    """What the two control draws show against the flag-off answer of their case; None where none ran."""
+    if drawn is None or (answer := off.get(drawn["case"])) is None or "crash" in answer:
+        return None
+    ref = answer["turns"][0]
+    chance = math.exp(sum(w[2] for w in ref["draws"])) if ref.get("draws") else 1.0
+    same = drawn["unpaired"]["tokens"] == ref["tokens"]
+    unpaired = "seen" if not same else "missed" if chance < alpha else "undecided"
+    return Controls(drawn["case"], unpaired, _planted(drawn["planted"], ref), chance)
+
+
+def _planted(g: dict[str, Any], ref: dict[str, Any]) -> str:
+    if g["tokens"] != ref["tokens"]:
+        return "seen"
+    pairs = list(zip(g.get("draws") or [], ref.get("draws") or []))
+    if not pairs:
+        return "undecided"
+    weighed = any(a[0] == b[0] and abs(a[1] - b[1]) > PROCESSED for a, b in pairs)
+    return "seen" if weighed else "missed"
