@@ -84,7 +84,7 @@ def judge(drawn: dict[str, Any] | None, off: Run, alpha: float) -> Controls | No
     return Controls(drawn["case"], unpaired, _planted(drawn["planted"], ref), chance)
 
 
-def _planted(g: dict[str, Any], ref: dict[str, Any]) -> str:
+def _planted(g: dict[str, Any], ref: Any) -> str:
     if g["tokens"] != ref["tokens"]:
         return "seen"
     pairs = list(zip(g.get("draws") or [], ref.get("draws") or []))

@@ -231,7 +231,9 @@ def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
                                   f"{s['mismatches']} mismatched: per-token total variation at most {s['tv_bound']:.3g} "
                                   f"({1 - s['alpha']:.0%}); {s['sampler_state']} coupled steps weighed differently by "
-                                  f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"}
+                                  f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"
+                                  + (f"; controls: no shared seed {c['unpaired']}, the temperature doubled {c['planted']}"
+                                     if (c := s.get("controls")) else "")}
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
