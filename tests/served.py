@@ -284,12 +284,16 @@ def assert_aborted(code: int, out: dict, front: str, message: str, ws) -> None:
 
 
 @contextmanager
-def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None = None):
+def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None = None, seen: list | None = None):
     """Forwards every request to ``upstream`` except POST /v1/completions, which it answers with
     ``mode``: ``garbage`` (200 with a body that is not JSON), ``wrong`` (JSON, not a completion),
     ``slow`` (forwards after ``delay`` seconds) or ``diverted`` (a completion of more than one token
-    goes to ``other``: the answers come from another model than the one-token reads) or ``hotter`` (a sampled
-    request forwarded at twice its temperature: a server whose sampler does not follow the declared decoding)."""
+    goes to ``other``: the answers come from another model than the one-token reads), ``hotter`` (a sampled
+    request forwarded at twice its temperature: a server whose sampler does not follow the declared decoding) or
+    ``unseeded_under_load`` (a request's seed dropped while another is in flight: a server that loses seeds when it
+    batches). ``seen``: each completion request's body is appended to it."""
+    in_flight = [0]
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # keep test output clean
@@ -321,6 +325,18 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path != "/v1/completions":
                 return self._forward(body)
+            if seen is not None:
+                seen.append(json.loads(body))
+            with lock:
+                in_flight[0] += 1
+                busy = in_flight[0] > 1
+            try:
+                self._complete(body, busy)
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+
+        def _complete(self, body: bytes, busy: bool):
             if mode == "garbage":
                 return self._send(200, b"<html>502 bad gateway</html>")
             if mode == "wrong":
@@ -330,6 +346,8 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
             if mode == "hotter" and json.loads(body).get("temperature"):
                 request = json.loads(body)
                 return self._forward(json.dumps({**request, "temperature": 2 * request["temperature"]}).encode())
+            if mode == "unseeded_under_load" and busy and "seed" in (request := json.loads(body)):
+                return self._forward(json.dumps({k: v for k, v in request.items() if k != "seed"}).encode())
             time.sleep(delay)
             self._forward(body)
 

@@ -59,3 +59,29 @@ def test_llama_servers_draws_follow_its_documented_chain_and_a_hotter_one_is_a_b
     assert declared["off"]["steps"] >= 40 and declared["off"]["impossible"] == 0
     assert hotter["verdict"] == "INCONCLUSIVE" and hotter["sampling"]["mismatches"] == 0, hotter["reasons"]
     assert hotter["reasons"][0].startswith("base_defect: the flag-off side's"), hotter["reasons"]
+
+
+def test_seeded_and_unseeded_requests_in_flight_together_and_a_seed_dropped_under_load(tiny, workspace, run_cli,
+                                                                                          tmp_path):
+    """Under a load, a sampled suite's background requests draw with no seed beside the battery's seeded ones (four
+    slots: one batch). The healthy server keeps each seeded answer; a front that drops a request's seed whenever
+    another is in flight (a server that loses seeds when it batches) is never a PASS."""
+    from served import not_blamed_on_batching
+
+    sampled(served_ws(workspace))
+    seen: list[dict] = []
+    with llama_server(tiny / "model.gguf", *F32, "-np", "4", "-c", "8192", log=tmp_path / "server.log") as url, \
+            faulty_front(url, "slow", seen=seen) as healthy_front, faulty_front(url, "unseeded_under_load") as dropping:
+        for name, front in (("served", healthy_front), ("dropping", dropping)):
+            (workspace / "engines" / f"{name}.yaml").write_text(
+                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        code, healthy = evaluate(run_cli, workspace, "served", "--limit", "2", "--load", "3")
+        dropped = evaluate(run_cli, workspace, "dropping", "--limit", "2", "--load", "3")[1]
+    drawn = [b for b in seen if b.get("temperature")]
+    assert any("seed" in b for b in drawn) and any("seed" not in b for b in drawn), len(drawn)  # both kinds went
+    with Ledger(f"sqlite:///{workspace / 'ledger' / 'evidence.db'}") as lg:
+        ev = lg.evaluation(healthy["evaluation_id"])
+    not_blamed_on_batching(code, healthy, ev, "")
+    assert healthy["verdict"] == "PASS", healthy["reasons"]  # measured: seeds hold in a shared batch on this server
+    assert dropped["verdict"] == "INCONCLUSIVE", dropped["reasons"]
+    assert dropped["reasons"][0].startswith(("batch_variant:", "baseline_unstable:")), dropped["reasons"]

@@ -18,7 +18,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, S
 
 from ..errors import GatekeeperError
 from ..evidence import Generated, Top2
-from ..workspace import EngineProfile
+from ..workspace import Decoding, EngineProfile
 from .faults import Fault
 from .sampler import Draw
 
@@ -369,10 +369,12 @@ class Engine(ABC):
         assert self.fault_session_class is not None  # check_fault refuses an adapter without one
         return self.fault_session_class(self, cache=cache, fault=fault, results=results if self.persists else None)
 
-    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> ContextManager[Any]:
+    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int, Decoding | None]],
+                   workers: int) -> ContextManager[Any]:
         """Background traffic kept in flight on the deployment a ``session(cache=...)`` talks to, while
         the ``with`` block runs: ``workers`` requests at a time, drawn in turn from ``prompts`` (token ids,
-        max tokens). Only served engines batch other people's requests with the battery's."""
+        max tokens, and a sampled decoding they draw with no seed, or None: greedy). Only served engines batch other
+        people's requests with the battery's."""
         raise GatekeeperError(f"the {self.name} adapter runs the model in this process, one request at a time: a load "
                               "(policy 'load', evaluate --load) needs a served engine (adapter http)")
 

@@ -144,8 +144,8 @@ class LlamaCpp(Dialect):
         d = draw.decoding
         return {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
                 "repeat_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
-                "frequency_penalty": d.frequency_penalty, "repeat_last_n": length, "seed": draw.seed,
-                "samplers": self.sampler["chain"] if self.sampler else []}
+                "frequency_penalty": d.frequency_penalty, "repeat_last_n": length,
+                "samplers": self.sampler["chain"] if self.sampler else [], **_seed(draw)}
 
 
 class VLLM(Dialect):
@@ -186,7 +186,7 @@ class VLLM(Dialect):
         d = draw.decoding
         return {"temperature": d.temperature, "top_k": d.top_k or -1, "top_p": d.top_p, "min_p": d.min_p,
                 "repetition_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
-                "frequency_penalty": d.frequency_penalty, "seed": draw.seed}
+                "frequency_penalty": d.frequency_penalty, **_seed(draw)}
 
     def score_request(self, tokens):
         return {"prompt": tokens, "prompt_logprobs": PROMPT_TOP_K, "max_tokens": 1}
@@ -273,3 +273,8 @@ def _local_tokenizer(engine: Server):
     except (OSError, ValueError) as e:
         raise GatekeeperError(f"{engine.profile.where}: field 'tokenizer': cannot load a tokenizer from {folder} ({e}); "
                               "point it at a Hugging Face-format folder with tokenizer.json") from None
+
+
+def _seed(draw: Draw) -> dict[str, int]:
+    """The request's seed field; none for an unseeded draw (the server draws as it likes)."""
+    return {"seed": draw.seed} if draw.seeded else {}

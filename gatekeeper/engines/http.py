@@ -34,7 +34,7 @@ from typing import Any, Sequence
 from .. import __version__
 from ..errors import EngineCrash, GatekeeperError
 from ..identity import digest, flatten
-from ..workspace import EngineProfile
+from ..workspace import Decoding, EngineProfile
 from . import sampler, serve, telemetry
 from .base import (
     Engine,
@@ -49,7 +49,7 @@ from .base import (
     request_labels,
 )
 from .dialects import DIALECTS, PROMPT_TOP_K, detect
-from .sampler import Draw
+from .sampler import Draw, fresh
 
 # A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
 # last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose
@@ -313,7 +313,7 @@ class HTTPEngine(Engine):
         url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
                                                 "stop": list(stop), **drawn}, replica, background)
         g = self._parse(url, answer, prompt, wall)
-        if sampling is not None:
+        if sampling is not None and not background:
             g.draws = self._draws(url, sampling, answer["choices"][0], g.tokens)
         g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
@@ -422,7 +422,8 @@ class HTTPEngine(Engine):
             self._busy[url][1] += 1
             return url
 
-    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int]], workers: int) -> "Background":
+    def background(self, cache: bool, prompts: Sequence[tuple[list[int], int, Decoding | None]],
+                   workers: int) -> "Background":
         return Background(self, "on" if cache else "off", prompts, workers)
 
     def _parse(self, url: str, answer: Any, prompt: list[int], wall: float) -> Generation:
@@ -538,7 +539,8 @@ class Background:
     sending the next prompt as soon as its last one is answered, so that many stay in flight. A failed
     background request fails the run on exit: the load was not what the evidence says it was."""
 
-    def __init__(self, model: HTTPEngine, config: str, prompts: Sequence[tuple[list[int], int]], workers: int):
+    def __init__(self, model: HTTPEngine, config: str, prompts: Sequence[tuple[list[int], int, Decoding | None]],
+                 workers: int):
         if not prompts:
             raise GatekeeperError("a load needs background prompts, and there are none")
         self.model, self.config, self.prompts, self.workers = model, config, list(prompts), workers
@@ -549,7 +551,7 @@ class Background:
         self._threads: list[threading.Thread] = []
         self._errors: list[str] = []
 
-    def _take(self) -> tuple[list[int], int]:
+    def _take(self) -> tuple[list[int], int, Decoding | None]:
         with self._lock:
             prompt = self.prompts[self._next % len(self.prompts)]
             self._next += 1
@@ -557,9 +559,11 @@ class Background:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            tokens, max_tokens = self._take()
+            tokens, max_tokens, decoding = self._take()
+            # a sampled suite's load draws as it does, with no seed: unseeded requests in flight beside seeded ones
+            drawn = None if decoding is None else Draw(decoding, fresh(), seeded=False)
             try:
-                self.model.complete(self.config, tokens, max_tokens, (), warm=True, background=True)
+                self.model.complete(self.config, tokens, max_tokens, (), warm=True, background=True, sampling=drawn)
             except GatekeeperError as e:
                 self._errors.append(str(e))
                 return

@@ -55,10 +55,12 @@ def fresh() -> tuple[int, int]:
 @dataclass(frozen=True)
 class Draw:
     """One turn's sampling: the decoding it follows and its key (``key``). Engines that decode in process take the
-    draw's tokens (``Sampler.pick``); served engines send ``seed`` (the key folded to the server's seed width)."""
+    draw's tokens (``Sampler.pick``); served engines send ``seed`` (the key folded to the server's seed width), or
+    none where ``seeded`` is False (load traffic: a server's unseeded requests in flight beside the seeded ones)."""
 
     decoding: "Decoding"
     key: tuple[int, int]
+    seeded: bool = True
 
     @property
     def seed(self) -> int:

@@ -15,7 +15,7 @@ from ..battery import partition
 from ..battery.suites import Item
 from ..errors import GatekeeperError
 from ..identity import file_digest
-from ..workspace import Load, Workspace
+from ..workspace import Decoding, Load, Workspace
 
 BACKGROUND_MAX_TOKENS = 32  # a captured call's answer length is not in the capture: this many tokens each
 
@@ -59,19 +59,21 @@ def identity(ws: Workspace, load: Load, battery_digest: str) -> dict[str, Any]:
 
 
 def prompts(ws: Workspace, load: Load, model, items: Sequence[Item], mode: partition.Mode,
-            captured: Sequence[list[int] | str] | None) -> list[tuple[list[int], int]]:
-    """The background requests (token ids, max tokens): each case's first turn, or each captured call
-    (``captured``: the capture's prompts, ids or text, as ``traffic.capture.prompts`` reads them)."""
+            captured: Sequence[list[int] | str] | None) -> list[tuple[list[int], int, Decoding | None]]:
+    """The background requests (token ids, max tokens, the suite's sampled decoding, which they draw with no seed):
+    each case's first turn, or each captured call, greedy (``captured``: the capture's prompts, ids or text, as
+    ``traffic.capture.prompts`` reads them)."""
     if source(ws, load) is None:
         out = []
         for item in items:
             values = {**item.case.vars, **(item.case.turns[0] if item.case.turns else {})}
             rendered = partition.render(model, partition.pieces(ws, item.suite, values), mode)
-            out.append((list(rendered.tokens), item.suite.decoding.max_tokens))
+            d = item.suite.decoding
+            out.append((list(rendered.tokens), d.max_tokens, None if d.plain else d))
         return out
     if captured is None:
         raise GatekeeperError(f"load background {load.background}: the capture's prompts were not read")
-    return [(p if isinstance(p, list) else model.tokenize(p), BACKGROUND_MAX_TOKENS) for p in captured]
+    return [(p if isinstance(p, list) else model.tokenize(p), BACKGROUND_MAX_TOKENS, None) for p in captured]
 
 
 def fix(dialect: str | None) -> str:
