@@ -194,3 +194,21 @@ def test_the_cache_probes_draw_under_the_suites_decoding_and_see_a_penalty_that_
     code, planted = evaluate(run_cli, ws, "planted")
     assert planted["verdict"] == "FAIL" and planted["probes"]["continuation"] == "differs", planted["reasons"]
     assert any(r.startswith("differs: probe:continuation") for r in planted["reasons"]), planted["reasons"]
+
+
+def test_a_sequential_sampled_evaluation_bounds_the_distance_by_a_confidence_sequence(run_cli, workspace, tiny_llama):
+    """A sequential run stops when its data say: its TV bound must hold at every stop, so it is the confidence
+    sequence (gate/coupling.py ``upper_anytime``), wider than Clopper-Pearson's on the same steps."""
+    from gatekeeper.gate.coupling import upper
+
+    ws = sampled_ws(workspace, tiny_llama)
+    # an A/A change under a gate with a loss to bound, which a sequential run can stop on
+    (ws / "policies" / "same.yaml").write_text("flag: same\ngate: non_inferiority\nmargin: 0.3\nprobes: off\n"
+                                               "distance: false\nreference: false\nchange: {engine: tiny}\n")
+    code, text, _ = run_cli("--workspace", ws, "evaluate", "--flag", "same", "--engine", "tiny", "--sequential", "--json")
+    out = json.loads(text)
+    assert "sampling" in out, out
+    s = out["sampling"]
+    assert s["bound"] == "confidence sequence" and s["mismatches"] == 0, out["reasons"]
+    assert s["tv_bound"] > upper(0, s["steps"], s["alpha"])
+    assert any("confidence sequence)" in r for r in out["reasons"] if r.startswith("sampled:"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gatekeeper.engines.sampler import Draw, Sampler, key
-from gatekeeper.gate.coupling import upper
+from gatekeeper.gate.coupling import upper, upper_anytime
 from gatekeeper.workspace import Decoding
 
 
@@ -89,3 +89,25 @@ def test_the_clopper_pearson_bound():
     assert math.isclose(upper(0, 100, 0.05), 1 - 0.05 ** (1 / 100))
     # k = 1 of 20 at 95%: the rate p at which P(Binomial(20, p) <= 1) = 0.05 (a published table gives 0.2161)
     assert abs(upper(1, 20, 0.05) - 0.2161) < 1e-3
+
+
+def test_the_confidence_sequence_holds_at_every_stop_where_clopper_pearson_read_at_every_stop_does_not():
+    """A sequential run looks after every step and may stop at the first look whose bound certifies: the false
+    certification rate is the chance the bound EVER falls below the true mismatch rate. Simulated at rate 0.02 over
+    2,000 steps, read at every step: Clopper-Pearson's fixed-n bound does so far more often than alpha, the
+    confidence sequence (``upper_anytime``) at most alpha (plus the slack of 150 trials)."""
+    rng = np.random.default_rng(5)
+    rate, alpha, trials, steps = 0.02, 0.05, 150, 2000
+    ever = {"fixed": 0, "anytime": 0}
+    looks = np.unique(np.geomspace(10, steps, 40).astype(int))
+    for _ in range(trials):
+        k = np.cumsum(rng.random(steps) < rate)
+        ever["fixed"] += any(upper(int(k[n - 1]), int(n), alpha) < rate for n in looks)
+        ever["anytime"] += any(upper_anytime(int(k[n - 1]), int(n), alpha) < rate for n in looks)
+    slack = 3 * math.sqrt(alpha * (1 - alpha) / trials)
+    assert ever["anytime"] / trials <= alpha + slack, ever
+    assert ever["fixed"] / trials > alpha + slack, ever  # why a sequential run needs the sequence
+    # the sequence is wider than the fixed-n bound, and tightens as steps come in
+    assert upper_anytime(0, 100, alpha) > upper(0, 100, alpha)
+    assert math.isclose(upper_anytime(0, 100, alpha), 1 - (alpha / 101) ** (1 / 100), rel_tol=1e-9)
+    assert upper_anytime(0, 1000, alpha) < upper_anytime(0, 100, alpha)

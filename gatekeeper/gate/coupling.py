@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..battery.suites import Item
 from ..engines import sampler
@@ -39,11 +39,15 @@ class Coupled:
     tv_bound: float = 1.0  # per-token TV distance, at most this, at confidence 1 - alpha
     sampler_state: int = 0  # coupled steps with equal raw and different processed log-probabilities
     where: list[str] = field(default_factory=list)  # the first KEPT of them
+    bound: str = "Clopper-Pearson"  # or "confidence sequence": valid at whatever step a sequential run stopped
+
+    def upper(self, k: int, n: int) -> float:
+        return (upper_anytime if self.bound == "confidence sequence" else upper)(k, n, self.alpha)
 
     def line(self) -> str:
         return (f"sampled: {'; '.join(f'{s}: {d}' for s, d in self.decoding.items())}; {self.answers} answers paired "
                 f"by seed, {self.steps} coupled steps, {self.mismatches} mismatched: per-token total variation at most "
-                f"{self.tv_bound:.3g} ({1 - self.alpha:.0%} Clopper-Pearson)")
+                f"{self.tv_bound:.3g} ({1 - self.alpha:.0%} {self.bound})")
 
     def reasons(self) -> list[str]:
         if not self.sampler_state:
@@ -70,7 +74,7 @@ class Coupled:
         head = (f"tv_bound: {self.steps} coupled steps ({self.mismatches} mismatched) bound the per-token total variation "
                 f"at {self.tv_bound:.3g}, above the policy's max_tv {max_tv:g}")
         rate = self.mismatches / self.steps if self.steps else 0.0
-        needed = steps_needed(rate, max_tv, self.alpha)
+        needed = steps_needed(rate, max_tv, self.alpha, self.upper if self.bound != "Clopper-Pearson" else None)
         if needed is None:
             return (f"{head}; the sides part at {rate:.3g} of their coupled steps, so no number of samples brings the "
                     "bound under it (the coupling may part more often than the distributions differ: judge the change "
@@ -83,12 +87,15 @@ class Coupled:
         return asdict(self)
 
 
-def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[str, Any] | None) -> Coupled | None:
-    """The coupled steps of the sampled cases both sides answered; None where no suite samples."""
+def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[str, Any] | None,
+           anytime: bool = False) -> Coupled | None:
+    """The coupled steps of the sampled cases both sides answered; None where no suite samples. ``anytime``: the run
+    stopped when its data said (sequential), so the bound must hold at every stop (``upper_anytime``)."""
     sampled = [i for i in items if not i.suite.decoding.plain]
     if not sampled:
         return None
-    c = Coupled({i.suite.suite: sampler.describe(i.suite.decoding) for i in sampled}, 0, chain, alpha=alpha)
+    c = Coupled({i.suite.suite: sampler.describe(i.suite.decoding) for i in sampled}, 0, chain, alpha=alpha,
+                bound="confidence sequence" if anytime else "Clopper-Pearson")
     for item in sampled:
         a, b = off.get(item.case_id), on.get(item.case_id)
         if a is None or b is None or "crash" in a or "crash" in b:
@@ -98,7 +105,7 @@ def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[s
             parted = _walk(c, f"{item.case_id} turn {n}", ta, tb)
             if parted:  # the next turn's prompt holds this turn's answer: no longer one history
                 break
-    c.tv_bound = upper(c.mismatches, c.steps, alpha)
+    c.tv_bound = c.upper(c.mismatches, c.steps)
     return c
 
 
@@ -149,19 +156,40 @@ def _walk(c: Coupled, where: str, a: Any, b: Any) -> bool:
     return len(a["tokens"]) != len(b["tokens"])
 
 
-def steps_needed(rate: float, limit: float, alpha: float) -> int | None:
-    """The fewest coupled steps whose bound falls to ``limit`` at the mismatch ``rate`` seen; None where it never will."""
+def steps_needed(rate: float, limit: float, alpha: float,
+                 bound: Callable[[int, int], float] | None = None) -> int | None:
+    """The fewest coupled steps whose bound (Clopper-Pearson's unless ``bound`` is given) falls to ``limit`` at the
+    mismatch ``rate`` seen; None where it never will."""
+    bound = bound or (lambda k, n: upper(k, n, alpha))
     if rate >= limit:
         return None
     n = 1
-    while upper(round(rate * n), n, alpha) > limit:
+    while bound(round(rate * n), n) > limit:
         n *= 2
         if n > 1 << 40:
             return None
     lo, hi = n // 2, n  # the bound falls with n at a fixed rate (up to rounding): bisect the doubling's last step
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if upper(round(rate * mid), mid, alpha) <= limit else (mid, hi)
+        lo, hi = (lo, mid) if bound(round(rate * mid), mid) <= limit else (mid, hi)
+    return hi
+
+
+def upper_anytime(k: int, n: int, alpha: float) -> float:
+    """An upper bound on a rate that holds at every ``n`` at once, for a run that stops when its data say (a
+    sequential evaluation): the uniform-prior mixture martingale B(k+1, n-k+1) / (p^k (1-p)^(n-k)) reaches 1/alpha
+    with chance at most alpha at any time (Ville's inequality), so the bound is the largest p where it has not."""
+    if n == 0 or k >= n:
+        return 1.0
+    floor = math.log(alpha) + math.lgamma(k + 1) + math.lgamma(n - k + 1) - math.lgamma(n + 2)
+
+    def inside(p: float) -> bool:  # p^k (1-p)^(n-k) above alpha times the mixture
+        return k * math.log(p) + (n - k) * math.log1p(-p) > floor if p > 0 else k == 0
+
+    lo, hi = k / n, 1.0
+    for _ in range(100):  # the likelihood falls as p rises past k/n
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if inside(mid) else (lo, mid)
     return hi
 
 
