@@ -163,7 +163,9 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
         from gatekeeper.setup.llama_libs import lib_dir
         from gatekeeper.setup.runtimes import environment as made
 
-        places.update({"{python}": made(python) or python, "{lib}": str(lib_dir(python.rsplit("-", 1)[1]))})
+        places["{python}"] = made(python) or python
+        if entry["runtime"] == "llama-cpp-python":
+            places["{lib}"] = str(lib_dir(python.rsplit("-", 1)[1]))
         profile = entry["profile"]
     else:
         profile = {**entry["profile"], "model": str(path), "python": python}
@@ -172,6 +174,10 @@ def workspace(tmp: Path, entry: dict, path: Path, python: str) -> Path:
         text = text.replace(key, value)
     profile = json.loads(text)
     (ws / "engines" / "bug.yaml").write_text(yaml.safe_dump(profile, sort_keys=False))
+    for suite in (ws / "assertions").glob("*.yaml") if entry.get("decoding") else ():  # the pipeline's decoding
+        fields = yaml.safe_load(suite.read_text())
+        fields["decoding"] = {**(fields.get("decoding") or {}), **entry["decoding"]}
+        suite.write_text(yaml.safe_dump(fields, sort_keys=False, allow_unicode=True))
     for flag, extra in (entry.get("policies") or {}).items():  # fields set in (or making) the flag's policy
         policy = ws / "policies" / f"{flag}.yaml"
         fields = yaml.safe_load(policy.read_text()) if policy.is_file() else {}

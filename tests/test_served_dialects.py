@@ -253,6 +253,32 @@ def test_mlx_fail_against_another_rope_base(mlx, workspace, run_cli):
     assert moved["kld"]["mean"] > max(1e-4, 10 * floor["kld"]["mean"]), (moved["kld"], floor["kld"])
 
 
+def test_mlx_samples_by_its_seed_and_refuses_penalties_it_counts_otherwise(mlx, workspace, run_cli):
+    """mlx_lm.server runs the suite's decoding with the draw's key as its seed: the same seeds give the same answers
+    again, the samples of a case draw apart, and its prompt cache pairs token for token. Presence and frequency
+    penalties, which it counts over the prompt too, are exit 2 before anything runs."""
+    from conftest import SHORT, suite
+
+    ws = served_ws(workspace, mlx=profile(mlx["off"], mlx["on"], f"tokenizer: {mlx['model']}"))
+    read_reference(ws)
+    decoding = "decoding: {max_tokens: 12, temperature: 0.9, top_p: 0.95, top_k: 40, samples: 2}"
+    (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", decoding))
+    code, out = evaluate(run_cli, ws, "mlx")
+    assert out["verdict"] == "PASS", out["reasons"]
+    s = out["sampling"]
+    assert s["chain"]["sampler"] == "mlx_lm.server" and s["mismatches"] == 0 and out["equal"]["baseline"] == 8, s
+    assert s["controls"]["unpaired"] == "seen", s["controls"]
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in ev["case_results"] if r["config"] == "on"}
+    assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+    # a sampled answer gives no likeliest tokens here: the reference arm reads none of them, never a draw as a flip
+    assert not any(out["reference"]["departs"].values()), out["reference"]
+    (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace(
+        "decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: 0.9, presence_penalty: 0.5}"))
+    code, refused = evaluate(run_cli, ws, "mlx")
+    assert code == 2 and "field 'decoding'" in refused["error"] and "presence" in refused["error"], refused
+
+
 def test_mlx_without_a_tokenizer_is_exit_2_naming_the_field(mlx, workspace, run_cli):
     ws = served_ws(workspace, bare=profile(mlx["off"], mlx["on"]))
     code, out = evaluate(run_cli, ws, "bare")

@@ -399,6 +399,10 @@ class Engine(ABC):
 
         return chain() if cls.samples else None
 
+    def unsampled(self, decoding: Decoding) -> str | None:
+        """Why this engine cannot run a sampled ``decoding`` as declared; None: it can."""
+        return None if self.samples else "decodes greedy only as configured"
+
     def sampler(self) -> dict[str, Any] | None:
         """The sampler this loaded engine runs a sampled suite through, as its record names it."""
         return type(self).sampler_chain(self.profile)

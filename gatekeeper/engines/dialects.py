@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
 from ..errors import GatekeeperError
-from ..workspace import EngineProfile
+from ..workspace import Decoding, EngineProfile
 from .sampler import Draw
 
 NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
@@ -92,9 +92,14 @@ class Dialect:
         return None
 
     def sampling(self, draw: Draw, length: int) -> dict[str, Any]:
-        """The request fields that run ``draw``'s decoding with its seed (only where ``sampler`` is set); ``length``:
-        the prompt's tokens and the most the answer may add (what a penalty window must hold)."""
+        """The request fields that run ``draw``'s decoding with its seed (only where ``sampler`` is set), and ask for
+        each step's token id and top log-probabilities; ``length``: the prompt's tokens and the most the answer may add
+        (what a penalty window must hold)."""
         raise NotImplementedError(self.name)
+
+    def unsampled(self, decoding: Decoding) -> str | None:
+        """Why this server cannot run ``decoding`` as gatekeeper declares it; None: it can."""
+        return None
 
     def forced_request(self, prefix: list[int], cache: bool = False) -> dict[str, Any] | None:
         """The completion request that returns the top log-probabilities of the one token after ``prefix``, with the
@@ -145,7 +150,7 @@ class LlamaCpp(Dialect):
         return {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
                 "repeat_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
                 "frequency_penalty": d.frequency_penalty, "repeat_last_n": length,
-                "samplers": self.sampler["chain"] if self.sampler else [], **_seed(draw)}
+                "samplers": self.sampler["chain"] if self.sampler else [], "logprobs": PROMPT_TOP_K, **_seed(draw)}
 
 
 class VLLM(Dialect):
@@ -186,7 +191,7 @@ class VLLM(Dialect):
         d = draw.decoding
         return {"temperature": d.temperature, "top_k": d.top_k or -1, "top_p": d.top_p, "min_p": d.min_p,
                 "repetition_penalty": d.repetition_penalty, "presence_penalty": d.presence_penalty,
-                "frequency_penalty": d.frequency_penalty, **_seed(draw)}
+                "frequency_penalty": d.frequency_penalty, "logprobs": PROMPT_TOP_K, **_seed(draw)}
 
     def score_request(self, tokens):
         return {"prompt": tokens, "prompt_logprobs": PROMPT_TOP_K, "max_tokens": 1}
@@ -227,6 +232,25 @@ class MLX(Dialect):
 
     def request(self, prompt):
         return {"prompt": self.detokenize(prompt), "logprobs": True, "top_logprobs": 2}
+
+    # mlx_lm.sample_utils (0.32): the logits processors (a repetition penalty over the last N tokens the generation
+    # loop processed), then top-p, min-p and top-k on the log-probabilities, then the temperature; the request's seed
+    # reseeds mlx's generator before the draw
+    sampler = {"sampler": "mlx_lm.server", "chain": ["penalties", "top_p", "min_p", "top_k", "temperature"],
+               "window": {"repetition_penalty": "prompt+answer"}, "draw": "mlx's generator, reseeded per request"}
+
+    def sampling(self, draw, length):
+        d = draw.decoding
+        # no top lists: with them it labels each step with the first listed, not the token drawn; the token ids alone
+        return {"temperature": d.temperature, "top_p": d.top_p, "top_k": d.top_k, "min_p": d.min_p,
+                "repetition_penalty": d.repetition_penalty, "repetition_context_size": length, "logprobs": True,
+                "top_logprobs": 0, **_seed(draw)}
+
+    def unsampled(self, decoding):
+        if decoding.presence_penalty or decoding.frequency_penalty:
+            return ("counts presence and frequency penalties over the prompt too (the last N tokens it processed), not "
+                    "over the answer as declared")
+        return None
 
     def step_token(self, step):
         # mlx_lm.server labels each step with the first of its top-N, in no set order; greedy took the best

@@ -309,7 +309,7 @@ class HTTPEngine(Engine):
         battery's concurrency limit; ``sampling``: the declared decoding with the draw's seed, else greedy. It
         carries the labels in force (``base.labelled``) as headers."""
         # sampled: the server's top lists too, to read each draw against the declared decoding (gate/pit.py)
-        drawn = {**self.dialect.sampling(sampling, len(prompt) + max_tokens), "logprobs": PROMPT_TOP_K} if sampling else {}
+        drawn = self.dialect.sampling(sampling, len(prompt) + max_tokens) if sampling else {}
         url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
                                                 "stop": list(stop), **drawn}, replica, background)
         g = self._parse(url, answer, prompt, wall)
@@ -369,6 +369,9 @@ class HTTPEngine(Engine):
 
     def sampler(self) -> dict[str, Any] | None:
         return self.dialect.sampler
+
+    def unsampled(self, decoding: Decoding) -> str | None:
+        return super().unsampled(decoding) or self.dialect.unsampled(decoding)
 
     def unreferenced(self) -> str | None:
         return self.dialect.unreferenced

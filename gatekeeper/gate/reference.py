@@ -112,10 +112,12 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
 
-    def turns(name: str, case: str, conversation) -> None:
+    def turns(name: str, case: str, conversation, sampled: bool) -> None:
         nonlocal dtype
         model = models[name]
         for n, (turn, tokens) in enumerate(conversation, 1):
+            if sampled and not turn["top2"]:  # a draw is no flip: without the arm's likeliest tokens nothing to judge
+                tokens = "a sampled answer whose server gave no likeliest tokens"
             if isinstance(tokens, str):
                 arms[name].unread.append(f"{case} turn {n}: {tokens}")
                 break
@@ -145,7 +147,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             dtype = r.dtype
             for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
                 gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
-                d = Departure(case, n, j, _likeliest(turn, j), int(top[0][0]), _gap(top), gap)
+                d = Departure(case, n, j, _likeliest(turn, j, sampled), int(top[0][0]), _gap(top), gap)
                 rows[name].append((d, d.emitted != d.reference, r.gaps))
                 arms[name].probed += case.startswith(PREFIX)
 
@@ -154,7 +156,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         for name in ("off", "on"):
             result = results[name][0].get(item.case_id)
             if result is not None and "crash" not in result:
-                turns(name, item.case_id, _conversation(p, models[name], name, item, result))
+                turns(name, item.case_id, _conversation(p, models[name], name, item, result),
+                      not item.suite.decoding.plain)
     if probes:
         progress("reference cache probes")
     for name, probed in (probes or {}).items():
@@ -163,7 +166,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         first = probed[0]
         for pid, result in first.results.items():
             if "crash" not in result and pid in first.read:
-                turns(name, pid, zip(result["turns"], first.read[pid]))
+                turns(name, pid, zip(result["turns"], first.read[pid]), first.sampled)
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
@@ -248,10 +251,10 @@ def _conversation(p: Plan, model: Engine, name: str, item, result):
         history = [*rendered.messages, {"role": "assistant", "content": turn["text"]}]
 
 
-def _likeliest(turn: Turn, j: int) -> int:
+def _likeliest(turn: Turn, j: int, sampled: bool) -> int:
     """The arm's pick at step ``j`` as greedy makes it: what it emitted, or where it sampled, its raw likeliest."""
-    if turn.get("draws") and turn["top2"]:
-        return int(turn["top2"][j][0][0])
+    if sampled:
+        return int(turn["top2"][j][0][0])  # type: ignore[index]  # turns() reads no sampled turn without them
     return int(turn["tokens"][j])
 
 

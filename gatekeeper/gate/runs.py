@@ -93,12 +93,13 @@ def check_decoding(p: Plan, models: dict[str, Engine]) -> None:
 
 
 def check_samples(suite: battery.Suite, model: Engine) -> None:
-    """Exit 2 where ``suite`` declares a decoding beyond greedy and ``model`` does not declare ``samples``."""
-    if not suite.decoding.plain and not model.samples:
+    """Exit 2 where ``suite`` declares a decoding beyond greedy that ``model`` cannot run as declared."""
+    if not suite.decoding.plain and (why := model.unsampled(suite.decoding)):
         raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of {model.profile.where} "
-                              f"decodes greedy only as configured; it cannot run {sampler.describe(suite.decoding)}: "
-                              "run it where it samples (torch without draft_model or cache_implementation, mlx, "
-                              "llamacpp, llama-server, vLLM) or decode the suite greedy")
+                              f"{why}; it cannot run {sampler.describe(suite.decoding)}: run it where it samples as "
+                              "declared (torch without draft_model or cache_implementation, mlx, llamacpp, "
+                              "llama-server, vLLM, mlx_lm.server without presence or frequency penalties) or decode "
+                              "the suite greedy")
 
 
 def _not_finite(top2: list | None) -> int | None:
