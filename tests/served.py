@@ -291,7 +291,8 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
     goes to ``other``: the answers come from another model than the one-token reads), ``hotter`` (a sampled
     request forwarded at twice its temperature: a server whose sampler does not follow the declared decoding) or
     ``unseeded_under_load`` (a request's seed dropped while another is in flight: a server that loses seeds when it
-    batches). ``seen``: each completion request's body is appended to it."""
+    batches) or ``frozen`` (every request's seed replaced by one: a generator that ignores its seeds). ``seen``: each
+    completion request's body is appended to it."""
     in_flight = [0]
     lock = threading.Lock()
 
@@ -346,6 +347,8 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
             if mode == "hotter" and json.loads(body).get("temperature"):
                 request = json.loads(body)
                 return self._forward(json.dumps({**request, "temperature": 2 * request["temperature"]}).encode())
+            if mode == "frozen" and "seed" in (request := json.loads(body)):
+                return self._forward(json.dumps({**request, "seed": 1}).encode())
             if mode == "unseeded_under_load" and busy and "seed" in (request := json.loads(body)):
                 return self._forward(json.dumps({k: v for k, v in request.items() if k != "seed"}).encode())
             time.sleep(delay)

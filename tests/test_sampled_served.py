@@ -85,3 +85,22 @@ def test_seeded_and_unseeded_requests_in_flight_together_and_a_seed_dropped_unde
     assert healthy["verdict"] == "PASS", healthy["reasons"]  # measured: seeds hold in a shared batch on this server
     assert dropped["verdict"] == "INCONCLUSIVE", dropped["reasons"]
     assert dropped["reasons"][0].startswith(("batch_variant:", "baseline_unstable:")), dropped["reasons"]
+
+
+def test_a_server_that_ignores_its_seeds_is_named_from_the_weights_it_gives(tiny, workspace, run_cli, tmp_path):
+    """At temperature 1 with no filter the server's own log-probability of each token drawn is the declared one, so
+    samples drawn under different keys and identical have a chance the gate can compute: a front that gives every
+    request one seed (a frozen generator, as mlx 0.32.0 under mlx_lm.server) is ``seeds_ignored:``, never a PASS."""
+    served_ws(workspace)
+    plain = "decoding: {max_tokens: 12, temperature: 1.0, samples: 2}"
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", plain))
+    with llama_server(tiny / "model.gguf", *F32, log=tmp_path / "server.log") as url, faulty_front(url, "frozen") as front:
+        for name, at in (("served", url), ("frozen", front)):
+            (workspace / "engines" / f"{name}.yaml").write_text(
+                f"adapter: http\nurl: {at}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        healthy = evaluate(run_cli, workspace, "served")[1]
+        out = evaluate(run_cli, workspace, "frozen")[1]
+    assert healthy["verdict"] == "PASS" and healthy["sampling"]["controls"]["unpaired"] == "seen", healthy["reasons"]
+    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert out["reasons"][0].startswith("seeds_ignored: on the flag-off side"), out["reasons"]
+    assert out["sampling"]["controls"]["unpaired"] == "missed", out["sampling"]["controls"]

@@ -464,8 +464,9 @@ class HTTPEngine(Engine):
                           ttft_s=prefill, top2=margins)
 
     def _draws(self, url: str, draw: Draw, choice: dict[str, Any], tokens: list[int]) -> list[list[float]] | None:
-        """What each draw weighed under the server's own chain (``sampler.served``); None, and a notice, where the
-        answer's top lists cannot tell it."""
+        """What each draw weighed under the server's own chain (``sampler.served``); where the answer's top lists cannot
+        tell it, a notice, and the weights alone where the decoding leaves the model's distribution untouched (the
+        server's own log-probability of each token drawn: what ``seeds_ignored`` and the controls need), else None."""
         tops = _tops(choice)
         spec = self.dialect.sampler
         rows = (sampler.served(draw.decoding, draw.key, spec, tokens, tops) if tops is not None and spec is not None
@@ -473,6 +474,10 @@ class HTTPEngine(Engine):
         if isinstance(rows, str):
             self._notice(f"not_observable: the draws of {url} against the declared decoding ({rows}), so a sampler "
                          "that does not follow it is not seen on this side")
+            drawn = _drawn(choice)
+            if sampler.untouched(draw.decoding) and drawn and len(drawn) == len(tokens):
+                # the server's raw log-probability of each token drawn is its declared one: [raw, processed], no transform
+                return [[lp, lp] for lp in drawn]
             return None
         return rows
 
@@ -645,6 +650,15 @@ def _together(n: int, read):
 
 def _headers(labels: dict[str, str]) -> dict[str, bytes]:
     return {_HEADERS[k]: v.encode() for k, v in labels.items() if k in _HEADERS}
+
+
+def _drawn(choice: dict[str, Any]) -> list[float] | None:
+    """Each generated token's own log-probability, where the answer gives it per step (llama.cpp, mlx_lm.server)."""
+    steps = (choice.get("logprobs") or {}).get("content")
+    try:
+        return [float(s["logprob"]) for s in steps] if isinstance(steps, list) else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _tops(choice: dict[str, Any]) -> list[dict[int, float]] | None:

@@ -173,6 +173,13 @@ def _log_softmax(x: "np.ndarray") -> "np.ndarray":
     return x - top - np.log(np.sum(np.exp(x - top)))
 
 
+def untouched(d: "Decoding") -> bool:
+    """Whether the declared decoding draws from the model's own distribution (temperature 1, no filter, no penalty):
+    then a server's raw log-probability of a token is the probability the draw gave it."""
+    return (d.temperature == 1.0 and d.top_k == 0 and d.top_p == 1.0 and d.min_p == 0.0 and d.repetition_penalty == 1.0
+            and not d.presence_penalty and not d.frequency_penalty)
+
+
 def served(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any], tokens: Sequence[int],
            tops: Sequence[dict[int, float]]) -> list[list[float]] | str:
     """What each draw of a served answer weighed (``Sampler.pick``'s row, the transform included), read from the top

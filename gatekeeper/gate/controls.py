@@ -4,7 +4,7 @@ At the end of the flag-on run, on its session (its cache as the cases left it), 
 is drawn twice more and set against the flag-off answer drawn under the case's key:
 
 - ``unpaired``: under a fresh key, no seed shared. It must part from that answer wherever the declared decoding gives
-  two independent draws of it less than ``alpha`` chance to agree (the product of each step's likeliest probability);
+  an independent draw less than ``alpha`` chance to repeat it (the product of its tokens' declared probabilities);
   identical, the engine's draws do not follow their keys, and agreement under shared keys shows nothing.
 - ``planted``: under the case's key with the temperature doubled, a sampler defect. The coupling must see it: tokens
   that part, or the same raw log-probability weighed otherwise (``coupling.PROCESSED``) where the side records what
@@ -33,7 +33,7 @@ class Controls:
     case: str
     unpaired: str  # seen | missed | undecided
     planted: str
-    chance: float  # the chance two independent draws give the flag-off answer's tokens, at most
+    chance: float  # the chance an independent draw gives the flag-off answer's tokens
 
     def line(self) -> str:
         return (f"controls: on {self.case}, a draw with no shared seed {self._said(self.unpaired)} (chance of agreeing "
@@ -78,7 +78,7 @@ def judge(drawn: dict[str, Any] | None, off: Run, alpha: float) -> Controls | No
     if drawn is None or (answer := off.get(drawn["case"])) is None or "crash" in answer:
         return None
     ref = answer["turns"][0]
-    chance = math.exp(sum(w[2] for w in ref["draws"])) if ref.get("draws") else 1.0
+    chance = math.exp(sum(w[1] for w in ref["draws"])) if ref.get("draws") else 1.0  # one draw giving those tokens
     same = drawn["unpaired"]["tokens"] == ref["tokens"]
     unpaired = "seen" if not same else "missed" if chance < alpha else "undecided"
     return Controls(drawn["case"], unpaired, _planted(drawn["planted"], ref), chance)

@@ -111,8 +111,9 @@ def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[s
 
 def ignored(items: Iterable[Item], results: dict[str, list[Run]], alpha: float) -> list[str]:
     """``seeds_ignored:`` for each side whose samples of a case, drawn under different keys, came out identical
-    where the declared decoding gives that at most a chance below ``alpha`` (Bonferroni over the cases): at each
-    step the samples shared, all k drew one token with a chance of at most p_max^(k-1)."""
+    where the declared decoding gives that a chance below ``alpha`` (Bonferroni over the cases): given the first
+    sample's tokens s, the other k - 1 draw them all with chance prod_j p(s_j)^(k-1), p the declared decoding's
+    probability of each token drawn (the draws' processed weight), so the test holds at alpha whatever s was."""
     cases: dict[str, list[Item]] = {}
     for item in items:
         if item.suite.decoding.samples > 1:
@@ -122,9 +123,9 @@ def ignored(items: Iterable[Item], results: dict[str, list[Run]], alpha: float) 
         run, same = results[config][0], []
         for key, group in cases.items():
             firsts = [_first_turn(run, i) for i in group]
-            if any(t is None or "draws" not in t for t in firsts) or len({tuple(t["tokens"]) for t in firsts}) > 1:
+            if any(t is None or not t.get("draws") for t in firsts) or len({tuple(t["tokens"]) for t in firsts}) > 1:
                 continue
-            chance = math.exp(sum(w[2] for w in firsts[0]["draws"]) * (len(group) - 1))
+            chance = math.exp(sum(w[1] for w in firsts[0]["draws"]) * (len(group) - 1))
             if chance < alpha / len(cases):
                 same.append((key, len(group), chance))
         if same:

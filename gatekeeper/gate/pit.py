@@ -53,7 +53,7 @@ def read(items: Iterable[Item], results: dict[str, list[Run]]) -> dict[str, Side
                 continue
             for n, turn in enumerate(r["turns"], 1):
                 for j, draw in enumerate(turn.get("draws") or []):
-                    if len(draw) < 4:
+                    if len(draw) < 4:  # a server's weight of the draw alone, with no transform
                         continue
                     if draw[3] < 0:
                         side.impossible += 1
