@@ -19,6 +19,8 @@ def test_a_healthy_engine_agrees_with_the_reference_and_passes(tiny_ws, run_cli)
     assert r["arms"]["on"]["positions"] == r["arms"]["off"]["positions"]
     assert max(r["floor"].values()) > 0 and r["tolerance"]["gap"] == 100 * max(r["floor"].values())
     assert any(x.startswith("reference: both arms agree") for x in out["reasons"])
+    # the cache probes' answers are read too, and agree
+    assert r["arms"]["on"]["probed"] > 0 and any("of them in the cache probes" in x for x in out["reasons"])
 
 
 def test_a_defect_both_arms_share_is_a_base_defect_never_a_pass(tiny_ws, tiny_llama, run_cli):
@@ -163,7 +165,3 @@ def test_a_defect_only_the_cache_probes_reach_is_read_there(tiny_ws, tiny_llama,
         assert arm["probed"] > 0 and arm["departures"]
         assert {d["case"] for d in arm["departures"]} == {"probe:block"}, arm["departures"]
     assert out["probes"]["block"] == "equal"  # the on/off comparison of the probe is blind to it
-    # healthy, the probes' positions are read and agree
-    code, healthy = evaluate(run_cli, tiny_ws, "tiny")
-    assert healthy["verdict"] == "PASS" and healthy["reference"]["arms"]["on"]["probed"] > 0, healthy["reasons"]
-    assert any("of them in the cache probes" in x for x in healthy["reasons"])

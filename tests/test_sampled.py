@@ -21,10 +21,22 @@ def sampled_ws(workspace: Path, tiny_llama: Path, decoding: str = SAMPLED) -> Pa
     return workspace
 
 
+def with_probes(ws: Path) -> Path:
+    """The penalty probes on: the cache probes draw under the suite's decoding (repeat, continuation)."""
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("probes: off\n", "") + "probes: {kinds: [repeat, continuation]}\n")
+    return ws
+
+
 def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace, tiny_llama):
-    ws = sampled_ws(workspace, tiny_llama)
+    ws = with_probes(sampled_ws(workspace, tiny_llama))
     code, out = evaluate(run_cli, ws, "tiny")
     assert out["verdict"] == "PASS", out["reasons"]
+    # the penalty probes draw (one key per probe, both sides, both turns of a repeat) and pair
+    assert out["probes"] == {"repeat": "equal", "continuation": "equal"}, out["probes"]
+    with ledger(ws) as lg:
+        probed = [r["result"] for r in lg.evaluation(out["evaluation_id"])["case_results"] if r["case_id"].startswith("probe:")]
+    assert probed and all(t.get("draws") for r in probed for t in r["turns"])  # drawn, not greedy
     s = out["sampling"]
     assert s["answers"] == 12 and s["mismatches"] == 0 and s["steps"] > 12
     assert 0 < s["tv_bound"] < 0.1
@@ -81,9 +93,13 @@ def test_temperature_applied_twice_on_the_flag_on_side_fails(run_cli, workspace,
 
 
 def test_a_penalty_over_another_history_on_the_flag_on_side_fails(run_cli, workspace, tiny_llama):
+    """And on its own at the continuation probe, whose cached prefix holds the previous answer's words."""
+    with_probes(workspace)
     out = _planted(run_cli, workspace, tiny_llama, "ForgetfulOn")
     assert out["verdict"] == "FAIL", out["reasons"]
     assert out["sampling"]["sampler_state"] > 0
+    assert out["probes"]["continuation"] == "differs", out["reasons"]
+    assert any(r.startswith("differs: probe:continuation") for r in out["reasons"]), out["reasons"]
 
 
 def test_a_frozen_generator_is_named_and_never_passes(run_cli, workspace, tiny_llama):
@@ -93,8 +109,10 @@ def test_a_frozen_generator_is_named_and_never_passes(run_cli, workspace, tiny_l
 
 
 def test_a_dropped_seed_is_named_and_never_passes(run_cli, workspace, tiny_llama):
+    """Its keys are random on every run, so each side's draws still follow the declared decoding and the transforms'
+    test rejects them at its own alpha (a FAIL, as at any alpha-level test): never a PASS, and always named."""
     out = _planted(run_cli, workspace, tiny_llama, "Unseeded")
-    assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
+    assert out["verdict"] in ("INCONCLUSIVE", "FAIL"), out["reasons"]
     assert any(r.startswith("baseline_unstable:") and "draws do not follow their keys" in r for r in out["reasons"])
 
 
@@ -174,26 +192,6 @@ def test_a_configuration_that_decodes_greedy_only_is_exit_2_before_anything_is_w
     said = json.loads(out)["error"]
     assert code == 2 and "tiny.yaml: field 'decoding'" in said and "greedy only" in said, said
     assert not (ws / "ledger" / "evidence.db").exists() or ledger(ws).evaluations() == []
-
-
-def test_the_cache_probes_draw_under_the_suites_decoding_and_see_a_penalty_that_forgets_the_cached_history(
-        run_cli, workspace, tiny_llama):
-    """Penalty probes: in a sampled suite the probes draw as its cases do (one key per probe, the same on both sides
-    and for a repeat's two turns). The continuation probe's cached prefix holds the previous answer's words, so a
-    penalty that forgets the cached history shows there on its own."""
-    ws = sampled_ws(workspace, tiny_llama)
-    (ws / "engines" / "planted.yaml").write_text(profile("fault_engines:ForgetfulOn", tiny_llama))
-    policy = ws / "policies" / "prefix_cache.yaml"
-    policy.write_text(policy.read_text().replace("probes: off\n", "") + "probes: {kinds: [repeat, continuation]}\n")
-    code, healthy = evaluate(run_cli, ws, "tiny")
-    assert healthy["verdict"] == "PASS" and healthy["probes"] == {"repeat": "equal", "continuation": "equal"}, healthy
-    with ledger(ws) as lg:
-        probed = [r["result"] for r in lg.evaluation(healthy["evaluation_id"])["case_results"]
-                  if r["case_id"].startswith("probe:")]
-    assert probed and all(t.get("draws") for r in probed for t in r["turns"])  # drawn, not greedy
-    code, planted = evaluate(run_cli, ws, "planted")
-    assert planted["verdict"] == "FAIL" and planted["probes"]["continuation"] == "differs", planted["reasons"]
-    assert any(r.startswith("differs: probe:continuation") for r in planted["reasons"]), planted["reasons"]
 
 
 def test_a_sequential_sampled_evaluation_bounds_the_distance_by_a_confidence_sequence(run_cli, workspace, tiny_llama):

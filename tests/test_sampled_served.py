@@ -104,3 +104,29 @@ def test_a_server_that_ignores_its_seeds_is_named_from_the_weights_it_gives(tiny
     assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
     assert out["reasons"][0].startswith("seeds_ignored: on the flag-off side"), out["reasons"]
     assert out["sampling"]["controls"]["unpaired"] == "missed", out["sampling"]["controls"]
+
+
+def test_draws_the_server_lists_too_little_of_are_read_through_a_second_reference(tiny, workspace, run_cli, tmp_path):
+    """A repetition penalty (and no top-k) puts llama-server's draws beyond what its top 20 can tell. With the
+    profile's ``reference_model``, transformers reads each sampled answer's full rows from the same GGUF, and each draw
+    is transformed under the declared decoding through llama-server's chain: uniform on the real server, and a front
+    that forwards every request at twice its temperature (both sides: the pair agrees) is a base defect."""
+    from served import read_reference
+
+    served_ws(workspace)
+    read_reference(workspace)
+    penalised = "decoding: {max_tokens: 12, temperature: 0.9, top_p: 0.95, repetition_penalty: 1.2, samples: 2}"
+    (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", penalised))
+    gguf = tiny / "model.gguf"
+    with llama_server(gguf, *F32, log=tmp_path / "server.log") as url, faulty_front(url, "hotter") as hot:
+        for name, front in (("served", url), ("hot", hot)):
+            (workspace / "engines" / f"{name}.yaml").write_text(
+                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\nreference_model: {gguf}\n")
+        healthy = evaluate(run_cli, workspace, "served")[1]
+        hotter = evaluate(run_cli, workspace, "hot")[1]
+    declared = healthy["sampling"]["declared"]
+    assert healthy["verdict"] == "PASS", healthy["reasons"]
+    assert declared["off"]["reread"] >= 40 and declared["off"]["impossible"] == 0, declared
+    assert min(declared["off"]["p"], declared["on"]["p"]) > 0.025, declared
+    assert hotter["verdict"] == "INCONCLUSIVE" and hotter["sampling"]["mismatches"] == 0, hotter["reasons"]
+    assert hotter["reasons"][0].startswith("base_defect: the flag-off side's"), hotter["reasons"]

@@ -46,13 +46,18 @@ def read(model: Any, sequence: Sequence[int], steps: int, asked: Sequence[Sequen
          where: str = "") -> Referenced:
     """``sequence`` read by ``model`` (``batch`` copies side by side, the last one kept) at the positions that predict
     its last ``steps`` tokens: ``Engine.reference``'s contract."""
+    return Referenced.of(logits(model, sequence, steps, batch), asked, str(model.dtype).removeprefix("torch."),
+                         f"{where} in {model.dtype}")
+
+
+def logits(model: Any, sequence: Sequence[int], steps: int, batch: int = 1) -> Any:
+    """The logits (float64, numpy) at the positions that predict the last ``steps`` tokens of ``sequence``."""
     import torch
 
     ids = torch.tensor([list(sequence)] * batch, dtype=torch.long, device=model.device)
     with torch.inference_mode():  # no cache object: every position attends the whole sequence as written
-        logits = model(input_ids=ids, use_cache=False, logits_to_keep=steps + 1).logits[-1, :steps]
-    return Referenced.of(logits.double().cpu().numpy(), asked, str(model.dtype).removeprefix("torch."),
-                         f"{where} in {model.dtype}")
+        out = model(input_ids=ids, use_cache=False, logits_to_keep=steps + 1).logits[-1, :steps]
+    return out.double().cpu().numpy()
 
 
 def dtype_arg() -> str:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 CHAIN = ("penalties", "temperature", "top_k", "top_p", "min_p")
 # what each penalty counts: the repetition penalty every token seen, presence and frequency the answer's
+EDGE = 1e-3  # nats: a token this far outside the declared support's lowest raw log-probability is outside, read anywhere
 WINDOW = {"repetition_penalty": "prompt+answer", "presence_penalty": "answer", "frequency_penalty": "answer"}
 
 
@@ -171,6 +172,28 @@ def _log_softmax(x: "np.ndarray") -> "np.ndarray":
 
     top = np.max(x)
     return x - top - np.log(np.sum(np.exp(x - top)))
+
+
+def reread(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any] | None, rows: "np.ndarray",
+           prompt: Sequence[int], answer: Sequence[int]) -> list[float | None]:
+    """Each token of a sampled ``answer`` transformed under the declared decoding applied (through ``spec``'s chain)
+    to a reference's full rows, one per answer position: what a side that gives no full rows drew, read from another
+    computation of the same model. None where the token falls outside the declared support too narrowly for another
+    arithmetic to tell (within ``EDGE`` of its boundary, or anywhere a penalty reorders it)."""
+    import numpy as np
+
+    sampler, out = Sampler(decoding, key, spec), []
+    penalised = decoding.repetition_penalty != 1.0 or decoding.presence_penalty or decoding.frequency_penalty
+    for j, (row, token) in enumerate(zip(rows, answer)):
+        lp = sampler.processed(row, prompt, answer[:j])
+        u = transform(lp, int(token), key, j)
+        if u < 0:
+            kept = np.isfinite(lp)
+            clear = not penalised and kept.any() and row[int(token)] < np.min(row[kept]) - EDGE
+            out.append(u if clear else None)
+        else:
+            out.append(u)
+    return out
 
 
 def untouched(d: "Decoding") -> bool:

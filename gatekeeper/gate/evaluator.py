@@ -515,7 +515,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
             verdict, reasons = "FAIL", judged.differs + reasons
         verdict, reasons = _bound_distance(p, moved, verdict, reasons)
     coupled = coupling.couple(p.items, reference, on, p.policy.alpha, models["on"].sampler(), runs.rule is not None)
-    declared = pit.read(p.items, runs.results) if coupled else None
+    declared = pit.read(p.items, runs.results, read.reread if isinstance(read, reference_.Read) else None) if coupled else None
     checked = controls_.judge(runs.controls, reference, p.policy.alpha) if coupled else None
     if coupled and not forced:
         verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),

@@ -30,6 +30,8 @@ class Side:
     p: float = 1.0  # its p-value
     impossible: int = 0  # draws of a token the declared decoding gives no chance
     where: list[str] = field(default_factory=list)  # the first KEPT of them
+    reread: int = 0  # of the steps, those transformed from the reference's rows (the side gave none of its own)
+    undecided: int = 0  # draws the reference read too near the declared support's edge to tell
 
     def departs(self, alpha: float) -> bool:
         return self.impossible > 0 or self.p < alpha
@@ -42,11 +44,16 @@ class Side:
                 f"transforms are not uniform: Kolmogorov-Smirnov D {self.statistic:.3g}, p {self.p:.2g})")
 
 
-def read(items: Iterable[Item], results: dict[str, list[Run]]) -> dict[str, Side] | None:
-    """Each side's transforms over its first run's sampled answers; None where no answer carries them."""
+def read(items: Iterable[Item], results: dict[str, list[Run]], reread: dict[str, Any] | None = None) -> dict[str, Side] | None:
+    """Each side's transforms over its first run's sampled answers, and those ``reread`` from the reference arm's
+    rows where a side gave none (``reference.Reread``); None where no answer carries them."""
     sides = {}
     for config in ("off", "on"):
         run, values, side = results[config][0], [], Side()
+        if extra := (reread or {}).get(config):
+            values += extra.values
+            side.impossible, side.where = len(extra.impossible), extra.impossible[:KEPT]
+            side.reread, side.undecided = len(extra.values) + len(extra.impossible), extra.undecided
         for item in items:
             r = run.get(item.case_id)
             if not item.suite.decoding.sampled or r is None:

@@ -66,7 +66,7 @@ class Probed:
     skipped: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     read: dict[str, list[list[int]]] = field(default_factory=dict)
-    sampled: bool = False  # drawn under the suite's sampled decoding
+    decoding: Decoding | None = None  # the suite's sampled decoding its probes drew under; None: greedy
 
 
 def why_not(p: Plan) -> str | None:
@@ -105,7 +105,7 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
     out = Probed()
     spec = p.policy.probes
     b = base(session, p, mode)
-    out.sampled = not b.decoding.plain
+    out.decoding = None if b.decoding.plain else b.decoding
     model = session.model
     state: dict[str, Any] = {}
     t0 = time.perf_counter()

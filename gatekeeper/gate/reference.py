@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..battery import partition
+from ..engines import sampler
 from ..engines.base import Engine, Referenced
+from ..engines.sampler import Draw
 from ..errors import GatekeeperError
 from ..evidence import Run, Turn
 from ..identity import sha256_hex
+from ..workspace import Decoding
 from .plans import Plan
 from .probes import PREFIX, Probed
 
@@ -79,6 +82,17 @@ class Second:
 
 
 @dataclass
+class Reread:
+    """One arm's sampled draws that carry no transform of their own (a server's, beyond its top lists), transformed
+    under the declared decoding from transformers' full rows of the ``reference_model`` weights (``sampler.reread``):
+    the values, the draws the declared decoding gives no chance, and those too near its support's edge to tell."""
+
+    values: list[float] = field(default_factory=list)
+    impossible: list[str] = field(default_factory=list)
+    undecided: int = 0
+
+
+@dataclass
 class Read:
     """R's reading of both arms, the floors it was judged against, and what it took."""
 
@@ -88,12 +102,14 @@ class Read:
     tolerance: dict[str, float]  # flip_margin, gap
     seconds: float = 0.0
     second: Second | None = None
+    reread: dict[str, Reread] = field(default_factory=dict)  # gate/pit.py reads it; in the record as pit's counts
 
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "departs": {k: self.departs(k) for k in self.arms}}
+        return {**{k: v for k, v in asdict(self).items() if k != "reread"},
+                "departs": {k: self.departs(k) for k in self.arms}}
 
 
 def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
@@ -109,13 +125,16 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     rows: dict[str, list[tuple[Departure, bool, bool]]] = {"off": [], "on": []}
     memo: dict[tuple, Referenced] = {}
     where: dict[tuple, tuple[str, int, str]] = {}  # a read's first case, turn and arm
+    pending: dict[str, list[tuple]] = {"off": [], "on": []}  # sampled turns with no transforms of their own
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
 
-    def turns(name: str, case: str, conversation, sampled: bool) -> None:
+    def turns(name: str, case: str, conversation, drawn: Callable[[int], Draw] | None) -> None:
         nonlocal dtype
-        model = models[name]
+        model, sampled = models[name], drawn is not None
         for n, (turn, tokens) in enumerate(conversation, 1):
+            if drawn and not isinstance(tokens, str) and len((turn.get("draws") or [[]])[0]) < 4:
+                pending[name].append((case, n, drawn(n), list(tokens), turn))  # its draws, from the reference's rows
             if sampled and not turn["top2"]:  # a draw is no flip: without the arm's likeliest tokens nothing to judge
                 tokens = "a sampled answer whose server gave no likeliest tokens"
             if isinstance(tokens, str):
@@ -156,8 +175,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         for name in ("off", "on"):
             result = results[name][0].get(item.case_id)
             if result is not None and "crash" not in result:
-                turns(name, item.case_id, _conversation(p, models[name], name, item, result),
-                      not item.suite.decoding.plain)
+                turns(name, item.case_id, _conversation(p, models[name], name, item, result), _drawn(item))
     if probes:
         progress("reference cache probes")
     for name, probed in (probes or {}).items():
@@ -166,7 +184,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         first = probed[0]
         for pid, result in first.results.items():
             if "crash" not in result and pid in first.read:
-                turns(name, pid, zip(result["turns"], first.read[pid]), first.sampled)
+                turns(name, pid, zip(result["turns"], first.read[pid]), _probe_drawn(first.decoding, pid))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
@@ -180,7 +198,45 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 arm.flipped += clear
                 if len(arm.departures) < KEPT:
                     arm.departures.append(d)
-    return Read(dtype, arms, floor, tolerance, second=_second(p, memo, where, tolerance, progress))
+    loaded: dict[str, Any] = {}
+    return Read(dtype, arms, floor, tolerance, second=_second(p, memo, where, tolerance, progress, loaded),
+                reread=_reread(p, models, pending, progress, loaded))
+
+
+def _drawn(item) -> Callable[[int], Draw] | None:
+    """The draw of each turn (1-based) of a sampled case, as the runs keyed it (``runs.drawn``); None: greedy."""
+    d = item.suite.decoding
+    return None if d.plain else (lambda n: Draw(d, sampler.key(d.seed, item.case_key, item.sample, n - 1)))
+
+
+def _probe_drawn(d: Decoding | None, pid: str) -> Callable[[int], Draw] | None:
+    """A sampled probe's draw: one key for all its turns (``probes.run``)."""
+    return None if d is None else (lambda n: Draw(d, sampler.key(d.seed, pid, 0, 0)))
+
+
+def _reread(p: Plan, models: dict[str, Engine], pending: dict[str, list[tuple]], progress: Callable[[str], None],
+            loaded: dict[str, Any]) -> dict[str, Reread]:
+    """Each arm's sampled turns that carry no transforms of their own, read again by transformers from its profile's
+    ``reference_model`` (full rows) and transformed under the declared decoding through the engine's own chain."""
+    from ..engines import reader
+
+    out: dict[str, Reread] = {}
+    for arm, turns in pending.items():
+        if not turns or not (spec := p.configs[arm].profile.reference_model):
+            continue
+        side, chain = out.setdefault(arm, Reread()), models[arm].sampler()
+        for case, n, draw, tokens, turn in turns:
+            steps = len(turn["tokens"])
+            rows = reader.logits(_loaded(p, spec, loaded, progress), tokens, steps)
+            start = len(tokens) - steps
+            for j, u in enumerate(sampler.reread(draw.decoding, draw.key, chain, rows, tokens[:start], tokens[start:])):
+                if u is None:
+                    side.undecided += 1
+                elif u < 0:
+                    side.impossible.append(f"{case} turn {n} token {j}")
+                else:
+                    side.values.append(u)
+    return out
 
 
 def check(p: Plan) -> None:
@@ -197,8 +253,18 @@ def _weights(p: Plan, spec: str) -> Path:
     return path if path.is_absolute() else p.ws.root / path
 
 
+def _loaded(p: Plan, spec: str, loaded: dict[str, Any], progress: Callable[[str], None]) -> Any:
+    """The ``reference_model`` weights ``spec`` names, loaded once for transformers' cache-free read."""
+    from ..engines import reader
+
+    if spec not in loaded:
+        progress(f"reference {spec}")
+        loaded[spec] = reader.load(_weights(p, spec))
+    return loaded[spec]
+
+
 def _second(p: Plan, memo: dict[tuple, Referenced], where: dict[tuple, tuple[str, int, str]],
-            tolerance: dict[str, float], progress: Callable[[str], None]) -> Second | None:
+            tolerance: dict[str, float], progress: Callable[[str], None], loaded: dict[str, Any]) -> Second | None:
     """Every sequence the engine's own cold read covered, read again by transformers from the ``reference_model``
     weights (one per arm's profile), compared where the engine read; None where no profile names any."""
     specs = {name: p.configs[name].profile.reference_model for name in ("off", "on")}
@@ -206,17 +272,13 @@ def _second(p: Plan, memo: dict[tuple, Referenced], where: dict[tuple, tuple[str
         return None
     from ..engines import reader
 
-    models: dict[str, Any] = {}
     out = Second(", ".join(sorted({s for s in specs.values() if s})))
     for key, own in memo.items():
         case, turn, arm = where[key]
         if not (spec := specs[arm]):
             continue
-        if spec not in models:
-            progress(f"reference {spec}")
-            models[spec] = reader.load(_weights(p, spec))
         tokens, asked = list(key[1]), [list(a) for a in key[2]]
-        other = reader.read(models[spec], tokens, len(asked), asked, where=spec)
+        other = reader.read(_loaded(p, spec, loaded, progress), tokens, len(asked), asked, where=spec)
         out.dtype = other.dtype
         for i, j in enumerate(range(len(asked)) if own.at is None else own.at):
             mine, theirs = own.top2[i], other.top2[j]
