@@ -16,6 +16,13 @@ tiny = tiny_gguf
 SAMPLED = "decoding: {max_tokens: 12, temperature: 0.9, top_k: 50, top_p: 0.95, repetition_penalty: 1.2, samples: 2}"
 
 
+def engines(ws, extra: str = "", **urls: str) -> None:
+    """One llama-server profile per name (its cache switched per request)."""
+    for name, url in urls.items():
+        (ws / "engines" / f"{name}.yaml").write_text(
+            f"adapter: http\nurl: {url}\ncache_switch: cache_prompt\ntimeout: 600\n{extra}")
+
+
 def sampled(ws):
     (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", SAMPLED))
     return ws
@@ -49,9 +56,7 @@ def test_llama_servers_draws_follow_its_documented_chain_and_a_hotter_one_is_a_b
     served_ws(workspace)
     (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", READABLE))
     with llama_server(tiny / "model.gguf", *F32, log=tmp_path / "server.log") as url, faulty_front(url, "hotter") as hot:
-        for name, front in (("served", url), ("hot", hot)):
-            (workspace / "engines" / f"{name}.yaml").write_text(
-                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        engines(workspace, served=url, hot=hot)
         healthy = evaluate(run_cli, workspace, "served")[1]
         hotter = evaluate(run_cli, workspace, "hot")[1]
     declared = healthy["sampling"]["declared"]
@@ -72,9 +77,7 @@ def test_seeded_and_unseeded_requests_in_flight_together_and_a_seed_dropped_unde
     seen: list[dict] = []
     with llama_server(tiny / "model.gguf", *F32, "-np", "4", "-c", "8192", log=tmp_path / "server.log") as url, \
             faulty_front(url, "slow", seen=seen) as healthy_front, faulty_front(url, "unseeded_under_load") as dropping:
-        for name, front in (("served", healthy_front), ("dropping", dropping)):
-            (workspace / "engines" / f"{name}.yaml").write_text(
-                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        engines(workspace, served=healthy_front, dropping=dropping)
         code, healthy = evaluate(run_cli, workspace, "served", "--limit", "2", "--load", "3")
         dropped = evaluate(run_cli, workspace, "dropping", "--limit", "2", "--load", "3")[1]
     drawn = [b for b in seen if b.get("temperature")]
@@ -95,9 +98,7 @@ def test_a_server_that_ignores_its_seeds_is_named_from_the_weights_it_gives(tiny
     plain = "decoding: {max_tokens: 12, temperature: 1.0, samples: 2}"
     (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", plain))
     with llama_server(tiny / "model.gguf", *F32, log=tmp_path / "server.log") as url, faulty_front(url, "frozen") as front:
-        for name, at in (("served", url), ("frozen", front)):
-            (workspace / "engines" / f"{name}.yaml").write_text(
-                f"adapter: http\nurl: {at}\ncache_switch: cache_prompt\ntimeout: 600\n")
+        engines(workspace, served=url, frozen=front)
         healthy = evaluate(run_cli, workspace, "served")[1]
         out = evaluate(run_cli, workspace, "frozen")[1]
     assert healthy["verdict"] == "PASS" and healthy["sampling"]["controls"]["unpaired"] == "seen", healthy["reasons"]
@@ -119,9 +120,7 @@ def test_draws_the_server_lists_too_little_of_are_read_through_a_second_referenc
     (workspace / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", penalised))
     gguf = tiny / "model.gguf"
     with llama_server(gguf, *F32, log=tmp_path / "server.log") as url, faulty_front(url, "hotter") as hot:
-        for name, front in (("served", url), ("hot", hot)):
-            (workspace / "engines" / f"{name}.yaml").write_text(
-                f"adapter: http\nurl: {front}\ncache_switch: cache_prompt\ntimeout: 600\nreference_model: {gguf}\n")
+        engines(workspace, f"reference_model: {gguf}\n", served=url, hot=hot)
         healthy = evaluate(run_cli, workspace, "served")[1]
         hotter = evaluate(run_cli, workspace, "hot")[1]
     declared = healthy["sampling"]["declared"]
