@@ -54,7 +54,11 @@ def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace
         assert code == 0 and head in shown and f"{s['steps']} coupled steps" in shown and "flag-on" in shown, shown[-3000:]
     with review(ws) as url:
         status, _, body = get(f"{url}/evaluations/{out['evaluation_id']}")
+        case_status, _, case_page = get(f"{url}/evaluations/{out['evaluation_id']}/cases/tiny%2Fa~2")
     assert status == 200 and "<h2>Sampled decoding</h2>" in body and "Kolmogorov-Smirnov D" in body
+    # a case's samples side by side on its page, each with where its two sides part (here: nowhere)
+    assert case_status == 200 and "The samples of this case" in case_page, case_page[-2000:]
+    assert all(f"tiny/a~{k}</a>" in case_page for k in (1, 2, 3)) and case_page.count("pair token for token") == 3
     # evidence gathered under one decoding is stale for a pipeline that runs another
     suite = ws / "assertions" / "tiny.yaml"
     suite.write_text(suite.read_text().replace("temperature: 0.8", "temperature: 0.7"))

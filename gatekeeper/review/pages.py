@@ -128,8 +128,31 @@ def case(src: Source, ref: str, case_id: str) -> dict[str, Any]:
             "permalink": _permalink(src, record["id"]) + f"/cases/{quote(case_id, safe='')}",
             "divergences": [{**d, "sides": list(sides(d)), "text": divergence_text(d)} for d in comparisons],
             "turns": turns, "drift": [{"turn": t, "step": s, "drift": d} for (t, s), d in sorted(steps.items())],
-            "departures": _departures(record, case_id, piece),
+            "departures": _departures(record, case_id, piece), "samples": _samples(record, case_id),
             "outcomes": _outcomes(off, on), "crash": {k: r["crash"] for k, r in (("off", off), ("on", on)) if r and r.get("crash")}}
+
+
+def _samples(record: EvaluationRecord, case_id: str) -> list[dict[str, Any]]:
+    """A sampled case's samples side by side (``SUITE/CASE~N``, each its own key): per sample, the flag-off and flag-on
+    answers of its first runs and the token where they part (None: they pair token for token); empty for a case that
+    was not sampled more than once."""
+    base = case_id.split("~")[0]
+    first = {(r["case_id"], r["config"]): r["result"] for r in record["case_results"]
+             if r["repeat"] == 0 and r["case_id"].split("~")[0] == base and "~" in r["case_id"]}
+    ids = sorted({cid for cid, _ in first}, key=lambda cid: int(cid.rsplit("~", 1)[1]))
+    out = []
+    for cid in ids:
+        off, on = first.get((cid, "off")), first.get((cid, "on"))
+        a, b = (_tokens(r) for r in (off, on))
+        parts = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+        out.append({"case_id": cid, "href": case_href(record["id"], cid), "current": cid == case_id,
+                    "off": off["text"] if off else "", "on": on["text"] if on else "", "parts": parts})
+    return out if len(out) > 1 else []
+
+
+def _tokens(result: CaseResult | None) -> list[int]:
+    """Every turn's tokens of one answer, in order."""
+    return [t for turn in (result["turns"] if result else []) for t in turn["tokens"]]
 
 
 def _departures(record: EvaluationRecord, case_id: str, piece: dict[str, Callable[[int], str | None]]) -> list[dict[str, Any]]:
