@@ -92,6 +92,8 @@ def test_a_second_independent_reference_sees_a_server_that_does_not_compute_the_
     assert broken["reasons"][0].startswith("references_disagree:"), broken["reasons"]
     assert not any(broken["reference"]["departs"].values())  # the server's own read is blind to it
     assert broken["reference"]["second"]["disagreed"] > 0
+    code, md, _ = run_cli("--workspace", ws, "ledger", "export", str(broken["evaluation_id"]), "--format", "md")
+    assert "a second, independent reference" in md and "the engine's read picks" in md, md[-3000:]
 
 
 def test_a_reference_model_that_is_not_there_is_exit_2_before_anything_runs(workspace, run_cli):

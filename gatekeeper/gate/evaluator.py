@@ -29,7 +29,7 @@ from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelem
 from ..identity import digest
 from ..workspace import EngineProfile, Load, MinedOn, Workspace
 from . import controls as controls_
-from . import coupling, distance, forced, kinds, paired, pipeline, pit, production, sequential, sides, switches
+from . import coupling, distance, forced, independent, kinds, paired, pipeline, pit, production, sequential, sides, switches
 from . import crashes as crashes_
 from . import graders as graders_
 from . import probes as probes_
@@ -114,7 +114,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
                      **({"skip_unsupported": True} if skip_unsupported else {}),
                      **({"load": production.identity(ws, load, digest_)} if load else {}),
                      **({"sequential": dataclasses.asdict(budget)} if budget else {})})
-    reference_.check(p)
+    independent.check(p)
     sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
     if budget is not None:
         _check_sequential(p, budget)

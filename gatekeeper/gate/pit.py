@@ -46,7 +46,7 @@ class Side:
 
 def read(items: Iterable[Item], results: dict[str, list[Run]], reread: dict[str, Any] | None = None) -> dict[str, Side] | None:
     """Each side's transforms over its first run's sampled answers, and those ``reread`` from the reference arm's
-    rows where a side gave none (``reference.Reread``); None where no answer carries them."""
+    rows where a side gave none (``independent.Reread``); None where no answer carries them."""
     sides = {}
     for config in ("off", "on"):
         run, values, side = results[config][0], [], Side()

@@ -15,7 +15,6 @@ a tiny random model as on a trained one.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from ..battery import partition
@@ -26,6 +25,7 @@ from ..errors import GatekeeperError
 from ..evidence import Run, Turn
 from ..identity import sha256_hex
 from ..workspace import Decoding
+from . import independent
 from .plans import Plan
 from .probes import PREFIX, Probed
 
@@ -69,30 +69,6 @@ class Arm:
 
 
 @dataclass
-class Second:
-    """A second, independent reference (a profile's ``reference_model``): transformers reading those weights at the
-    positions the engine's own cold read covers. Where they pick different tokens by a clear margin, one of the two
-    forwards does not compute the model, and no reading of the arms can be trusted until a person looks."""
-
-    weights: str
-    dtype: str = ""
-    positions: int = 0
-    disagreed: int = 0
-    where: list[Departure] = field(default_factory=list)  # the first KEPT: emitted = the engine's pick, reference = its
-
-
-@dataclass
-class Reread:
-    """One arm's sampled draws that carry no transform of their own (a server's, beyond its top lists), transformed
-    under the declared decoding from transformers' full rows of the ``reference_model`` weights (``sampler.reread``):
-    the values, the draws the declared decoding gives no chance, and those too near its support's edge to tell."""
-
-    values: list[float] = field(default_factory=list)
-    impossible: list[str] = field(default_factory=list)
-    undecided: int = 0
-
-
-@dataclass
 class Read:
     """R's reading of both arms, the floors it was judged against, and what it took."""
 
@@ -101,8 +77,8 @@ class Read:
     floor: dict[str, float]  # reference_batch, repeat, controls
     tolerance: dict[str, float]  # flip_margin, gap
     seconds: float = 0.0
-    second: Second | None = None
-    reread: dict[str, Reread] = field(default_factory=dict)  # gate/pit.py reads it; in the record as pit's counts
+    second: independent.Second | None = None
+    reread: dict[str, independent.Reread] = field(default_factory=dict)  # gate/pit.py reads it (pit's counts record it)
 
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
@@ -199,8 +175,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                 if len(arm.departures) < KEPT:
                     arm.departures.append(d)
     loaded: dict[str, Any] = {}
-    return Read(dtype, arms, floor, tolerance, second=_second(p, memo, where, tolerance, progress, loaded),
-                reread=_reread(p, models, pending, progress, loaded))
+    return Read(dtype, arms, floor, tolerance, second=independent.compare(p, memo, where, tolerance, progress, loaded),
+                reread=independent.reread(p, models, pending, progress, loaded))
 
 
 def _drawn(item) -> Callable[[int], Draw] | None:
@@ -212,83 +188,6 @@ def _drawn(item) -> Callable[[int], Draw] | None:
 def _probe_drawn(d: Decoding | None, pid: str) -> Callable[[int], Draw] | None:
     """A sampled probe's draw: one key for all its turns (``probes.run``)."""
     return None if d is None else (lambda n: Draw(d, sampler.key(d.seed, pid, 0, 0)))
-
-
-def _reread(p: Plan, models: dict[str, Engine], pending: dict[str, list[tuple]], progress: Callable[[str], None],
-            loaded: dict[str, Any]) -> dict[str, Reread]:
-    """Each arm's sampled turns that carry no transforms of their own, read again by transformers from its profile's
-    ``reference_model`` (full rows) and transformed under the declared decoding through the engine's own chain."""
-    from ..engines import reader
-
-    out: dict[str, Reread] = {}
-    for arm, turns in pending.items():
-        if not turns or not (spec := p.configs[arm].profile.reference_model):
-            continue
-        side, chain = out.setdefault(arm, Reread()), models[arm].sampler()
-        for case, n, draw, tokens, turn in turns:
-            steps = len(turn["tokens"])
-            rows = reader.logits(_loaded(p, spec, loaded, progress), tokens, steps)
-            start = len(tokens) - steps
-            for j, u in enumerate(sampler.reread(draw.decoding, draw.key, chain, rows, tokens[:start], tokens[start:])):
-                if u is None:
-                    side.undecided += 1
-                elif u < 0:
-                    side.impossible.append(f"{case} turn {n} token {j}")
-                else:
-                    side.values.append(u)
-    return out
-
-
-def check(p: Plan) -> None:
-    """Exit 2 before anything runs where a profile's ``reference_model`` names no weights."""
-    for c in p.configs.values():
-        if c.profile.reference_model and not _weights(p, c.profile.reference_model).exists():
-            raise GatekeeperError(f"{c.profile.where}: field 'reference_model': {_weights(p, c.profile.reference_model)} "
-                                  "does not exist; name the served model's folder or .gguf file (relative to the "
-                                  "workspace), or remove the field")
-
-
-def _weights(p: Plan, spec: str) -> Path:
-    path = Path(spec).expanduser()
-    return path if path.is_absolute() else p.ws.root / path
-
-
-def _loaded(p: Plan, spec: str, loaded: dict[str, Any], progress: Callable[[str], None]) -> Any:
-    """The ``reference_model`` weights ``spec`` names, loaded once for transformers' cache-free read."""
-    from ..engines import reader
-
-    if spec not in loaded:
-        progress(f"reference {spec}")
-        loaded[spec] = reader.load(_weights(p, spec))
-    return loaded[spec]
-
-
-def _second(p: Plan, memo: dict[tuple, Referenced], where: dict[tuple, tuple[str, int, str]],
-            tolerance: dict[str, float], progress: Callable[[str], None], loaded: dict[str, Any]) -> Second | None:
-    """Every sequence the engine's own cold read covered, read again by transformers from the ``reference_model``
-    weights (one per arm's profile), compared where the engine read; None where no profile names any."""
-    specs = {name: p.configs[name].profile.reference_model for name in ("off", "on")}
-    if not any(specs.values()):
-        return None
-    from ..engines import reader
-
-    out = Second(", ".join(sorted({s for s in specs.values() if s})))
-    for key, own in memo.items():
-        case, turn, arm = where[key]
-        if not (spec := specs[arm]):
-            continue
-        tokens, asked = list(key[1]), [list(a) for a in key[2]]
-        other = reader.read(_loaded(p, spec, loaded, progress), tokens, len(asked), asked, where=spec)
-        out.dtype = other.dtype
-        for i, j in enumerate(range(len(asked)) if own.at is None else own.at):
-            mine, theirs = own.top2[i], other.top2[j]
-            out.positions += 1
-            if mine[0][0] != theirs[0][0] and _gap(theirs) > tolerance["flip_margin"]:
-                out.disagreed += 1
-                if len(out.where) < KEPT:
-                    out.where.append(Departure(case, turn, j, int(mine[0][0]), int(theirs[0][0]), _gap(theirs),
-                                               abs(_asked_gap(own.asked[i]) - _asked_gap(other.asked[j]))))
-    return out
 
 
 def _read(model: Engine, *args: Any, **kwargs: Any) -> Referenced:
@@ -369,18 +268,7 @@ def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: st
     if found is None or isinstance(found, str):
         return verdict, reasons
     verdict, reasons = _by_arms(found, verdict, reasons, shared, detok, exact)
-    if (second := found.second) is None:
-        return verdict, reasons
-    if not second.disagreed:
-        return verdict, reasons + [f"second_reference: transformers reading {second.weights} in {second.dtype} picks what "
-                                   f"the engine's own cache-free read picks at all {second.positions} positions it read"]
-    first = second.where[0]
-    line = (f"references_disagree: the engine's own cache-free read and transformers reading {second.weights} pick "
-            f"different tokens at {second.disagreed} of {second.positions} positions (first {first.case} turn "
-            f"{first.turn} token {first.position}: the engine's read picks {detok([first.emitted])!r}, transformers "
-            f"{detok([first.reference])!r} by {first.margin:.3g} nats): one of the two forwards does not compute the "
-            "model, so no reading of the arms can be trusted; a person must look (the positions are in the record)")
-    return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+    return independent.judge(found.second, verdict, reasons, detok)
 
 
 def _by_arms(found: Read, verdict: str, reasons: list[str], shared: str, detok: Callable[[list[int]], str],

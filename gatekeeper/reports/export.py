@@ -214,8 +214,9 @@ def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
     if second := r.get("second"):
         note += (f"; a second, independent reference (transformers reading {second['weights']}, {second['dtype']}) "
                  f"picks otherwise at {second['disagreed']} of {second['positions']} positions")
-        if second["where"]:
-            note += f", first {first(second['where'])}"
+        if w := second["where"]:
+            note += (f", first {w[0]['case']} turn {w[0]['turn']} token {w[0]['position']}: the engine's read picks "
+                     f"{w[0]['engine']}, transformers {w[0]['transformers']} by {w[0]['margin']:.3g}")
     return {"rows": rows, "note": note}
 
 
