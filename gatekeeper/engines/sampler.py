@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 CHAIN = ("penalties", "temperature", "top_k", "top_p", "min_p")
 # what each penalty counts: the repetition penalty every token seen, presence and frequency the answer's
-EDGE = 1e-3  # nats: a token this far outside the declared support's lowest raw log-probability is outside, read anywhere
 WINDOW = {"repetition_penalty": "prompt+answer", "presence_penalty": "answer", "frequency_penalty": "answer"}
+EDGE = 1e-3  # nats: a token this far outside the declared support's lowest raw log-probability is outside, read anywhere
 
 
 def chain() -> dict[str, Any]:

@@ -24,6 +24,7 @@ from ..battery import partition
 from ..engines import sampler
 from ..engines.base import Session, labelled
 from ..evidence import Run
+from . import runs
 from .coupling import PROCESSED
 from .plans import Plan
 
@@ -65,8 +66,9 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> dict[str, Any] | Non
     prompt = partition.render(session.model, partition.pieces(p.ws, item.suite, values), mode).tokens
     hotter = d.model_copy(update={"temperature": min(2 * d.temperature, 100.0)})
     out: dict[str, Any] = {"case": item.case_id}
-    for name, draw in (("unpaired", sampler.Draw(d, sampler.fresh())),
-                       ("planted", sampler.Draw(hotter, sampler.key(d.seed, item.case_key, item.sample, 0)))):
+    keyed = runs.draw(item, 0)
+    assert keyed is not None  # a sampled item
+    for name, draw in (("unpaired", sampler.Draw(d, sampler.fresh())), ("planted", sampler.Draw(hotter, keyed.key))):
         with labelled(stage=item.suite.stage, stream="gatekeeper-controls"):
             out[name] = session.generate(prompt, max_tokens=d.max_tokens, stop=list(d.stop), top2=True,
                                          sampling=draw).to_dict()

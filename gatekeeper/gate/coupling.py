@@ -74,7 +74,7 @@ class Coupled:
         head = (f"tv_bound: {self.steps} coupled steps ({self.mismatches} mismatched) bound the per-token total variation "
                 f"at {self.tv_bound:.3g}, above the policy's max_tv {max_tv:g}")
         rate = self.mismatches / self.steps if self.steps else 0.0
-        needed = steps_needed(rate, max_tv, self.alpha, self.upper if self.bound != "Clopper-Pearson" else None)
+        needed = steps_needed(rate, max_tv, self.alpha, self.upper)
         if needed is None:
             return (f"{head}; the sides part at {rate:.3g} of their coupled steps, so no number of samples brings the "
                     "bound under it (the coupling may part more often than the distributions differ: judge the change "

@@ -116,8 +116,8 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
             raise _Skip(f"does not fit: it needs {need} tokens and the engine holds {model.context}")
         # sampled: one key per probe, the same on both sides and for each of its turns (a repeat draws as the first
         # time), so the penalties' history across the cached prefix and the draws pair as the cases' do
-        d = b.decoding
-        drawn: dict[str, Any] = {} if d.plain else {"sampling": sampler.Draw(d, sampler.key(d.seed, PREFIX + name, 0, 0))}
+        found = draw(out.decoding, PREFIX + name)
+        drawn: dict[str, Any] = {} if found is None else {"sampling": found}
         with labelled(stage=b.stage, stream="gatekeeper-probes"):
             return session.generate(prompt, max_tokens=spec.max_tokens, stop=b.stop, top2=True, **drawn)
 
@@ -205,6 +205,11 @@ def run(session: Session, p: Plan, mode: partition.Mode) -> Probed:
         out.results[PREFIX + name] = result
     out.seconds = time.perf_counter() - t0
     return out
+
+
+def draw(decoding: Decoding | None, pid: str) -> sampler.Draw | None:
+    """A sampled probe's draw: one key for all its turns, on both sides; None: greedy."""
+    return None if decoding is None else sampler.Draw(decoding, sampler.key(decoding.seed, pid, 0, 0))
 
 
 def _choices(rows: list[Top2], reference: list[Top2]) -> Generation:

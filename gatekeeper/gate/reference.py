@@ -18,14 +18,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..battery import partition
-from ..engines import sampler
 from ..engines.base import Engine, Referenced
 from ..engines.sampler import Draw
 from ..errors import GatekeeperError
 from ..evidence import Run, Turn
 from ..identity import sha256_hex
-from ..workspace import Decoding
-from . import independent
+from . import independent, runs
+from . import probes as probes_
 from .plans import Plan
 from .probes import PREFIX, Probed
 
@@ -105,12 +104,14 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
     dtype = ""
 
-    def turns(name: str, case: str, conversation, drawn: Callable[[int], Draw] | None) -> None:
+    def turns(name: str, case: str, conversation, draws: list[Draw | None]) -> None:
+        """One case's or probe's turns for one arm; ``draws``: each turn's draw where it was sampled, else None."""
         nonlocal dtype
-        model, sampled = models[name], drawn is not None
-        for n, (turn, tokens) in enumerate(conversation, 1):
-            if drawn and not isinstance(tokens, str) and len((turn.get("draws") or [[]])[0]) < 4:
-                pending[name].append((case, n, drawn(n), list(tokens), turn))  # its draws, from the reference's rows
+        model = models[name]
+        for n, ((turn, tokens), draw) in enumerate(zip(conversation, draws), 1):
+            sampled = draw is not None
+            if draw and not isinstance(tokens, str) and len((turn.get("draws") or [[]])[0]) < 4:
+                pending[name].append((case, n, draw, list(tokens), turn))  # its draws, from the reference's rows
             if sampled and not turn["top2"]:  # a draw is no flip: without the arm's likeliest tokens nothing to judge
                 tokens = "a sampled answer whose server gave no likeliest tokens"
             if isinstance(tokens, str):
@@ -151,7 +152,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         for name in ("off", "on"):
             result = results[name][0].get(item.case_id)
             if result is not None and "crash" not in result:
-                turns(name, item.case_id, _conversation(p, models[name], name, item, result), _drawn(item))
+                turns(name, item.case_id, _conversation(p, models[name], name, item, result),
+                      [runs.draw(item, n) for n in range(len(result["turns"]))])
     if probes:
         progress("reference cache probes")
     for name, probed in (probes or {}).items():
@@ -160,7 +162,8 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         first = probed[0]
         for pid, result in first.results.items():
             if "crash" not in result and pid in first.read:
-                turns(name, pid, zip(result["turns"], first.read[pid]), _probe_drawn(first.decoding, pid))
+                turns(name, pid, zip(result["turns"], first.read[pid]),
+                      [probes_.draw(first.decoding, pid)] * len(result["turns"]))
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
@@ -177,17 +180,6 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     loaded: dict[str, Any] = {}
     return Read(dtype, arms, floor, tolerance, second=independent.compare(p, memo, where, tolerance, progress, loaded),
                 reread=independent.reread(p, models, pending, progress, loaded))
-
-
-def _drawn(item) -> Callable[[int], Draw] | None:
-    """The draw of each turn (1-based) of a sampled case, as the runs keyed it (``runs.drawn``); None: greedy."""
-    d = item.suite.decoding
-    return None if d.plain else (lambda n: Draw(d, sampler.key(d.seed, item.case_key, item.sample, n - 1)))
-
-
-def _probe_drawn(d: Decoding | None, pid: str) -> Callable[[int], Draw] | None:
-    """A sampled probe's draw: one key for all its turns (``probes.run``)."""
-    return None if d is None else (lambda n: Draw(d, sampler.key(d.seed, pid, 0, 0)))
 
 
 def _read(model: Engine, *args: Any, **kwargs: Any) -> Referenced:

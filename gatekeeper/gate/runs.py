@@ -77,12 +77,17 @@ def run_case(session: Session, ws: Workspace, item: battery.Item, mode: partitio
     return CaseResult(turns=turns, text=text, outcomes=checks.outcomes(list(case.assert_), text, context))
 
 
-def drawn(item: battery.Item, turn: int) -> dict[str, Any]:
-    """``generate``'s sampling argument for one turn of a case: its declared decoding keyed by (seed, case, sample,
-    turn), the same on every side so their draws pair; nothing where the decoding is plain greedy (plugins written
-    before ``sampling`` are never handed one)."""
+def draw(item: battery.Item, turn: int) -> sampler.Draw | None:
+    """One turn (0-based) of a case as it is drawn: its declared decoding keyed by (seed, case, sample, turn), the same
+    on every side so their draws pair; None where the decoding is plain greedy."""
     d = item.suite.decoding
-    return {} if d.plain else {"sampling": sampler.Draw(d, sampler.key(d.seed, item.case_key, item.sample, turn))}
+    return None if d.plain else sampler.Draw(d, sampler.key(d.seed, item.case_key, item.sample, turn))
+
+
+def drawn(item: battery.Item, turn: int) -> dict[str, Any]:
+    """``generate``'s sampling argument for one turn of a case (``draw``); nothing where the decoding is plain greedy
+    (plugins written before ``sampling`` are never handed one)."""
+    return {} if (found := draw(item, turn)) is None else {"sampling": found}
 
 
 def check_decoding(p: Plan, models: dict[str, Engine]) -> None:
