@@ -20,7 +20,6 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 
 from .errors import GatekeeperError
@@ -137,7 +136,7 @@ def load_key(path: str | os.PathLike) -> SigningKey:
     text = data.lstrip()
     if text.startswith(tuple(t.encode() for t in KEY_TYPES)) or text.startswith(b"sk-"):
         raise GatekeeperError(f"{where}: this is a public key; pass the private key file (the one without .pub)")
-    private: PrivateKeyTypes
+    private: object  # each cryptography release widens the loaders' unions; narrowed below
     try:
         if text.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----"):
             private = serialization.load_ssh_private_key(data, password=None)
