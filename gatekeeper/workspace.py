@@ -412,6 +412,31 @@ class Probes(Strict):
         return {"kinds": []} if v is False else v
 
 
+class Guard(Strict):
+    """``guard:`` how ``gatekeeper proxy --guard FLAG`` watches the flag once it is on (``gate/guard.py``): the share
+    of live requests it sends again to the flag-off side, and the sequential test that turns the flag off."""
+
+    rate: float = Field(0.1, gt=0, le=1)  # share of live completion requests shadowed
+    stages: dict[str, float] = Field(default_factory=dict)  # per-stage shares, in place of rate for those stages
+    tokens_per_minute: int | None = Field(None, ge=1)  # shadow budget (the live answers' tokens); over it, dropped
+    limit: float = Field(0, ge=0, lt=1)  # the mismatch rate tolerated; 0: one mismatch is a breach
+    stage_limits: dict[str, float] = Field(default_factory=dict)  # per-stage tests of their own
+    alpha: float = Field(0.05, gt=0, lt=0.5)  # the chance of a false rollback over the flag's whole life
+    min_comparisons: int = Field(20, ge=1)  # no rollback before this many comparisons (per test)
+    batch: int = Field(16, ge=1)  # comparisons per ledger record
+    flush_s: float = Field(10, gt=0)  # a batch is written at least this often while it holds anything
+    timeout_s: float = Field(30, gt=0)  # a shadow request unanswered this long is dropped
+    in_flight: int = Field(4, ge=1)  # shadow requests at once; more are dropped, never queued
+
+    @field_validator("stages", "stage_limits")
+    @classmethod
+    def _shares(cls, v: dict[str, float], info) -> dict[str, float]:
+        for stage, x in v.items():
+            if not (0 <= x <= 1 if info.field_name == "stages" else 0 <= x < 1):
+                raise ValueError(f"{stage}: {x} is not a share from 0 to 1")
+        return v
+
+
 class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
@@ -528,6 +553,8 @@ class Policy(Strict):
     probes: Probes = Probes()  # the cache probes every evaluation adds (probes: off for none)
     # model-graded and similar assertions: what grades them; left out of dumps when unset (policy digests stay as they were)
     grader: Grader | None = Field(None, exclude_if=lambda v: v is None)
+    # after the flip: shadow comparison of live traffic and automatic rollback; never part of the policy digest
+    guard: Guard | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":

@@ -202,6 +202,7 @@ def test_triggers_reject_update_and_delete_on_every_chained_table(url: str) -> N
         ledger.add_flush("adapter", {}, {})
         ledger.add_measurement("ana", {}, {})
         ledger.add_calibration("prefix_cache", eid, "ana", {}, {"faults": []})
+        ledger.add_shadow("prefix_cache", None, "guard", {"stages": {}}, [])
         before = ledger.entries()
 
     with Raw(url) as conn:
@@ -447,9 +448,10 @@ def _sqlite_ledger(tmp_path: Path) -> str:
         eid = run_lifecycle(ledger)
         ledger.add_comparison(ledger.start_evaluation("static_first", "ana", "byte_equivalence", {}, {}), "a/b", False, {})
         ledger.add_approval("prefix_cache", eid, "bo", "ok")
-        ledger.add_flip("prefix_cache", "on", "bo", "ok", evaluation_id=eid, approval_ids=[1])
+        flip = ledger.add_flip("prefix_cache", "on", "bo", "ok", evaluation_id=eid, approval_ids=[1])
         ledger.add_flush("model", {"model": "a"}, {"model": "b"})
         ledger.add_calibration("prefix_cache", eid, "ana", {}, {"faults": []})
+        ledger.add_shadow("prefix_cache", flip, "guard", {"stages": {"router": {"compared": 4, "mismatches": 0}}}, [])
     return src
 
 
@@ -460,7 +462,7 @@ def test_copy_sqlite_ledger_to_postgresql(tmp_path: Path, pg_url: str, run_cli, 
     code, out, err = run_cli("ledger", "copy", src, pg_url, "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["ok"] and data["entries"] == len(before) == 17 and data["head"]["hash"] == before[-1]["hash"]
+    assert data["ok"] and data["entries"] == len(before) == 18 and data["head"]["hash"] == before[-1]["hash"]
 
     with Ledger(pg_url) as team:
         assert team.entries() == before  # same seq, ids, payloads and hashes
@@ -468,7 +470,7 @@ def test_copy_sqlite_ledger_to_postgresql(tmp_path: Path, pg_url: str, run_cli, 
         # The id sequences moved past the copied rows: appending goes on where the source left off.
         ev = team.start_evaluation("prefix_cache", "cy", "byte_equivalence", {}, {})
         assert ev == 3 and team.add_flip("prefix_cache", "off", "cy", "rollback") == 2
-        assert team.verify().ok and team.verify().entries == 19
+        assert team.verify().ok and team.verify().entries == 20
         after = team.entries()
     back = url_of(tmp_path / "back.db")  # and back again, PostgreSQL to SQLite
     assert run_cli("ledger", "copy", pg_url, back)[0] == 0
@@ -478,7 +480,7 @@ def test_copy_sqlite_ledger_to_postgresql(tmp_path: Path, pg_url: str, run_cli, 
     policy = workspace / "policies" / "prefix_cache.yaml"  # flips made here record no checkpoint: a policy wanting none
     policy.write_text(policy.read_text().replace(", checkpoint_after_flip: true", ""))
     code, out, _ = run_cli("--workspace", workspace, "--ledger", pg_url, "ledger", "verify")
-    assert code == 0 and out.startswith("ledger ok: 19 entries")
+    assert code == 0 and out.startswith("ledger ok: 20 entries")
     with Raw(pg_url) as conn:
         conn.drop_triggers()
         conn.execute("UPDATE flip SET reason = 'looked fine' WHERE id = 1")
@@ -494,7 +496,7 @@ def test_copy_refuses_a_non_empty_destination_a_bad_url_and_a_tampered_source(
     src = _sqlite_ledger(tmp_path)
     assert run_cli("ledger", "copy", src, ledger_url)[0] == 0
     code, _, err = run_cli("ledger", "copy", src, ledger_url)
-    assert code == 2 and "not empty (rows of entry: 17, evaluation: 2" in err and "only fills an empty ledger" in err
+    assert code == 2 and "not empty (rows of entry: 18, evaluation: 2" in err and "only fills an empty ledger" in err
     code, _, err = run_cli("ledger", "copy", "ledger/evidence.db", ledger_url)
     assert code == 2 and "SRC 'ledger/evidence.db' is not a ledger URL" in err
     code, _, err = run_cli("ledger", "copy", src, "postgres//nowhere")

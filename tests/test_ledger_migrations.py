@@ -48,10 +48,10 @@ def make_version_1(url: str) -> None:
 def test_blank_database_reaches_current_version(new_ledger_url) -> None:
     db = new_ledger_url("blank")
     with Ledger(db) as ledger:
-        assert ledger.version == CURRENT_VERSION == 4
+        assert ledger.version == CURRENT_VERSION == 5
         assert ledger.verify().ok and ledger.entries() == []
     assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
-                           (4, "0004_signatures")]
+                           (4, "0004_signatures"), (5, "0005_shadow")]
     with Raw(db) as conn:
         applied = [r[0] for r in conn.execute("SELECT applied_at FROM migrations")]
     assert all(a.endswith("Z") and "T" in a for a in applied)
@@ -66,7 +66,7 @@ def test_version_1_database_upgrades_in_place(new_ledger_url) -> None:
     assert "calibration" not in before and "signature" not in before["approval"]
 
     with Ledger(old) as ledger:
-        assert ledger.version == 4
+        assert ledger.version == 5
         old_entries = ledger.entries()
         assert [e["kind"] for e in old_entries] == ["evaluation", "case_result", "verdict", "flip"]
         assert ledger.verify().ok  # rows from before the migration still match their entries
@@ -85,12 +85,13 @@ def test_version_1_database_upgrades_in_place(new_ledger_url) -> None:
         assert ledger.evaluation(1)["calibrations"][0]["operator"] == "ana"
         assert ledger.flips()[1]["approval_ids"] == []
         assert ledger.flips()[0]["signature"] is None  # rows from before migration 4 are unsigned
+        assert ledger.shadows() == []  # migration 5: the guard's table, empty
         seal = {"signature": "-----BEGIN SSH SIGNATURE-----", "signer": "cy", "signed_at": "2025-01-01T00:00:00.000000Z",
                 "record_digest": "0" * 64}
         ledger.add_approval("prefix_cache", 1, "cy", "signed", seal=seal)
         assert ledger.approvals()[0]["signer"] == "cy" and ledger.verify().ok
     assert recorded(old) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
-                           (4, "0004_signatures")]
+                           (4, "0004_signatures"), (5, "0005_shadow")]
 
     blank = new_ledger_url("blank")
     Ledger(blank).close()
@@ -119,13 +120,13 @@ def test_migrate_is_idempotent_and_bounded(new_ledger_url) -> None:
         assert migrate(engine, target=2) == 2 and not inspect(engine).has_table("calibration")
         assert migrate(engine, target=3) == 3
         assert "signature" not in {c["name"] for c in inspect(engine).get_columns("flip")}
-        assert migrate(engine) == 4 and migrate(engine) == 4 and migrate(engine, target=1) == 4
+        assert migrate(engine) == 5 and migrate(engine) == 5 and migrate(engine, target=1) == 5
         with pytest.raises(ValueError):
             migrate(engine, target=CURRENT_VERSION + 1)
     finally:
         engine.dispose()
     assert recorded(db) == [(1, "0001_initial"), (2, "0002_flush_measurement"), (3, "0003_calibration"),
-                           (4, "0004_signatures")]
+                           (4, "0004_signatures"), (5, "0005_shadow")]
 
 
 def test_newer_database_is_refused(new_ledger_url) -> None:

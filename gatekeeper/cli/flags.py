@@ -19,14 +19,14 @@ if TYPE_CHECKING:
 @reporting
 def status(ctx: typer.Context, json_: Json = False) -> None:
     """Each flag's state as the ledger records it, and whether the evidence behind it is still current."""
-    from ..gate import flags
+    from ..gate import flags, guard
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     rows = []
     with settings.reading_ledger(ws) as ledger:
         for flag, st in flags.states(ws, ledger).items():
-            row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": []}
+            row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [], "live": guard.live(ledger, flag)}
             if st["state"] == "on" and st["evaluation_id"] is not None:
                 from ..gate import current  # the battery and engines: only to check the evidence of a flag that is on
 

@@ -23,11 +23,39 @@ ledger_app = typer.Typer(help="Read, verify and export the evidence ledger.", no
 def ledger_list(ctx: typer.Context, limit: Annotated[Optional[int], typer.Option(help="Newest N only.")] = None,
                 json_: Json = False) -> None:
     """Evaluations, newest first, with their derived status."""
+    from ..gate import guard
+
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     with settings.opened_ledger(ws, create=False) as ledger:
         evaluations = ledger.evaluations(limit=limit) if ledger else []
-    emit(json_, {"evaluations": evaluations}, lambda: tables.print_evaluations(evaluations))
+        live = {flag: e for flag in ws.policies if (e := guard.live(ledger, flag)) is not None}
+
+    def show() -> None:
+        tables.print_evaluations(evaluations)
+        for flag, evidence in live.items():
+            typer.echo(f"live evidence of {flag} (flip {evidence['flip_id']}): {guard.line(evidence)}; "
+                       f"'gatekeeper ledger live {flag}' shows it")
+
+    emit(json_, {"evaluations": evaluations, **({"live": live} if live else {})}, show)
+
+
+@ledger_app.command("live")
+@reporting
+def ledger_live(ctx: typer.Context, flag: Annotated[str, typer.Argument(help="The flag the guard watched.")],
+                json_: Json = False) -> None:
+    """A flag's live evidence: what the guard compared since the flip it watched, per stage, and its tests."""
+    from ..gate import guard
+
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+    ws.policy(flag)
+    with settings.opened_ledger(ws, create=False) as ledger:
+        evidence = guard.live(ledger, flag)
+    if evidence is None:
+        raise GatekeeperError(f"no live evidence of {flag}: the guard never watched it "
+                              f"(gatekeeper proxy --guard {flag} --shadow URL, with a guard: section in its policy)")
+    emit(json_, evidence, lambda: tables.print_live(evidence))
 
 
 def _evaluation(settings: Settings, ws, evaluation_id: int) -> EvaluationRecord:

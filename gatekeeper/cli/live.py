@@ -13,23 +13,71 @@ from .common import Json, emit, reporting
 
 @reporting
 def proxy(
+    ctx: typer.Context,
     upstream: Annotated[str, typer.Option(help="The OpenAI-compatible server's base URL, e.g. http://127.0.0.1:8080.")],
-    capture: Annotated[Path, typer.Option(help="Local JSONL file: one line per completion call, with its telemetry.")],
+    capture: Annotated[Optional[Path], typer.Option(
+        help="Local JSONL file: one line per completion call, with its telemetry (optional with --guard).")] = None,
     listen: Annotated[str, typer.Option(help="HOST:PORT to listen on; point the pipeline's client here.")] = "127.0.0.1:8081",
-    no_text: Annotated[bool, typer.Option("--no-text", help="Capture lengths, digests and telemetry only, no prompt text or ids.")] = False,
+    no_text: Annotated[bool, typer.Option("--no-text", help="Capture (and the guard records) lengths, digests and telemetry only, no prompt text or ids.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds the upstream may stay silent before a call gets 504.")] = 600.0,
+    guard: Annotated[Optional[str], typer.Option(
+        help="Watch this flag, which is on and served by --upstream: shadow live requests to --shadow, per the "
+             "policy's guard: section, and turn the flag off on a breach.")] = None,
+    shadow: Annotated[Optional[str], typer.Option(help="With --guard: the flag-off deployment's base URL.")] = None,
+    sign: Annotated[Optional[Path], typer.Option(
+        help="With --guard: the service key that signs a rollback (default: $GATEKEEPER_SIGNING_KEY); its public "
+             "key must be in policies/allowed_signers.")] = None,
+    webhook: Annotated[Optional[str], typer.Option(help="With --guard: a URL that gets a JSON POST on a rollback.")] = None,
 ) -> None:
-    """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its telemetry."""
+    """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its
+    telemetry; with --guard, compare a share of live calls with the flag-off side and roll the flag back on a breach
+    (exit 1 when it stops after a rollback)."""
     from ..traffic.proxy import serve
 
     if timeout <= 0:
         raise GatekeeperError("--timeout must be above 0 seconds")
+    watch = _guard(ctx, guard, shadow, sign, webhook, no_text) if guard or shadow else None
+    if capture is None and watch is None:
+        raise GatekeeperError("--capture FILE is required (the proxy's record of each call), unless --guard watches a flag")
 
     def ready(url: str, up: str) -> None:
-        typer.echo(f"gatekeeper proxy: listening on {url}, forwarding to {up}, capturing to {capture} "
-                   "(local file; Ctrl-C stops)", err=True)
+        doing = [f"capturing to {capture} (local file)"] if capture else []
+        if watch is not None:
+            doing.append(f"guarding {guard} against {watch.other} ({watch.policy.rate:.0%} shadowed; metrics at {url}/metrics)")
+        typer.echo(f"gatekeeper proxy: listening on {url}, forwarding to {up}, {', '.join(doing)}; Ctrl-C stops", err=True)
 
-    serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready)
+    serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready, guard=watch)
+    if watch is not None and watch.rollback is not None:
+        raise typer.Exit(1)
+
+
+def _guard(ctx: typer.Context, flag: Optional[str], shadow: Optional[str], sign: Optional[Path],
+           webhook: Optional[str], no_text: bool):
+    """The guard for ``--guard``: every check that can fail (policy, ledger, flag state, key) runs before listening."""
+    import os
+
+    from .. import signing
+    from ..traffic.guarded import Guarded
+    from ..traffic.proxy import check_upstream
+    from .common import Settings
+
+    if not flag or not shadow:
+        raise GatekeeperError("--guard FLAG and --shadow URL go together: the flag to watch and its flag-off deployment")
+    check_upstream(shadow)
+    if webhook is not None and not webhook.startswith(("http://", "https://")):
+        raise GatekeeperError(f"--webhook {webhook!r}: give an http(s) URL")
+    key = sign or (Path(os.environ[signing.SIGNING_KEY_ENV]) if os.environ.get(signing.SIGNING_KEY_ENV) else None)
+    if key is None:
+        raise GatekeeperError(f"--guard needs a service key to sign its rollbacks: pass --sign KEY or set "
+                              f"${signing.SIGNING_KEY_ENV} (its public key in policies/allowed_signers)")
+    settings: Settings = ctx.obj
+    ws = settings.open_workspace()
+
+    def say(line: str) -> None:
+        typer.echo(line, err=True)
+
+    return Guarded(ws, settings.ledger_url(ws), flag, shadow, signing.load_key(key), no_text=no_text,
+                   webhook=webhook, say=say)
 
 
 @reporting

@@ -55,11 +55,43 @@ def print_status(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("flag", "state", "evaluation", "by", "since", "evidence")
+    from ..gate.guard import line
+
+    table = Table("flag", "state", "evaluation", "by", "since", "evidence", "live")
     for r in rows:
         evidence = "-" if r["evidence_current"] is None else ("current" if r["evidence_current"] else "; ".join(r["evidence_problems"]))
-        table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-", evidence)
+        table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-", evidence,
+                      line(r.get("live")))
     Console().print(table)
+
+
+def print_live(e: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..gate.guard import line
+
+    console = Console()
+    console.print(f"{e['flag']}: live evidence of flip {e['flip_id']}, batches {e['batches'][0]}-{e['batches'][1]}, "
+                  f"{e['since']} to {e['until']}", highlight=False)
+    console.print(f"{e['requests']} requests, {e['shadowed']} shadowed: {line(e)}", highlight=False)
+    table = Table("stage", "compared", "parted", "unpaired")
+    for stage, row in sorted(e["stages"].items()):
+        table.add_row(stage, str(row["compared"]), str(row["mismatches"]), str(row["unpaired"]))
+    console.print(table)
+    for name in ("unpaired", "dropped", "shapes"):
+        if e[name]:
+            console.print(f"{name}: " + ", ".join(f"{k} {n}" for k, n in sorted(e[name].items())), highlight=False)
+    for t in e["tests"]:
+        scope = "all stages" if t["scope"] == "*" else f"stage {t['scope']}"
+        console.print(f"test, {scope}: rate <= {t['limit']:g} at alpha {t['alpha']:.3g}: log statistic {t['log_e']} "
+                      f"of {t['log_threshold']}{' BREACHED' if t['breached'] else ''}", highlight=False)
+    if e["ended_by"]:
+        end = e["ended_by"]
+        console.print(f"ended by flip {end['id']} to {end['state']} by {end['operator']}"
+                      f"{' (signed by ' + end['signer'] + ')' if end['signer'] else ''}: {end['reason']}", highlight=False)
+    for item in e["mismatched"][:5]:
+        console.print(f"parted at character {item['parting_char']} in stage {item['stage']}", highlight=False)
 
 
 def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -> None:

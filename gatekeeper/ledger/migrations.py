@@ -169,12 +169,22 @@ def _0004_signatures(conn: Connection) -> None:
             conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
 
 
+def _0005_shadow(conn: Connection) -> None:
+    md = MetaData()
+    Table("flip", md, _id())  # only what the foreign key names; it exists already
+    shadow = Table("shadow", md, _id(), _text("flag"), Column("flip_id", Integer, ForeignKey("flip.id"), nullable=True),
+                   _text("operator"), _text("summary"), _text("items"), _text("at"), Index("shadow_flag", "flag"))
+    md.create_all(conn, tables=[shadow])
+    _append_only(conn, "shadow")
+
+
 # Numbered 1, 2, ...; records.CURRENT_VERSION is the last number (a test holds them together).
 MIGRATIONS: list[tuple[int, str, Callable[[Connection], None]]] = [
     (1, "0001_initial", _0001_initial),
     (2, "0002_flush_measurement", _0002_flush_measurement),
     (3, "0003_calibration", _0003_calibration),
     (4, "0004_signatures", _0004_signatures),
+    (5, "0005_shadow", _0005_shadow),
 ]
 
 

@@ -117,6 +117,10 @@ class SQLiteReader:
     def flag_states(self) -> dict[str, dict[str, Any]]:
         return latest_flips(self.flips())
 
+    def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[dict[str, Any]]:
+        with self._snapshot():
+            return self._rows("shadow", flag=flag, flip_id=flip_id)
+
     def evaluation(self, evaluation_id: int) -> EvaluationRecord | None:
         with self._snapshot():
             return evaluation_record(self._rows, evaluation_id)

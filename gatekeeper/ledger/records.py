@@ -19,7 +19,7 @@ from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.status import derive_status
 
 # The number of the last migration (``migrations.MIGRATIONS``): the schema the table models describe.
-CURRENT_VERSION = 4
+CURRENT_VERSION = 5
 MIGRATIONS_TABLE = "migrations"  # version, name, applied_at: one row per migration applied
 BUSY_TIMEOUT_S = 30  # concurrent writers wait this long for the lock before failing
 
@@ -36,6 +36,7 @@ JSON_FIELDS: dict[str, frozenset[str]] = {
     "flush": frozenset({"old", "new", "detail"}),
     "measurement": frozenset({"config", "result"}),
     "calibration": frozenset({"config", "result"}),
+    "shadow": frozenset({"summary", "items"}),
 }
 # The columns stored as 0/1 and read as booleans (``Boolean`` in the table models).
 BOOL_FIELDS: dict[str, frozenset[str]] = {"comparison": frozenset({"equal"})}

@@ -160,6 +160,11 @@ class Ledger:
         values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, config=config, result=result)
         return self._append("calibration", values, evaluation_id)
 
+    def add_shadow(self, flag: str, flip_id: int | None, operator: str, summary: dict, items: list) -> int:
+        """A batch of the guard's live comparisons (``traffic/guarded.py``)."""
+        values = dict(flag=flag, flip_id=flip_id, operator=operator, summary=summary, items=list(items))
+        return self._append("shadow", values)
+
     # -- reading -----------------------------------------------------------
 
     def evaluations(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -217,6 +222,10 @@ class Ledger:
 
     def measurements(self) -> list[dict[str, Any]]:
         return self._read("measurement")
+
+    def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[dict[str, Any]]:
+        """The guard's batches, oldest first: of one flag, of the flip to on they watched."""
+        return self._read("shadow", flag=flag, flip_id=flip_id)
 
     def calibrations(self, evaluation_id: int | None = None) -> list[dict[str, Any]]:
         return self._read("calibration", evaluation_id=evaluation_id)

@@ -163,6 +163,20 @@ class Calibration(SQLModel, table=True):
     at: str = Field(sa_type=Text)
 
 
+class Shadow(SQLModel, table=True):
+    """A batch of live requests the guard sent again to the flag-off side (``traffic/guarded.py``): what was
+    compared and what was not, per stage, the mismatches (digests only under --no-text) and the guard's tests."""
+
+    __tablename__ = "shadow"
+    id: Optional[int] = Field(default=None, primary_key=True)
+    flag: str = Field(sa_type=Text)
+    flip_id: Optional[int] = Field(default=None, foreign_key="flip.id")  # the flip to on this batch watches
+    operator: str = Field(sa_type=Text)
+    summary: str = Field(sa_type=Text)
+    items: str = Field(sa_type=Text)
+    at: str = Field(sa_type=Text)
+
+
 class Migration(SQLModel, table=True):
     __tablename__ = MIGRATIONS_TABLE
     version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
@@ -178,7 +192,7 @@ SEAL_FIELDS = ("signature", "signer", "signed_at", "record_digest")
 KINDS: dict[str, type[SQLModel]] = {
     m.__tablename__: m
     for m in (Evaluation, CaseResult, Comparison, Verdict, Aborted, Approval, Flip, Refusal, Flush, Measurement,
-              Calibration)
+              Calibration, Shadow)
 }
 
 # The column each kind's timestamp goes in, where it is not "at".

@@ -14,6 +14,9 @@ Built on aiohttp (server and client in one asyncio loop). Rendering (llama.cpp's
 the background, so it never delays a call. Upstream down: 502 with a body that says so; no answer
 in ``timeout`` seconds: 504; an upstream that dies mid-stream: the client's stream is cut (after
 an SSE ``error`` event), so it sees an error rather than a short answer; the proxy keeps serving.
+
+With ``--guard FLAG`` (``guarded.py``) the proxy also watches a flag that is on: a share of answered calls goes
+again to the flag-off side after the client has its answer, and ``GET /metrics`` is the guard's (Prometheus).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +42,8 @@ from .capture import CaptureWriter, check_path, metadata
 
 if TYPE_CHECKING:
     import aiohttp
+
+    from .guarded import Guarded
 
 COMPLETIONS = {"/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/completion"}
 HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
@@ -134,9 +140,12 @@ class Tap:
 
 
 class Proxy:
-    def __init__(self, upstream: str, capture: str | Path, *, no_text: bool = False, timeout: float = 600.0):
+    def __init__(self, upstream: str, capture: str | Path | None, *, no_text: bool = False, timeout: float = 600.0,
+                 guard: Guarded | None = None):
         self.upstream = check_upstream(upstream)
-        self.writer = CaptureWriter(capture)
+        self.writer = CaptureWriter(capture) if capture is not None else None
+        self.guard = guard
+        self.t0 = time.perf_counter()
         self.no_text, self.timeout = no_text, float(timeout)
         self.salt = os.urandom(16)  # digests on --no-text lines cannot be looked up against known prompts
         self.can = {"/apply-template": True, "/tokenize": True, "/detokenize": True}
@@ -147,6 +156,8 @@ class Proxy:
         from aiohttp import web
 
         app = web.Application(client_max_size=1 << 30)
+        if self.guard is not None:
+            app.router.add_get("/metrics", self.metrics)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
@@ -161,23 +172,41 @@ class Proxy:
             connector=aiohttp.TCPConnector(limit=0, force_close=True), auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, connect=min(10.0, self.timeout), sock_read=self.timeout),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))
+        if self.guard is not None:
+            self.ticking = asyncio.get_running_loop().create_task(self.guard.tick())
 
     async def _close(self, app) -> None:
+        if self.guard is not None:
+            self.ticking.cancel()
+            await self.guard.close()
         if self.pending:
             await asyncio.wait(self.pending, timeout=30)
         assert self.session is not None  # _open ran on startup
         await self.session.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def now(self) -> float:
+        return self.writer.now() if self.writer is not None else round(time.perf_counter() - self.t0, 6)
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        assert self.guard is not None  # the route exists only with a guard
+        return web.Response(text=self.guard.metrics(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
 
     async def handle(self, request):
         import aiohttp
         from aiohttp import web
 
-        t = self.writer.now()
+        t = self.now()
         body = await request.read()
         call = Call.of(t, request.path, request.headers, body) if request.method == "POST" and request.path in COMPLETIONS else None
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
-        url = self.upstream + request.raw_path
+        guard = self.guard if call is not None else None
+        # after a rollback every request goes to the flag-off side
+        url = (self.upstream if guard is None or guard.on else guard.other) + request.raw_path
         try:
             upstream = await self.session.request(request.method, url, headers=headers, data=body or None,
                                                   allow_redirects=False)
@@ -196,6 +225,7 @@ class Proxy:
                     response.headers.add(k, v)
             sse = upstream.content_type == "text/event-stream"
             tap = Tap(sse) if call is not None else None
+            answer: bytearray | None = bytearray() if guard is not None and guard.on else None
             await response.prepare(request)
             try:
                 async for chunk in upstream.content.iter_any():
@@ -205,6 +235,11 @@ class Proxy:
                         return response
                     if tap is not None:
                         tap.feed(chunk)
+                    if answer is not None:
+                        if len(answer) + len(chunk) <= KEEP:
+                            answer += chunk
+                        else:
+                            answer = None  # too long to keep: not shadowed (counted as unreadable)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
                 self._record(call, upstream.status, tap.telemetry() if tap else Telemetry(), f"upstream failed mid-answer: {e}")
                 if sse:
@@ -216,11 +251,15 @@ class Proxy:
                 return response
             await response.write_eof()
         self._record(call, upstream.status, tap.telemetry() if tap else Telemetry(), None)
+        if guard is not None and call is not None:  # the client has its whole answer: only now is it shadowed
+            auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+            guard.offer(self.session, request.path, call.stage, {"Content-Type": "application/json", **auth}, body,
+                        upstream.status, bytes(answer) if answer is not None else None, sse)
         return response
 
     # --- the capture -----------------------------------------------------------------------------
     def _record(self, call: Call | None, status: int, telemetry: Telemetry, error: str | None) -> None:
-        if call is None:
+        if call is None or self.writer is None:
             return
         duration = round(self.writer.now() - call.t, 6)  # now: the answer has ended (or failed)
         task = asyncio.get_running_loop().create_task(self._write(call, duration, status, telemetry, error))
@@ -277,19 +316,22 @@ class Proxy:
         if error:
             record["error"] = error
         if "text" in record or "tokens" in record or "bytes" in record:
+            assert self.writer is not None  # _record writes nothing without a capture
             self.writer.write_record(record, telemetry)
 
 
-def serve(upstream: str, listen: str, capture: str | Path, *, no_text: bool = False, timeout: float = 600.0,
-          ready=None) -> None:
-    """Run until interrupted (Ctrl-C or SIGTERM); the capture is flushed line by line and closed at the end."""
+def serve(upstream: str, listen: str, capture: str | Path | None, *, no_text: bool = False, timeout: float = 600.0,
+          ready=None, guard: Guarded | None = None) -> None:
+    """Run until interrupted (Ctrl-C or SIGTERM); the capture is flushed line by line and closed at the end, and
+    the guard's last batch written."""
     from aiohttp import web
 
     host, _ = parse_listen(listen, EXAMPLE)
-    check_path(capture)
+    if capture is not None:
+        check_path(capture)
     check_upstream(upstream)
     sock = bind(listen, EXAMPLE)  # bound before the capture is opened: a port in use writes nothing
-    proxy = Proxy(upstream, capture, no_text=no_text, timeout=timeout)
+    proxy = Proxy(upstream, capture, no_text=no_text, timeout=timeout, guard=guard)
 
     def printed(*_args: Any) -> None:
         if ready is not None:
@@ -299,12 +341,12 @@ def serve(upstream: str, listen: str, capture: str | Path, *, no_text: bool = Fa
 
 
 @contextmanager
-def running(upstream: str, capture: str | Path, *, host: str = "127.0.0.1", no_text: bool = False,
-            timeout: float = 600.0) -> Iterator[str]:
+def running(upstream: str, capture: str | Path | None, *, host: str = "127.0.0.1", no_text: bool = False,
+            timeout: float = 600.0, guard: Guarded | None = None) -> Iterator[str]:
     """The proxy on a free port in a background thread (for benchmarks and embedding); yields its URL."""
     from aiohttp import web
 
-    proxy = Proxy(upstream, capture, no_text=no_text, timeout=timeout)
+    proxy = Proxy(upstream, capture, no_text=no_text, timeout=timeout, guard=guard)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(proxy.app(), access_log=None)
     loop.run_until_complete(runner.setup())

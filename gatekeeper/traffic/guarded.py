@@ -1,0 +1,337 @@
+"""The guard in the proxy: after a flip, a share of live requests goes again to the flag-off side, the two answers
+are compared, the evidence is appended to the ledger in batches, and a breach of the policy's rule turns the flag
+off by itself.
+
+The client's answer is never touched: a request is offered to the guard only once its answer has been written out
+in full, and the shadow request runs as a background task with its own timeout and a cap on how many run at once
+(over it, or over the token budget, the shadow is dropped and counted, never queued). Ledger writes and the rule
+run on one writer thread, so the event loop never waits on the database; the rule is decided on what the ledger
+holds, which is also what a restarted proxy resumes from (``gate/guard.py``). A rollback is a flip to off signed
+with the service key (``--sign``, a key in ``policies/allowed_signers``) whose reason names the batches; the proxy
+then serves every request from the flag-off side and shadows nothing more. Turning the flag on again takes a new
+evaluation and a human flip, as always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import GatekeeperError
+from ..gate.guard import ALL, KEPT, Count, Rule, Test, tally
+from . import shadow
+from .capture import metadata
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from ..signing import SigningKey
+    from ..workspace import Workspace
+
+CLOSING_S = 5  # at shutdown, shadows still running get this long to finish
+LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)  # histogram buckets of a shadow request, seconds
+
+
+@dataclass
+class Batch:
+    """What the guard saw since the last record: every request, what was compared and what was not."""
+
+    requests: int = 0
+    shadowed: int = 0
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> compared, mismatches, unpaired
+    unpaired: dict[str, int] = field(default_factory=dict)  # reason -> requests
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests
+    shapes: dict[str, int] = field(default_factory=dict)  # prompt size class -> comparisons
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def compared(self) -> int:
+        return sum(s.get("compared", 0) for s in self.stages.values())
+
+    def eventful(self) -> bool:
+        return bool(self.stages or self.unpaired or self.dropped)
+
+    def stage(self, name: str) -> dict[str, int]:
+        return self.stages.setdefault(name, {"compared": 0, "mismatches": 0, "unpaired": 0})
+
+    def summary(self) -> dict[str, Any]:
+        return {"requests": self.requests, "shadowed": self.shadowed, "stages": self.stages,
+                "unpaired": self.unpaired, "dropped": self.dropped, "shapes": self.shapes}
+
+
+class Guarded:
+    """One flag's guard, bound to a workspace, its ledger and the flag-off side's URL."""
+
+    def __init__(self, ws: Workspace, ledger_url: str, flag: str, other: str, key: SigningKey, *,
+                 operator: str = "guard", no_text: bool = False, webhook: str | None = None,
+                 say: Callable[[str], None] = lambda line: None, seed: int | None = None):
+        from ..signing import fingerprint
+
+        self.ws, self.url, self.flag, self.other = ws, ledger_url, flag, other.rstrip("/")
+        policy = ws.policy(flag)
+        if policy.guard is None:
+            raise GatekeeperError(f"{ws.root / 'policies' / (flag + '.yaml')}: no 'guard:' section; add one, e.g. "
+                                  "guard: {rate: 0.1, limit: 0, alpha: 0.05, min_comparisons: 20}")
+        self.policy = policy.guard
+        self.rule = Rule.of(self.policy)
+        self.key, self.operator, self.no_text = key, operator, no_text
+        self.salt = os.urandom(16)  # digests in the ledger cannot be looked up against known prompts
+        self.webhook, self.say = webhook, say
+        self.sampler = shadow.Sampler(self.policy.rate, self.policy.stages, self.policy.tokens_per_minute, seed)
+        self.batch = Batch()
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatekeeper-guard")
+        self.in_flight = 0
+        self.tasks: set[asyncio.Task] = set()
+        self.on = True
+        self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
+        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0}
+        self.unpaired: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        self.latency = [0] * (len(LATENCY) + 1)
+        self.latency_sum = 0.0
+        self._check_signer(fingerprint)
+        self.flip_id, self.counts = self._resume()
+        self.tests: list[Test] = self.rule.tests(self.counts)
+
+    # --- at startup ------------------------------------------------------------------------------
+    def _check_signer(self, fingerprint) -> None:
+        """The rollback must be signable: the service key is in allowed_signers now."""
+        from datetime import datetime, timezone
+
+        allowed = self.ws.allowed_signers
+        if allowed is None or allowed.principal(self.key.blob, datetime.now(timezone.utc)) is None:
+            raise GatekeeperError(f"--sign: key {fingerprint(self.key.blob)} may not sign for anyone in "
+                                  f"{self.ws.allowed_signers_path}; the guard signs its rollbacks with it: add a line "
+                                  "'PRINCIPAL KEY-TYPE KEY' for the service key")
+
+    def _resume(self) -> tuple[int, dict[str, Count]]:
+        """The flip to on being watched, and the comparisons the ledger holds since it (a restart resumes them)."""
+        from ..ledger import Ledger
+
+        with Ledger(self.url) as ledger:
+            if not ledger.verify().ok:
+                raise GatekeeperError("the ledger does not verify; the guard appends to it only when it does: "
+                                      "see 'gatekeeper ledger verify'")
+            last = ledger.flag_states().get(self.flag)
+            if last is None or last["state"] != "on":
+                raise GatekeeperError(f"{self.flag} is off; the guard watches a flag that is on: flip it on first "
+                                      "(gatekeeper flip FLAG on --evaluation ID)")
+            return last["id"], tally(ledger.shadows(self.flag, last["id"]))
+
+    # --- on the request path (after the answer) --------------------------------------------------
+    def offer(self, session: aiohttp.ClientSession, path: str, stage: str, headers: dict[str, str], body: bytes,
+              status: int, answer: bytes | None, sse: bool) -> None:
+        """A live call whose answer has gone out in full: maybe shadow it. Never raises, never waits."""
+        self.batch.requests += 1
+        self.totals["requests"] += 1
+        if not self.on or status != 200 or not self.sampler.pick(stage):
+            return
+        request = shadow.request_of(body)
+        if request is None:
+            return
+        reason = shadow.unpaired(request)
+        if reason is not None:
+            self.batch.stage(stage)["unpaired"] += 1
+            self._count(self.batch.unpaired, self.unpaired, reason)
+            return
+        live = shadow.read(answer or b"", sse)
+        if live is None:
+            return self._drop("live answer unreadable")
+        if self.in_flight >= self.policy.in_flight:
+            return self._drop("too many in flight")
+        if not self.sampler.afford(live.tokens if live.tokens is not None else max(1, len(live.text) // 4)):
+            return self._drop("token budget")
+        self.in_flight += 1
+        self.batch.shadowed += 1
+        self.totals["shadowed"] += 1
+        task = asyncio.get_running_loop().create_task(self._shadow(session, path, stage, headers, request, live))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _count(self, batch: dict[str, int], total: dict[str, int], reason: str) -> None:
+        batch[reason] = batch.get(reason, 0) + 1
+        total[reason] = total.get(reason, 0) + 1
+
+    def _drop(self, reason: str) -> None:
+        self._count(self.batch.dropped, self.dropped, reason)
+
+    async def _shadow(self, session, path: str, stage: str, headers: dict[str, str], request: dict,
+                      live: shadow.Answer) -> None:
+        import aiohttp
+
+        t0 = time.monotonic()
+        try:
+            async with session.post(self.other + path, data=shadow.shadow_body(request), headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=self.policy.timeout_s)) as r:
+                body = await r.read()
+                other = shadow.read(body, False) if r.status == 200 else None
+                if other is None:
+                    return self._drop(f"flag-off side answered {r.status}" if r.status != 200 else "flag-off answer unreadable")
+        except asyncio.TimeoutError:
+            return self._drop("flag-off side timed out")
+        except aiohttp.ClientError:
+            return self._drop("flag-off side unreachable")
+        finally:
+            self.in_flight -= 1
+        self._observe(time.monotonic() - t0)
+        if not self.on:
+            return
+        self._compare(stage, request, live, other)
+
+    def _observe(self, seconds: float) -> None:
+        self.latency[next((i for i, b in enumerate(LATENCY) if seconds <= b), len(LATENCY))] += 1
+        self.latency_sum += seconds
+
+    def _compare(self, stage: str, request: dict, live: shadow.Answer, other: shadow.Answer) -> None:
+        at = shadow.parting(live.text + f"\0{live.finish}", other.text + f"\0{other.finish}")
+        row = self.batch.stage(stage)
+        row["compared"] += 1
+        self.totals["compared"] += 1
+        prompt = json.dumps(request.get("messages", request.get("prompt")), sort_keys=True)
+        size = shadow.shape(None, len(prompt))
+        self.batch.shapes[size] = self.batch.shapes.get(size, 0) + 1
+        if at is not None:
+            row["mismatches"] += 1
+            self.totals["mismatches"] += 1
+            if len(self.batch.mismatches) < KEPT:
+                self.batch.mismatches.append(self._item(stage, prompt, live, other, at))
+        if self.batch.compared() >= self.policy.batch:
+            self.flush()
+
+    def _item(self, stage: str, prompt: str, live: shadow.Answer, other: shadow.Answer, at: int) -> dict[str, Any]:
+        """A mismatch as the ledger keeps it: the texts, or under --no-text salted digests and lengths only."""
+        item: dict[str, Any] = {"stage": stage, "parting_char": at, "finish": [live.finish, other.finish]}
+        if self.no_text:
+            return {**item, "prompt": metadata(prompt, self.salt),
+                    "answers": [metadata(live.text, self.salt)["digest"], metadata(other.text, self.salt)["digest"]]}
+        return {**item, "prompt": prompt, "answers": [live.text, other.text]}
+
+    # --- the ledger and the rule (one writer thread) ----------------------------------------------
+    def flush(self) -> asyncio.Future | None:
+        """Hand the batch to the writer, if it holds any shadow activity (requests alone wait for the next one)."""
+        if not self.batch.eventful():
+            return None
+        batch, self.batch = self.batch, Batch()
+        return asyncio.get_running_loop().run_in_executor(self.writer, self._write, batch)
+
+    async def tick(self) -> None:
+        """Every ``flush_s``: write what a quiet stretch gathered."""
+        while True:
+            await asyncio.sleep(self.policy.flush_s)
+            self.flush()
+
+    async def close(self) -> None:
+        """Stop: let running shadows finish (briefly), write the last batch, stop the writer."""
+        if self.tasks:  # a stuck flag-off side must not hold a shutdown for long: the rest are dropped
+            await asyncio.wait(self.tasks, timeout=min(self.policy.timeout_s, CLOSING_S))
+            for task in self.tasks:
+                task.cancel()
+        if (f := self.flush()) is not None:
+            await f
+        self.writer.shutdown(wait=True)
+
+    def _write(self, batch: Batch) -> None:
+        from ..ledger import Ledger
+
+        for stage, row in batch.stages.items():
+            self.counts.setdefault(stage, Count()).add(Count(row["compared"], row["mismatches"]))
+        tests = self.rule.tests(self.counts)
+        summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self._rule()}
+        with Ledger(self.url) as ledger:
+            batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
+            self.tests = tests
+            last = ledger.flag_states().get(self.flag)
+            if self.on and (last is None or last["id"] != self.flip_id):  # flipped by someone since: the watch ends
+                self.on = False
+                self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
+                         f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
+                return
+            breached = [t for t in tests if t.breached]
+            if breached and self.on:
+                self._roll_back(ledger, breached, batch_id)
+
+    def _rule(self) -> dict[str, Any]:
+        return {"limit": self.rule.limit, "alpha": self.rule.alpha, "min_comparisons": self.rule.min_comparisons,
+                "stage_limits": self.rule.stage_limits}
+
+    def _roll_back(self, ledger, breached: list[Test], batch_id: int) -> None:
+        from ..gate.attestation import Attestation
+        from ..gate.flip import flip
+        from ..ledger import checkpoint
+
+        self.on = False  # from here every request goes to the flag-off side (Proxy.upstream_for)
+        first = min(b["id"] for b in ledger.shadows(self.flag, self.flip_id))
+        lines = "; ".join(f"{'all stages' if t.scope == ALL else 'stage ' + t.scope}: {t.mismatches} of {t.compared} "
+                          f"live requests parted from the flag-off side (rate <= {t.limit:g} rejected at alpha "
+                          f"{t.alpha:.3g}: log statistic {t.log_e:.2f} >= {t.threshold:.2f})" for t in breached)
+        reason = f"guard rollback: {lines}; evidence: shadow batches {first}-{batch_id} of flip {self.flip_id}"
+        result = flip(self.ws, ledger, self.flag, "off", evaluation_id=None, operator=self.operator, reason=reason,
+                      attestation=Attestation(key=self.key), record_checkpoint=partial(checkpoint.after_flip, self.ws, ledger))
+        self.rollback = {"flag": self.flag, "state": result.state, "action": result.action, "reason": reason,
+                         "refused": result.reasons, "signer": result.signer, "batches": [first, batch_id],
+                         "watched_flip": self.flip_id, "checkpoint": result.checkpoint}
+        self.say(f"gatekeeper guard: {self.flag} turned off ({result.action}{': ' + '; '.join(result.reasons) if result.reasons else ''}); "
+                 f"{reason}; every request now goes to {self.other}")
+        if self.webhook:
+            threading.Thread(target=self._notify, daemon=True).start()
+
+    def _notify(self) -> None:
+        """POST the rollback to the operator's webhook (JSON); a webhook that fails is said, never retried forever."""
+        req = urllib.request.Request(self.webhook or "", data=json.dumps({"event": "gatekeeper.rollback", **(self.rollback or {})}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(req, timeout=10):
+                    return
+            except OSError as e:
+                if attempt == 2:
+                    self.say(f"gatekeeper guard: the webhook {self.webhook} failed ({e}); the rollback stands in the ledger")
+                time.sleep(1 + attempt)
+
+    # --- /metrics ----------------------------------------------------------------------------------
+    def metrics(self) -> str:
+        flag = f'flag="{self.flag}"'
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
+            out.append(f"# HELP gatekeeper_guard_{name} {help_}\n# TYPE gatekeeper_guard_{name} {kind}")
+            for labels, value in rows:
+                out.append(f"gatekeeper_guard_{name}{{{flag}{labels}}} {_number(value)}")
+
+        metric("requests_total", "counter", "Completion requests served since start.", [("", self.totals["requests"])])
+        metric("shadowed_total", "counter", "Requests sent again to the flag-off side.", [("", self.totals["shadowed"])])
+        metric("compared_total", "counter", "Shadowed requests whose two answers were compared.", [("", self.totals["compared"])])
+        metric("mismatches_total", "counter", "Compared requests whose answers differ.", [("", self.totals["mismatches"])])
+        metric("unpaired_total", "counter", "Picked requests whose decoding cannot be paired (counted, not compared).",
+               [(f',reason="{r}"', n) for r, n in sorted(self.unpaired.items())] or [(',reason=""', 0)])
+        metric("dropped_total", "counter", "Shadows dropped (the live request is never affected).",
+               [(f',reason="{r}"', n) for r, n in sorted(self.dropped.items())] or [(',reason=""', 0)])
+        metric("statistic", "gauge", "The sequential test's log statistic, comparisons since the flip.",
+               [(f',scope="{t.scope}"', t.log_e) for t in self.tests])
+        metric("threshold", "gauge", "The log statistic at which the flag is turned off.",
+               [(f',scope="{t.scope}"', t.threshold) for t in self.tests])
+        metric("flag_on", "gauge", "1 while the guard keeps the flag on.", [("", 1 if self.on else 0)])
+        out.append("# HELP gatekeeper_guard_shadow_seconds Shadow request latency.\n"
+                   "# TYPE gatekeeper_guard_shadow_seconds histogram")
+        running = 0
+        for bound, n in zip([*LATENCY, math.inf], self.latency):
+            running += n
+            out.append(f'gatekeeper_guard_shadow_seconds_bucket{{{flag},le="{_number(bound)}"}} {running}')
+        out.append(f"gatekeeper_guard_shadow_seconds_sum{{{flag}}} {_number(self.latency_sum)}")
+        out.append(f"gatekeeper_guard_shadow_seconds_count{{{flag}}} {running}")
+        return "\n".join(out) + "\n"
+
+
+def _number(x: float) -> str:
+    if x == math.inf:
+        return "+Inf"
+    return repr(float(x)) if isinstance(x, float) else str(x)
