@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from review_ledger import get, review
 from served import free_port, llama_server, tiny_gguf  # noqa: F401
 from trust import allowed_line, keys  # noqa: F401
 
@@ -329,6 +330,11 @@ def test_a_stale_flag_on_side_is_rolled_back_signed_and_everyone_sees_it(server,
     assert live["rolled_back"] and live["ended_by"]["signer"] == "guard" and live["mismatches"] >= 1
     assert live["mismatched"] and all(item["answers"][0] != item["answers"][1] for item in live["mismatched"])
     assert lg(ws).verify().ok
+    with review(ws) as u:  # the review app's live page, and the flag's row pointing at it
+        status, _, body = get(u + "/live.json")
+        (shown,) = json.loads(body)["live"]
+        assert status == 200 and shown["rolled_back"] and shown["compared"] == live["compared"]
+        assert "ROLLED BACK" in get(u + "/live")[2] and "rolled back by the guard" in get(u + "/flags")[2]
 
 
 @pytest.mark.slow

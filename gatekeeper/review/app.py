@@ -1,6 +1,7 @@
 """The review app over HTTP: every page as HTML and, at the same address plus ``.json``, as JSON.
 
     /flags                      each flag, its evidence, what a flip still needs, the commands to run
+    /live                       each flag's live evidence from the guard after its flip, and any rollback
     /evaluations                the list, filtered (?flag= &verdict= &since= &until=) and paged (?before=ID)
     /evaluations/REF            one evaluation (?cases=differs|regressed|improved|unchanged)
     /evaluations/REF/cases/ID   one case, flag off beside flag on (ID percent-encoded: tiny%2Fa)
@@ -75,6 +76,7 @@ class Review:
         r = app.router
         r.add_get("/", self.home)
         r.add_get("/flags{ext:(\\.json)?}", self.page(lambda q, m: pages.flags(self.source), "flags"))
+        r.add_get("/live{ext:(\\.json)?}", self.page(lambda q, m: pages.live(self.source), "live"))
         r.add_get("/integrity{ext:(\\.json)?}", self.page(lambda q, m: pages.integrity(self.source), "integrity"))
         r.add_get("/evaluations{ext:(\\.json)?}", self.page(lambda q, m: pages.evaluations(self.source, q), "evaluations"))
         r.add_get("/evaluations/{ref:[0-9A-Fa-f]+}{ext:(\\.json)?}",

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..engines.registry import identity
 from ..errors import GatekeeperError
-from ..gate import current, pipeline
+from ..gate import current, guard, pipeline
 from ..gate import flags as flag_states
 from ..gate.flip import approvers_since_last_flip
 from ..workspace import Workspace
@@ -36,6 +36,7 @@ def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[s
         if st["state"] == "on" and st["evaluation_id"] is not None:
             problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
             row.update(evidence_problems=problems, evidence_current=not problems)
+        row["live"] = guard.live(ledger, flag)  # what the guard compared since the flip it watched
         row["safely_on"] = st["state"] == "on" and trusted and row["evidence_current"] is not False
         row["next"] = _next_flip(ws, ledger, flag) if st["state"] == "off" or row["evidence_current"] is False else None
         rows.append(row)

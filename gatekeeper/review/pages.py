@@ -37,6 +37,13 @@ def flags(src: Source) -> dict[str, Any]:
             "workspace": str(src.root)}
 
 
+def live(src: Source) -> dict[str, Any]:
+    """Each flag's live evidence: what the guard compared after the flip, per stage, its tests and any rollback."""
+    view = src.view()
+    return {"page": "live", "integrity": badge(src, view), "flags_error": view.flags_error,
+            "live": [f["live"] for f in view.flags if f.get("live")]}
+
+
 def integrity(src: Source) -> dict[str, Any]:
     view = src.view()
     return {"page": "integrity", "integrity": badge(src, view), "verify": view.integrity, "head": view.head}

@@ -1,0 +1,187 @@
+"""What the guard costs the live side, and how many shadowed requests it takes to catch a defect, in one run.
+
+Two real llama-servers serve the default model, one thread each: the flag-on deployment and the flag-off one (its
+prompt cache off, ``cache_prompt: false`` on every request through a tiny front). ``gatekeeper proxy`` runs as its
+own process in front of the flag-on server four times over, each capturing: without a guard, and with ``--guard`` at
+shadow rates 1%, 10% and 100% (each on a workspace of its own whose flag is on). Requests go round-robin to every proxy, so
+drift on a shared machine hits all alike; printed: p50 and p99 client latency per proxy and what each guard adds.
+
+Then detection: a front before the flag-on server that corrupts every k-th answer (a planted defect of rate 1/k, for
+three k) behind a proxy guarding at 100% with the policy's limit 0.02 and alpha 0.05, until the guard turns the flag
+off; printed beside the power analysis's prediction (``gate.guard.to_detect``).
+
+    python bench/guard.py [--requests 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from hybrid_peers import Server, free_port
+
+from gatekeeper.gate.guard import to_detect
+from gatekeeper.ledger import Ledger, checkpoint
+from gatekeeper.setup import llama_build
+from gatekeeper.setup.models import find_gguf
+from gatekeeper.setup.scaffold import init_workspace
+from gatekeeper.traffic.analyze import percentile
+from gatekeeper.workspace import Workspace
+
+GUARD = {"limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 8, "flush_s": 1}
+SYSTEM = "You are the support desk's router. Pick one tool for the request and say which, in a word. "
+USERS = ["Book a table for four.", "Refund order 1182.", "Reset my password.", "When do you open on Sunday?",
+         "Cancel the meeting at noon.", "Which plan fits nine people?", "Translate 'hello' to French.", "List two primes."]
+
+
+def workspace(root: Path, key: Path, rate: float) -> Path:
+    """An init workspace whose prefix_cache is on, with a guard at ``rate`` and ``key`` allowed to sign."""
+    init_workspace(root)
+    policy = root / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + f"guard: {json.dumps({**GUARD, 'rate': rate})}\n")
+    kind, b64 = key.with_name(key.name + ".pub").read_text().split()[:2]
+    (root / "policies" / "allowed_signers").write_text(f"guard {kind} {b64}\n")
+    with Ledger(f"sqlite:///{root / 'ledger' / 'evidence.db'}") as ledger:
+        ledger.add_flip("prefix_cache", "on", "bench", "the battery passed")
+        checkpoint.after_flip(Workspace(root), ledger, None)
+    return root
+
+
+def proxy(upstream: str, ws: Path | None, other: str, key: Path, scratch: Path) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "gatekeeper.cli", *(["--workspace", str(ws)] if ws else []), "proxy", "--upstream", upstream,
+           "--listen", f"127.0.0.1:{port}", "--capture", str(scratch / f"capture-{port}.jsonl")]  # every proxy captures
+    cmd += ["--guard", "prefix_cache", "--shadow", other, "--sign", str(key)] if ws else []
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(scratch / f"proxy-{port}.log", "wb"))
+    deadline = time.time() + 60
+    while True:
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=2).connect()
+            return proc, port
+        except OSError:
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"the proxy did not come up; see {scratch}") from None
+            time.sleep(0.1)
+
+
+def ask(conn: http.client.HTTPConnection, i: int) -> tuple[float, str]:
+    body = {"prompt": SYSTEM + USERS[i % len(USERS)] + f" #{i}", "max_tokens": 8, "temperature": 0}
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    seconds = time.perf_counter() - start
+    assert r.status == 200, data[:300]
+    return seconds, json.loads(data)["choices"][0]["text"]
+
+
+@contextmanager
+def front(upstream: str, every: int = 0, cache: bool = True):
+    """``upstream`` behind a front: ``cache`` False adds cache_prompt: false; ``every`` k corrupts each k-th answer."""
+    count = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if not cache:
+                body["cache_prompt"] = False
+            req = urllib.request.Request(upstream + self.path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                answer = json.loads(r.read())
+            count[0] += 1
+            if every and count[0] % every == 0:
+                answer["choices"][0]["text"] = answer["choices"][0]["text"][::-1] + " (stale)"
+            payload = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=200, help="per proxy, for the latency part")
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="guard-bench-"))
+    key = scratch / "service"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "guard", "-f", str(key)], check=True)
+    servers = []
+    for _ in range(2):
+        port = free_port()
+        servers.append(Server([str(llama_build.build_server()), "-m", str(find_gguf()), "--port", str(port), "-np", "1",
+                               "-c", "4096", "-t", "1", "-fa", "off"], "/health", port))
+    on, off_server = (f"http://127.0.0.1:{s.port}" for s in servers)
+    procs: list[subprocess.Popen] = []
+    try:
+        with front(off_server, cache=False) as off:
+            routes = {}
+            for name, rate in (("no guard", None), ("guard 1%", 0.01), ("guard 10%", 0.1), ("guard 100%", 1.0)):
+                ws = workspace(scratch / name.replace(" ", "-").replace("%", ""), key, rate) if rate else None
+                proc, port = proxy(on, ws, off, key, scratch)
+                procs.append(proc)
+                routes[name] = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            for conn in routes.values():
+                ask(conn, 0)  # warm: connections open, the system prompt cached
+            times: dict[str, list[float]] = {name: [] for name in routes}
+            for i in range(args.requests):
+                for name, conn in routes.items():
+                    times[name].append(ask(conn, i)[0])
+            base = {q: percentile(sorted(times["no guard"]), q) * 1000 for q in (50, 99)}
+            print(f"client latency, {args.requests} greedy completions per proxy (8 tokens), round-robin:")
+            for name, ts in times.items():
+                p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
+                added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"
+                print(f"  {name:10} p50 {p[50]:7.2f} ms  p99 {p[99]:7.2f} ms{added}")
+            for proc in procs:
+                proc.terminate()
+                proc.wait(30)
+            procs.clear()
+            print(f"detection (limit {GUARD['limit']}, alpha {GUARD['alpha']}, every request shadowed):")
+            for every in (20, 8, 3):
+                ws = workspace(scratch / f"detect-{every}", key, 1.0)
+                with front(on, every=every) as broken:
+                    proc, port = proxy(broken, ws, off, key, scratch)
+                    procs.append(proc)
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+                    sent = 0
+                    while sent < 2000:
+                        ask(conn, sent)
+                        sent += 1
+                        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+                            if ledger.flag_states()["prefix_cache"]["state"] == "off":
+                                break
+                    predicted = to_detect(1 / every, GUARD["limit"], GUARD["alpha"])
+                    print(f"  defect rate 1/{every:<3} rolled back after {sent:4} requests "
+                          f"(power analysis: {predicted} comparisons at exactly that rate)")
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        for s in servers:
+            s.close()
+
+
+if __name__ == "__main__":
+    main()
