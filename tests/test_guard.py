@@ -145,13 +145,19 @@ def stop(proc, sig=signal.SIGTERM) -> int:
         return proc.wait()
 
 
-def ask(where: str, i: int, stream: bool = False) -> tuple[int, str]:
-    """Request ``i`` of the replayed traffic: greedy, a stage's fixed prefix and a user line; (status, text)."""
+def ask(where: str, i: int, stream: bool = False, chat: bool = False, **decoding) -> tuple[int, str]:
+    """Request ``i`` of the replayed traffic: greedy, a stage's fixed prefix and a user line, as a completion or
+    a chat completion; (status, text)."""
     stage = list(STAGES)[i % 2]
-    body = {"prompt": STAGES[stage] + USERS[i % len(USERS)] + f" (#{i // len(USERS)})", "max_tokens": 8,
-            "temperature": 0, "stream": stream}
+    user = USERS[i % len(USERS)] + f" (#{i // len(USERS)})"
+    body = {"max_tokens": 8, "temperature": 0, "stream": stream, **decoding}
+    if chat:
+        body["messages"] = [{"role": "system", "content": STAGES[stage]}, {"role": "user", "content": user}]
+    else:
+        body["prompt"] = STAGES[stage] + user
     conn = http.client.HTTPConnection(*where.split(":"), timeout=120)
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json", "X-Gatekeeper-Stage": stage})
+    conn.request("POST", "/v1/chat/completions" if chat else "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json", "X-Gatekeeper-Stage": stage})
     r = conn.getresponse()
     data = r.read()
     conn.close()
@@ -159,8 +165,10 @@ def ask(where: str, i: int, stream: bool = False) -> tuple[int, str]:
         return r.status, data.decode(errors="replace")
     if stream:
         events = [json.loads(x[6:]) for x in data.split(b"\n") if x.startswith(b"data: {")]
-        return 200, "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
-    return 200, json.loads(data)["choices"][0]["text"]
+        return 200, "".join(c.get("text") or (c.get("delta") or {}).get("content") or ""
+                            for e in events for c in e.get("choices", []))
+    choice = json.loads(data)["choices"][0]
+    return 200, choice["message"]["content"] if chat else choice["text"]
 
 
 def metrics(where: str) -> dict[str, float]:
@@ -262,25 +270,28 @@ def test_a_guard_that_could_not_act_refuses_to_start(run_cli, workspace, keys, c
 def test_a_healthy_flag_is_never_rolled_back_and_the_shadow_changes_no_answer(server, workspace, keys, tmp_path, run_cli):  # noqa: F811
     ws = guarded_ws(workspace, keys, GUARD)
     with front(server, "off") as off:
-        direct = [ask(off.removeprefix("http://"), i)[1] for i in range(48)]
+        direct = [ask(off.removeprefix("http://"), i, chat=i % 4 == 1)[1] for i in range(48)]
         where, proc = start(ws, keys, server, off, log=tmp_path / "proxy.log")
-        got = [ask(where, i, stream=i % 3 == 0) for i in range(48)]
+        got = [ask(where, i, stream=i % 3 == 0, chat=i % 4 == 1) for i in range(48)]
         assert got == [(200, text) for text in direct]  # through the guard: the server's own answers
-        m = wait(lambda: (m := metrics(where))['gatekeeper_guard_compared_total{flag="prefix_cache"}'] == 48 and m,
+        for i in range(4):  # sampled: paired by a seed both sides get, or not paired at all (counted, not compared)
+            ask(where, i, temperature=0.9, **({"seed": 1000 + i} if i < 3 else {}))
+        m = wait(lambda: (m := metrics(where))['gatekeeper_guard_compared_total{flag="prefix_cache"}'] == 51 and m,
                  what="every request compared")
         assert m['gatekeeper_guard_mismatches_total{flag="prefix_cache"}'] == 0
+        assert m['gatekeeper_guard_unpaired_total{flag="prefix_cache",reason="sampled without a seed"}'] == 1
         assert m['gatekeeper_guard_flag_on{flag="prefix_cache"}'] == 1
         assert stop(proc) == 0, (tmp_path / "proxy.log").read_text()
     code, out, _ = run_cli("--workspace", ws, "ledger", "live", "prefix_cache", "--json")
     live = json.loads(out)
-    assert code == 0 and live["compared"] == 48 and live["mismatches"] == 0 and set(live["stages"]) == set(STAGES)
-    # the anytime bound after 48 clean comparisons: (1 - p)^48 = alpha / 49 (the uniform mixture's B(1, 49))
-    assert math.isclose(live["tv_bound"], 1 - (0.05 / 49) ** (1 / 48), rel_tol=1e-3)
-    assert not live["rolled_back"] and sum(live["shapes"].values()) == 48
+    assert code == 0 and live["compared"] == 51 and live["mismatches"] == 0 and set(live["stages"]) == set(STAGES)
+    # the anytime bound after 51 clean comparisons: (1 - p)^51 = alpha / 52 (the uniform mixture's B(1, 52))
+    assert math.isclose(live["tv_bound"], 1 - (0.05 / 52) ** (1 / 51), rel_tol=1e-3)
+    assert not live["rolled_back"] and sum(live["shapes"].values()) == 51 and live["unpaired"] == {"sampled without a seed": 1}
     code, out, _ = run_cli("--workspace", ws, "status", "--json")
-    assert next(f for f in json.loads(out)["flags"] if f["flag"] == "prefix_cache")["live"]["compared"] == 48
+    assert next(f for f in json.loads(out)["flags"] if f["flag"] == "prefix_cache")["live"]["compared"] == 51
     code, out, _ = run_cli("--workspace", ws, "ledger", "list")
-    assert "live evidence of prefix_cache" in out and "48 compared, 0 parted" in out
+    assert "live evidence of prefix_cache" in out and "51 compared, 0 parted" in out
     assert lg(ws).flag_states()["prefix_cache"]["state"] == "on" and lg(ws).verify().ok
 
 
