@@ -116,6 +116,19 @@ def lg(ws: Path) -> Ledger:
     return Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}")
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_outlives_its_test():
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def start(ws: Path, keys, upstream: str, other: str, *extra: str, log: Path):  # noqa: F811
     """``gatekeeper proxy --guard`` as its own process, once it listens: (host:port, process)."""
     port = free_port()
@@ -124,6 +137,7 @@ def start(ws: Path, keys, upstream: str, other: str, *extra: str, log: Path):  #
                              "--listen", f"127.0.0.1:{port}", "--guard", "prefix_cache", "--shadow", other,
                              "--sign", str(keys["ci"]), *extra], stdout=out, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    STARTED.append(proc)
     out.close()
     deadline = time.monotonic() + 60
     while True:

@@ -52,6 +52,14 @@ def test_an_exact_change_under_sampling_passes_with_its_bound(run_cli, workspace
     for fmt, head in (("md", "## Sampled decoding"), ("html", "<h2>Sampled decoding")):
         code, shown, _ = run_cli("--workspace", ws, "ledger", "export", out["evaluation_id"], "--format", fmt)
         assert code == 0 and head in shown and f"{s['steps']} coupled steps" in shown and "flag-on" in shown, shown[-3000:]
+    code, junit, _ = run_cli("--workspace", ws, "ledger", "export", out["evaluation_id"], "--format", "junit")
+    assert code == 0 and f'name="coupled_steps" value="{s["steps"]}"' in junit and 'name="control_planted" value="seen"' in junit
+    code, diffed, _ = run_cli("--workspace", ws, "ledger", "diff", out["evaluation_id"], out["evaluation_id"], "--format", "md")
+    assert code == 0 and f"| sampling | 12 answers, {s['steps']} coupled steps, 0 mismatched" in diffed, diffed[:1500]
+    with ledger(ws) as lg:  # the in-toto predicate carries the coupling too
+        from gatekeeper.ledger import intoto
+
+        assert intoto.predicate(lg, lg.evaluation(out["evaluation_id"]), {}, {})["sampling"]["steps"] == s["steps"]
     with review(ws) as url:
         status, _, body = get(f"{url}/evaluations/{out['evaluation_id']}")
         case_status, _, case_page = get(f"{url}/evaluations/{out['evaluation_id']}/cases/tiny%2Fa~2")

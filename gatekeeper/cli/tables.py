@@ -20,7 +20,7 @@ def print_diff(d: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..reports.diff import flips_text, num, status_text, totals_text
+    from ..reports.diff import flips_text, num, sampling_text, status_text, totals_text
 
     a, b = d["a"], d["b"]
     console = Console()
@@ -29,6 +29,8 @@ def print_diff(d: dict[str, Any]) -> None:
     paired = "flips" in a or "flips" in b
     if paired:
         typer.echo(f"flips {a['id']}: {totals_text(a)}\nflips {b['id']}: {totals_text(b)}")
+    if "sampling" in a or "sampling" in b:
+        typer.echo(f"sampling {a['id']}: {sampling_text(a)}\nsampling {b['id']}: {sampling_text(b)}")
     total = lambda side: "-" if side is None else f"{sum(side['seconds'].values()):.3g}"  # noqa: E731
     table = Table("case", f"{a['id']}", f"{b['id']}", "drift", "model seconds", *(["flips (harmful / beneficial)"] if paired else []))
     for r in d["cases"]:

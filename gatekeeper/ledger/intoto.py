@@ -89,9 +89,9 @@ def predicate(ledger, evaluation: dict[str, Any], checkpoint: dict[str, Any], si
         "identity": evaluation["identity"],
         "identity_digest": digest(evaluation["identity"]),  # what a signed flip record names
         "strength": summary.get("strength"),
-        # paired verdicts, the sequential rule and the teacher-forced distance, where the evaluation has them (older
-        # ones read as they did)
-        **{k: summary[k] for k in ("paired", "sequential", "distance", "reference") if summary.get(k) is not None},
+        # paired verdicts, the sequential rule, the teacher-forced distance, the reference arm and sampled decoding's
+        # coupling, where the evaluation has them (older ones read as they did)
+        **{k: summary[k] for k in ("paired", "sequential", "distance", "reference", "sampling") if summary.get(k) is not None},
         "summary": {k: summary[k] for k in ("cases", "assertions", "differing_cases", "equal", "exercised_share")
                     if k in summary},
         "calibrations": evaluation["calibrations"],

@@ -18,7 +18,10 @@ def _header(record: EvaluationRecord) -> dict[str, Any]:
             "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or [],
             # a paired or sequential verdict's totals (absent for the others, whose diff reads as it did)
             **({"flips": {k: stats.get(k) for k in ("harmful", "beneficial", "loss", "lower", "upper", "margin")}}
-               if stats and "suites" not in stats else {})}
+               if stats and "suites" not in stats else {}),
+            # sampled decoding: what the seed-paired draws certify (absent for greedy evaluations)
+            **({"sampling": {k: s.get(k) for k in ("answers", "steps", "mismatches", "tv_bound", "alpha")}}
+               if (s := summary.get("sampling")) else {})}
 
 
 def _side(case: CaseOutcome | None, flips: dict[str, tuple[int, int]]) -> dict[str, Any] | None:
@@ -93,6 +96,12 @@ def totals_text(header: dict[str, Any]) -> str:
                               f"bounds [{f['lower']:.3f}, {f['upper']:.3f}], margin {f['margin']:g}")
 
 
+def sampling_text(header: dict[str, Any]) -> str:
+    s = header.get("sampling")
+    return "-" if not s else (f"{s['answers']} answers, {s['steps']} coupled steps, {s['mismatches']} mismatched: "
+                              f"TV <= {s['tv_bound']:.3g}")
+
+
 def seconds_text(side: dict[str, Any] | None) -> str:
     return "-" if side is None else " / ".join(f"{k} {v:.3g}" for k, v in side["seconds"].items())
 
@@ -105,6 +114,7 @@ def markdown(d: dict[str, Any]) -> str:
              "| | A | B |", "|---|---|---|",
              *(f"| {k} | {esc(a[k])} | {esc(b[k])} |" for k in ("flag", "gate", "status", "operator", "started_at", "model_seconds")),
              *([f"| flips | {esc(totals_text(a))} | {esc(totals_text(b))} |"] if paired else []),
+             *([f"| sampling | {esc(sampling_text(a))} | {esc(sampling_text(b))} |"] if "sampling" in a or "sampling" in b else []),
              "", f"{len(d['changed_cases'])} of {len(d['cases'])} cases changed outcome{', flips' if paired else ''} or first divergence.",
              "", "## Cases", "",
              "| case | A | B | drift A | drift B | seconds A | seconds B |" + (" flips A | flips B |" if paired else ""),

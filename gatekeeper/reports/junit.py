@@ -45,8 +45,8 @@ def _verdict_of(record: EvaluationRecord, case: CaseOutcome) -> tuple[str, str, 
 
 
 def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
-    """What a paired or sequential verdict rests on, the teacher-forced distance and the reference arm, as suite
-    properties (none for the evaluations that have none of them, so their XML reads as it did)."""
+    """What a paired or sequential verdict rests on, the teacher-forced distance, sampled decoding's coupling and the
+    reference arm, as suite properties (none for the evaluations that have none of them, so their XML reads as it did)."""
     summary = verdict_summary(record)
     stats, out = summary.get("sequential") or summary.get("paired"), []
     if stats and "suites" not in stats:  # per-suite margins: each suite's bound is in the reasons
@@ -58,6 +58,11 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     moved = (summary.get("distance") or {}).get("distance")
     if moved:
         out += [("kld_mean", f"{moved['kld']['mean']:.4g}"), ("same_top1", f"{moved['same_top1']:.4f}")]
+    s = summary.get("sampling")
+    if s:  # sampled decoding: what the seed-paired draws certify, and the controls
+        out += [("sampled_answers", str(s["answers"])), ("coupled_steps", str(s["steps"])),
+                ("coupled_mismatches", str(s["mismatches"])), ("tv_bound", f"{s['tv_bound']:.4g}")]
+        out += [(f"control_{k}", v) for k, v in sorted((s.get("controls") or {}).items()) if k in ("unpaired", "planted")]
     arms = (summary.get("reference") or {}).get("arms")
     if arms:  # the reference arm: answer positions where each arm parts from a cache-free read
         out += [(f"reference_departed_{name}", f"{a['departed']} of {a['positions']}") for name, a in arms.items()]

@@ -221,7 +221,7 @@ class Guarded:
         if not self.batch.eventful():
             return None
         batch, self.batch = self.batch, Batch()
-        return asyncio.get_running_loop().run_in_executor(self.writer, self._write, batch)
+        return asyncio.get_running_loop().run_in_executor(self.writer, self._record, batch)
 
     async def tick(self) -> None:
         """Every ``flush_s``: write what a quiet stretch gathered."""
@@ -238,6 +238,15 @@ class Guarded:
         if (f := self.flush()) is not None:
             await f
         self.writer.shutdown(wait=True)
+
+    def _record(self, batch: Batch) -> None:
+        """``_write``, on the writer thread; a ledger that cannot take the batch is said, and the live side goes on."""
+        try:
+            self._write(batch)
+        except Exception as e:  # noqa: BLE001 - nothing here may reach the request path
+            self.dropped["not recorded"] = self.dropped.get("not recorded", 0) + batch.compared()
+            self.say(f"gatekeeper guard: {batch.compared()} comparisons could not be recorded ({type(e).__name__}: "
+                     f"{e}); the live side is unaffected; 'gatekeeper ledger verify' checks the ledger")
 
     def _write(self, batch: Batch) -> None:
         from ..ledger import Ledger
@@ -299,7 +308,7 @@ class Guarded:
 
     # --- /metrics ----------------------------------------------------------------------------------
     def metrics(self) -> str:
-        flag = f'flag="{self.flag}"'
+        flag = f'flag="{_label(self.flag)}"'
         out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, rows: list[tuple[str, float]]) -> None:
@@ -312,13 +321,13 @@ class Guarded:
         metric("compared_total", "counter", "Shadowed requests whose two answers were compared.", [("", self.totals["compared"])])
         metric("mismatches_total", "counter", "Compared requests whose answers differ.", [("", self.totals["mismatches"])])
         metric("unpaired_total", "counter", "Picked requests whose decoding cannot be paired (counted, not compared).",
-               [(f',reason="{r}"', n) for r, n in sorted(self.unpaired.items())] or [(',reason=""', 0)])
+               [(f',reason="{_label(r)}"', n) for r, n in sorted(self.unpaired.items())] or [(',reason=""', 0)])
         metric("dropped_total", "counter", "Shadows dropped (the live request is never affected).",
-               [(f',reason="{r}"', n) for r, n in sorted(self.dropped.items())] or [(',reason=""', 0)])
+               [(f',reason="{_label(r)}"', n) for r, n in sorted(self.dropped.items())] or [(',reason=""', 0)])
         metric("statistic", "gauge", "The sequential test's log statistic, comparisons since the flip.",
-               [(f',scope="{t.scope}"', t.log_e) for t in self.tests])
+               [(f',scope="{_label(t.scope)}"', t.log_e) for t in self.tests])
         metric("threshold", "gauge", "The log statistic at which the flag is turned off.",
-               [(f',scope="{t.scope}"', t.threshold) for t in self.tests])
+               [(f',scope="{_label(t.scope)}"', t.threshold) for t in self.tests])
         metric("flag_on", "gauge", "1 while the guard keeps the flag on.", [("", 1 if self.on else 0)])
         out.append("# HELP gatekeeper_guard_shadow_seconds Shadow request latency.\n"
                    "# TYPE gatekeeper_guard_shadow_seconds histogram")
@@ -329,6 +338,11 @@ class Guarded:
         out.append(f"gatekeeper_guard_shadow_seconds_sum{{{flag}}} {_number(self.latency_sum)}")
         out.append(f"gatekeeper_guard_shadow_seconds_count{{{flag}}} {running}")
         return "\n".join(out) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, quote and newline escaped (stage names come from the policy)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _number(x: float) -> str:
