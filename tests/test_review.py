@@ -417,7 +417,7 @@ def test_a_reader_refuses_an_older_ledger_and_leaves_it_as_it_was(tmp_path, work
     migrate(engine, 3)
     engine.dispose()
     before = hashlib.sha256(db.read_bytes()).hexdigest()
-    with pytest.raises(GatekeeperError, match="schema version 3, not this gatekeeper's 4.*ledger verify"):
+    with pytest.raises(GatekeeperError, match="schema version 3, not this gatekeeper's 5.*ledger verify"):
         Ledger(f"sqlite:///{db}", read_only=True)
     with Resolver(workspace) as resolver:
         assert "schema version 3" in (resolver.snapshot().error or "")

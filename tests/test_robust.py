@@ -244,7 +244,7 @@ def test_an_altered_trigger_function_is_named(run_cli, workspace, filled, body):
 MIGRATION_EDITS = [
     ("UPDATE migrations SET name = '0002_other' WHERE version = 2", "migrations: version 2 is recorded as '0002_other'"),
     ("UPDATE migrations SET version = 9 WHERE version = 4", "migrations: version 4 (0004_signatures) is not recorded"),
-    ("UPDATE migrations SET version = 5 WHERE version = 3", "migrations: version 3 (0003_calibration) is not recorded"),
+    ("UPDATE migrations SET version = 8 WHERE version = 3", "migrations: version 3 (0003_calibration) is not recorded"),
     ("DELETE FROM migrations WHERE version = 4", "migrations: version 4 (0004_signatures) is not recorded"),
     ("DELETE FROM migrations WHERE version = 2", "migrations: version 2 (0002_flush_measurement) is not recorded"),
     ("UPDATE migrations SET applied_at = 'yesterday' WHERE version = 1", "migrations: version 1: field 'applied_at'"),

@@ -156,8 +156,10 @@ def reference(version: int | None = None) -> dict[str, Any]:
 
 
 def layout(conn: Connection) -> dict[str, Any]:
-    """A SQLite database's tables (column names), indexes and triggers, as ``reference`` gives them."""
+    """A SQLite database's tables (column names; and, under ``declared``, each column's declared type, NOT NULL and
+    key), indexes and triggers, as ``reference`` gives them."""
     tables: dict[str, tuple[str, ...]] = {}
+    declared: dict[str, tuple[str, ...]] = {}
     indexes: dict[str, tuple[str, ...]] = {}
     triggers: dict[str, tuple[str, str]] = {}
     sql_master = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name"
@@ -166,13 +168,16 @@ def layout(conn: Connection) -> dict[str, Any]:
         if str(name).startswith("sqlite_"):
             continue
         if kind == "table":
-            tables[name] = tuple(str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})"))
+            info = conn.exec_driver_sql(f"PRAGMA table_info({_quote(name)})").fetchall()
+            tables[name] = tuple(str(r[1]) for r in info)
+            # a declared type edited in the schema changes how SQLite stores values (TEXT -> TEXR: numeric affinity)
+            declared[name] = tuple(f"{r[1]} {r[2]}{' NOT NULL' if r[3] else ''}{' KEY' if r[5] else ''}" for r in info)
         elif kind == "trigger":
             triggers[name] = (table, sql)
     for kind, name, table, _sql in master:
         if kind == "index" and not str(name).startswith("sqlite_"):
             indexes[table] = (*indexes.get(table, ()), name)
-    return {"tables": tables, "indexes": indexes, "triggers": triggers}
+    return {"tables": tables, "declared": declared, "indexes": indexes, "triggers": triggers}
 
 
 def tables(conn: Connection) -> dict[str, tuple[str, ...]]:
@@ -245,6 +250,9 @@ def _table_problems(want: dict[str, Any], have: dict[str, Any], indexes: bool = 
             out.append(f"table {table}: missing")
         elif got != columns:
             out.append(f"table {table}: columns are {', '.join(got)}; the schema has {', '.join(columns)}")
+        elif "declared" in have and have["declared"][table] != want["declared"][table]:
+            edited = [f"{g} (the schema has {w})" for g, w in zip(have["declared"][table], want["declared"][table]) if g != w]
+            out.append(f"table {table}: column declarations edited: {', '.join(edited)}")
         elif indexes and have["indexes"].get(table, ()) != want["indexes"].get(table, ()):
             out.append(f"table {table}: indexes are {', '.join(have['indexes'].get(table, ())) or 'none'}; "
                        f"the schema has {', '.join(want['indexes'].get(table, ())) or 'none'}")
