@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+from served import tiny_gguf  # noqa: F401  (fixture: built once per worker)
 from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 # Under pytest-xdist (make check and make test: TEST_JOBS workers) each worker, and every process it starts, runs on a

@@ -80,7 +80,7 @@ TINY = {"library": "gguf", "seed": 0,
 F32 = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory) -> Path:
     """``TINY`` converted by llama.cpp's own script: ``model.gguf`` beside its Hugging Face files (a module imports
     it under the name its tests ask for)."""

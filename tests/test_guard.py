@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from review_ledger import get, review
-from served import free_port, llama_server, tiny_gguf  # noqa: F401
+from served import free_port, llama_server
 from trust import allowed_line, keys  # noqa: F401
 
 from gatekeeper.gate.guard import Count, Rule, log_evalue, to_detect
@@ -249,7 +249,7 @@ def front(upstream: str, mode: str):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_gguf, tmp_path_factory):  # noqa: F811
+def server(tiny_gguf, tmp_path_factory):
     with llama_server(tiny_gguf / "model.gguf", "-fa", "off", log=tmp_path_factory.mktemp("logs") / "server.log") as url:
         yield url
 

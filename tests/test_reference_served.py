@@ -5,7 +5,7 @@ reference on the same weights (transformers, eager, no cache object) within the 
 from __future__ import annotations
 
 import pytest
-from served import F32, forced_agreement, llama_server, tiny_gguf
+from served import F32, forced_agreement, llama_server
 
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
@@ -13,7 +13,12 @@ from gatekeeper.gate.reference import GAP
 from gatekeeper.workspace import EngineProfile
 
 pytestmark = pytest.mark.slow
-tiny = tiny_gguf
+
+
+@pytest.fixture
+def tiny(tiny_gguf):
+    return tiny_gguf
+
 
 
 def test_llama_server_cold_reads_agree_with_the_in_process_reference(tiny, tmp_path):

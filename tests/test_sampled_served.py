@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import pytest
 from conftest import SHORT, suite
-from served import F32, evaluate, faulty_front, llama_server, served_ws, tiny_gguf
+from served import F32, evaluate, faulty_front, llama_server, served_ws
 
 from gatekeeper.ledger import Ledger
 
 pytestmark = pytest.mark.slow
-tiny = tiny_gguf
+
+
+@pytest.fixture
+def tiny(tiny_gguf):
+    return tiny_gguf
+
 
 SAMPLED = "decoding: {max_tokens: 12, temperature: 0.9, top_k: 50, top_p: 0.95, repetition_penalty: 1.2, samples: 2}"
 
