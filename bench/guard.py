@@ -3,8 +3,10 @@
 Two real llama-servers serve the default model, one thread each: the flag-on deployment and the flag-off one (its
 prompt cache off, ``cache_prompt: false`` on every request through a tiny front). ``gatekeeper proxy`` runs as its
 own process in front of the flag-on server four times over, each capturing: without a guard, and with ``--guard`` at
-shadow rates 1%, 10% and 100% (each on a workspace of its own whose flag is on). Requests go round-robin to every proxy, so
-drift on a shared machine hits all alike; printed: p50 and p99 client latency per proxy and what each guard adds.
+shadow rates 1%, 10% and 100% (each on a workspace of its own whose flag is on). Requests go to every proxy in turn, in a shuffled order
+and each with a prompt of its own, so drift and the server's cache treat all alike, and the next request waits until the last one's shadow is done (the two
+servers share this machine's cores; in production the flag-off deployment has its own); printed: p50 and p99 client
+latency per proxy and what each guard adds.
 
 Then detection: a front before the flag-on server that corrupts every k-th answer (a planted defect of rate 1/k, for
 three k) behind a proxy guarding at 100% with the policy's limit 0.02 and alpha 0.05, until the guard turns the flag
@@ -18,11 +20,13 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import random
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,6 +89,21 @@ def ask(conn: http.client.HTTPConnection, i: int) -> tuple[float, str]:
     return seconds, json.loads(data)["choices"][0]["text"]
 
 
+def settle(conn: http.client.HTTPConnection) -> None:
+    """Wait until the proxy's shadows are done: on two cores the flag-off server's compute would otherwise slow the
+    next request, whichever proxy it goes to, and the figures would measure the machine, not the proxy."""
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{conn.host}:{conn.port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError:  # a proxy without a guard forwards /metrics upstream
+            return
+        line = next((x for x in text.splitlines() if x.startswith("gatekeeper_guard_in_flight")), None)
+        if line is None or line.endswith(" 0"):
+            return
+        time.sleep(0.002)
+
+
 @contextmanager
 def front(upstream: str, every: int = 0, cache: bool = True):
     """``upstream`` behind a front: ``cache`` False adds cache_prompt: false; ``every`` k corrupts each k-th answer."""
@@ -101,8 +120,8 @@ def front(upstream: str, every: int = 0, cache: bool = True):
             req = urllib.request.Request(upstream + self.path, json.dumps(body).encode(), {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as r:
                 answer = json.loads(r.read())
-            count[0] += 1
-            if every and count[0] % every == 0:
+            count[0] += 1 if self.path == "/v1/completions" else 0
+            if every and self.path == "/v1/completions" and count[0] % every == 0:
                 answer["choices"][0]["text"] = answer["choices"][0]["text"][::-1] + " (stale)"
             payload = json.dumps(answer).encode()
             self.send_response(200)
@@ -145,11 +164,14 @@ def main() -> None:
             for conn in routes.values():
                 ask(conn, 0)  # warm: connections open, the system prompt cached
             times: dict[str, list[float]] = {name: [] for name in routes}
+            order, rng = list(routes), random.Random(0)
             for i in range(args.requests):
-                for name, conn in routes.items():
-                    times[name].append(ask(conn, i)[0])
+                rng.shuffle(order)  # no proxy always follows another
+                for k, name in enumerate(order):
+                    times[name].append(ask(routes[name], i * len(routes) + k)[0])  # a prompt of its own each time
+                    settle(routes[name])
             base = {q: percentile(sorted(times["no guard"]), q) * 1000 for q in (50, 99)}
-            print(f"client latency, {args.requests} greedy completions per proxy (8 tokens), round-robin:")
+            print(f"client latency, {args.requests} greedy completions per proxy (8 tokens), in turn, shuffled:")
             for name, ts in times.items():
                 p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
                 added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"

@@ -74,8 +74,6 @@ class Guarded:
     def __init__(self, ws: Workspace, ledger_url: str, flag: str, other: str, key: SigningKey, *,
                  operator: str = "guard", no_text: bool = False, webhook: str | None = None,
                  say: Callable[[str], None] = lambda line: None, seed: int | None = None):
-        from ..signing import fingerprint
-
         self.ws, self.url, self.flag, self.other = ws, ledger_url, flag, other.rstrip("/")
         policy = ws.policy(flag)
         if policy.guard is None:
@@ -98,14 +96,16 @@ class Guarded:
         self.dropped: dict[str, int] = {}
         self.latency = [0] * (len(LATENCY) + 1)
         self.latency_sum = 0.0
-        self._check_signer(fingerprint)
+        self._check_signer()
         self.flip_id, self.counts = self._resume()
         self.tests: list[Test] = self.rule.tests(self.counts)
 
     # --- at startup ------------------------------------------------------------------------------
-    def _check_signer(self, fingerprint) -> None:
+    def _check_signer(self) -> None:
         """The rollback must be signable: the service key is in allowed_signers now."""
         from datetime import datetime, timezone
+
+        from ..signing import fingerprint
 
         allowed = self.ws.allowed_signers
         if allowed is None or allowed.principal(self.key.blob, datetime.now(timezone.utc)) is None:
@@ -329,6 +329,7 @@ class Guarded:
         metric("threshold", "gauge", "The log statistic at which the flag is turned off.",
                [(f',scope="{_label(t.scope)}"', t.threshold) for t in self.tests])
         metric("flag_on", "gauge", "1 while the guard keeps the flag on.", [("", 1 if self.on else 0)])
+        metric("in_flight", "gauge", "Shadow requests running now.", [("", self.in_flight)])
         out.append("# HELP gatekeeper_guard_shadow_seconds Shadow request latency.\n"
                    "# TYPE gatekeeper_guard_shadow_seconds histogram")
         running = 0
