@@ -129,12 +129,13 @@ def _no_proxy_outlives_its_test():
             proc.wait()
 
 
-def start(ws: Path, keys, upstream: str, other: str, *extra: str, log: Path):  # noqa: F811
-    """``gatekeeper proxy --guard`` as its own process, once it listens: (host:port, process)."""
+def start(ws: Path, keys, upstream: str, other: str | None, *extra: str, log: Path):  # noqa: F811
+    """``gatekeeper proxy --guard`` as its own process, once it listens: (host:port, process). ``other`` None: the
+    flag-off side is in ``extra`` (--shadow-engine)."""
     port = free_port()
     out = open(log, "ab")
     proc = subprocess.Popen([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "proxy", "--upstream", upstream,
-                             "--listen", f"127.0.0.1:{port}", "--guard", "prefix_cache", "--shadow", other,
+                             "--listen", f"127.0.0.1:{port}", "--guard", "prefix_cache", *(["--shadow", other] if other else []),
                              "--sign", str(keys["ci"]), *extra], stdout=out, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     STARTED.append(proc)
@@ -403,3 +404,23 @@ def test_a_flag_off_side_that_is_down_or_stuck_costs_the_live_side_nothing(serve
             proc.kill()
             proc.wait()
     assert lg(ws).flag_states()["prefix_cache"]["state"] == "on"
+
+
+@pytest.mark.slow
+def test_the_flag_off_side_can_be_a_server_the_guard_starts_and_stops(server, tiny_gguf, workspace, keys, tmp_path):  # noqa: F811
+    """``--shadow-engine NAME``: an http profile whose ``serve:`` starts the flag-off llama-server (its prompt cache off
+    per request through the front is not needed here: the profile's server is the flag-off deployment)."""
+    from gatekeeper.setup.llama_build import build_server
+
+    ws = guarded_ws(workspace, keys, GUARD)
+    marker = "4095"  # a context size no other server in the tests uses: the started server, found by its command
+    command = [str(build_server()), "-m", str(tiny_gguf / "model.gguf"), "--host", "{host}", "--port", "{port}", "-np", "1",
+               "-c", marker, "-fa", "off"]
+    (ws / "engines" / "offside.yaml").write_text(f"adapter: http\nserve: {{command: {json.dumps(command)}, ready: /health}}\n")
+    where, proc = start(ws, keys, server, None, "--shadow-engine", "offside", log=tmp_path / "proxy.log")
+    assert subprocess.run(["pgrep", "-f", "--", f"-c {marker}"], capture_output=True).returncode == 0
+    assert [ask(where, i)[0] for i in range(6)] == [200] * 6
+    wait(lambda: metrics(where)['gatekeeper_guard_compared_total{flag="prefix_cache"}'] == 6, what="six compared")
+    assert metrics(where)['gatekeeper_guard_mismatches_total{flag="prefix_cache"}'] == 0
+    assert stop(proc) == 0
+    assert subprocess.run(["pgrep", "-f", "--", f"-c {marker}"], capture_output=True).returncode == 1  # stopped with the proxy

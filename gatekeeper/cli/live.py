@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import GatekeeperError
-from .common import Json, emit, reporting
+from .common import Json, Settings, emit, reporting
 
 
 @reporting
@@ -24,6 +24,9 @@ def proxy(
         help="Watch this flag, which is on and served by --upstream: shadow live requests to --shadow, per the "
              "policy's guard: section, and turn the flag off on a breach.")] = None,
     shadow: Annotated[Optional[str], typer.Option(help="With --guard: the flag-off deployment's base URL.")] = None,
+    shadow_engine: Annotated[Optional[str], typer.Option(
+        help="With --guard, instead of --shadow: an http engine profile in engines/ whose flag-off side (url, or the "
+             "serve: command gatekeeper starts and stops) is the flag-off deployment.")] = None,
     sign: Annotated[Optional[Path], typer.Option(
         help="With --guard: the service key that signs a rollback (default: $GATEKEEPER_SIGNING_KEY); its public "
              "key must be in policies/allowed_signers.")] = None,
@@ -36,9 +39,17 @@ def proxy(
 
     if timeout <= 0:
         raise GatekeeperError("--timeout must be above 0 seconds")
-    watch = _guard(ctx, guard, shadow, sign, webhook, no_text) if guard or shadow else None
-    if capture is None and watch is None:
+    if capture is None and not guard:
         raise GatekeeperError("--capture FILE is required (the proxy's record of each call), unless --guard watches a flag")
+    if shadow and shadow_engine:
+        raise GatekeeperError("give --shadow URL or --shadow-engine NAME, not both")
+    servers: dict = {}
+    watch = None
+    if guard or shadow or shadow_engine:
+        settings: Settings = ctx.obj
+        ws = settings.open_workspace()
+        shadow, servers = _other_side(ws, shadow, shadow_engine)
+        watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers)
 
     def ready(url: str, up: str) -> None:
         doing = [f"capturing to {capture} (local file)"] if capture else []
@@ -46,38 +57,64 @@ def proxy(
             doing.append(f"guarding {guard} against {watch.other} ({watch.policy.rate:.0%} shadowed; metrics at {url}/metrics)")
         typer.echo(f"gatekeeper proxy: listening on {url}, forwarding to {up}, {', '.join(doing)}; Ctrl-C stops", err=True)
 
-    serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready, guard=watch)
+    try:
+        serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready, guard=watch)
+    finally:
+        from ..engines import serve as servers_
+
+        servers_.stop(servers)
     if watch is not None and watch.rollback is not None:
         raise typer.Exit(1)
 
 
-def _guard(ctx: typer.Context, flag: Optional[str], shadow: Optional[str], sign: Optional[Path],
-           webhook: Optional[str], no_text: bool):
-    """The guard for ``--guard``: every check that can fail (policy, ledger, flag state, key) runs before listening."""
+def _other_side(ws, shadow: Optional[str], engine: Optional[str]) -> tuple[Optional[str], dict]:
+    """The flag-off deployment's URL: --shadow, or the flag-off side of an http engine profile (its server started
+    here when the profile says ``serve:``), with the servers started."""
+    from ..engines import serve as servers_
+
+    if engine is None:
+        return shadow, {}
+    profile = ws.engine(engine)
+    if profile.adapter != "http":
+        raise GatekeeperError(f"{profile.where}: field 'adapter' is {profile.adapter}; --shadow-engine takes an http "
+                              "profile (url, or serve: the command that starts the flag-off server)")
+    if profile.started("off") is None:
+        url = profile.url if isinstance(profile.url, str) else (profile.url or [None])[0]
+        return url, {}
+    started = servers_.start(profile.model_copy(update={"serve_on": None, "url_on": None}), ws.root)
+    return started["off"].url, started
+
+
+def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign: Optional[Path],
+           webhook: Optional[str], no_text: bool, servers: dict):
+    """The guard for ``--guard``: every check that can fail (policy, ledger, flag state, key) runs before listening;
+    a server started for it is stopped when one fails."""
     import os
 
     from .. import signing
+    from ..engines import serve as servers_
     from ..traffic.guarded import Guarded
     from ..traffic.proxy import check_upstream
-    from .common import Settings
 
-    if not flag or not shadow:
-        raise GatekeeperError("--guard FLAG and --shadow URL go together: the flag to watch and its flag-off deployment")
-    check_upstream(shadow)
-    if webhook is not None and not webhook.startswith(("http://", "https://")):
-        raise GatekeeperError(f"--webhook {webhook!r}: give an http(s) URL")
-    key = sign or (Path(os.environ[signing.SIGNING_KEY_ENV]) if os.environ.get(signing.SIGNING_KEY_ENV) else None)
-    if key is None:
-        raise GatekeeperError(f"--guard needs a service key to sign its rollbacks: pass --sign KEY or set "
-                              f"${signing.SIGNING_KEY_ENV} (its public key in policies/allowed_signers)")
-    settings: Settings = ctx.obj
-    ws = settings.open_workspace()
+    try:
+        if not flag or not shadow:
+            raise GatekeeperError("--guard FLAG and --shadow URL (or --shadow-engine NAME) go together: the flag to "
+                                  "watch and its flag-off deployment")
+        check_upstream(shadow)
+        if webhook is not None and not webhook.startswith(("http://", "https://")):
+            raise GatekeeperError(f"--webhook {webhook!r}: give an http(s) URL")
+        key = sign or (Path(os.environ[signing.SIGNING_KEY_ENV]) if os.environ.get(signing.SIGNING_KEY_ENV) else None)
+        if key is None:
+            raise GatekeeperError(f"--guard needs a service key to sign its rollbacks: pass --sign KEY or set "
+                                  f"${signing.SIGNING_KEY_ENV} (its public key in policies/allowed_signers)")
 
-    def say(line: str) -> None:
-        typer.echo(line, err=True)
+        def say(line: str) -> None:
+            typer.echo(line, err=True)
 
-    return Guarded(ws, settings.ledger_url(ws), flag, shadow, signing.load_key(key), no_text=no_text,
-                   webhook=webhook, say=say)
+        return Guarded(ws, ledger_url, flag, shadow, signing.load_key(key), no_text=no_text, webhook=webhook, say=say)
+    except BaseException:
+        servers_.stop(servers)
+        raise
 
 
 @reporting
