@@ -48,6 +48,8 @@ def proxy(
     if guard or shadow or shadow_engine:
         settings: Settings = ctx.obj
         ws = settings.open_workspace()
+        if guard:
+            ws.policy(guard)  # an unknown flag or a bad guard: section is exit 2 before any server starts
         shadow, servers = _other_side(ws, shadow, shadow_engine)
         watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers)
 
