@@ -52,7 +52,6 @@ class Batch:
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests
     shapes: dict[str, int] = field(default_factory=dict)  # prompt size class -> comparisons
     mismatches: list[dict[str, Any]] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
 
     def compared(self) -> int:
         return sum(s.get("compared", 0) for s in self.stages.values())
@@ -135,7 +134,7 @@ class Guarded:
         self.totals["requests"] += 1
         if not self.on or status != 200 or not self.sampler.pick(stage):
             return
-        request = shadow.request_of(body)
+        request = shadow.document(body)
         if request is None:
             return
         reason = shadow.unpaired(request)
@@ -197,7 +196,7 @@ class Guarded:
         row["compared"] += 1
         self.totals["compared"] += 1
         prompt = json.dumps(request.get("messages", request.get("prompt")), sort_keys=True)
-        size = shadow.shape(None, len(prompt))
+        size = shadow.shape(len(prompt))
         self.batch.shapes[size] = self.batch.shapes.get(size, 0) + 1
         if at is not None:
             row["mismatches"] += 1

@@ -43,17 +43,16 @@ def _tokens(d: dict) -> int | None:
     return n if isinstance(n, int) else None
 
 
+def _answer(d: dict) -> Answer:
+    text, finish = _choice(d)
+    return Answer(text, finish, _tokens(d))
+
+
 def read(body: bytes, sse: bool) -> Answer | None:
     """The answer in a completion response, or None where it is not one (an error, a cut stream)."""
     if not sse:
-        try:
-            d = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(d, dict) or "error" in d:
-            return None
-        text, finish = _choice(d)
-        return Answer(text, finish, _tokens(d))
+        d = document(body)
+        return None if d is None or "error" in d else _answer(d)
     parts, finish, tokens, done = [], None, None, False
     for event in body.replace(b"\r\n", b"\n").split(b"\n\n"):
         for line in event.split(b"\n"):
@@ -63,17 +62,14 @@ def read(body: bytes, sse: bool) -> Answer | None:
             if data == b"[DONE]":
                 done = True
                 continue
-            try:
-                d = json.loads(data)
-            except ValueError:
+            d = document(data)
+            if d is None or "error" in d:
                 return None
-            if not isinstance(d, dict) or "error" in d:
-                return None
-            text, f = _choice(d)
-            parts.append(text)
-            finish = f or finish
-            tokens = _tokens(d) if _tokens(d) is not None else tokens
-            done = done or (f is not None and "choices" not in d)  # llama.cpp's /completion ends without [DONE]
+            piece = _answer(d)
+            parts.append(piece.text)
+            finish = piece.finish or finish
+            tokens = piece.tokens if piece.tokens is not None else tokens
+            done = done or (piece.finish is not None and "choices" not in d)  # llama.cpp's /completion ends without [DONE]
     return Answer("".join(parts), finish, tokens) if done or finish is not None else None
 
 
@@ -103,10 +99,9 @@ def parting(a: str, b: str) -> int | None:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def shape(prompt_tokens: int | None, chars: int) -> str:
-    """A prompt's size class for coverage: tokens where known, else characters, in powers of two."""
-    size, unit = (prompt_tokens, "tok") if prompt_tokens else (chars, "chr")
-    return f"{unit}<{1 << max(size, 1).bit_length()}"
+def shape(chars: int) -> str:
+    """A prompt's size class for coverage: its characters (as the request has them), in powers of two."""
+    return f"chr<{1 << max(chars, 1).bit_length()}"
 
 
 class Sampler:
@@ -132,9 +127,10 @@ class Sampler:
         return True
 
 
-def request_of(body: bytes) -> dict[str, Any] | None:
+def document(raw: bytes) -> dict[str, Any] | None:
+    """A JSON object (a request or an answer), or None where the bytes are not one."""
     try:
-        d = json.loads(body)
+        d = json.loads(raw)
     except ValueError:
         return None
     return d if isinstance(d, dict) else None
