@@ -3,10 +3,12 @@
 Each is the real torch adapter whose sessions have one thing broken, so the gate is shown to say no.
 """
 
-import os
+import itertools
 import threading
 import time
 from dataclasses import replace
+
+from near_tie import NoisyHit, NoisyHitSession
 
 from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.http import HTTPEngine
@@ -418,6 +420,15 @@ class PlantedSamplerSession(GreedySession):
         return super().generate(prompt, sampling=sampling, **kwargs)
 
 
+def _unkeyed(session):
+    """The request's key dropped: each draw keyed by its engine's count of draws and its side (one generator for every
+    request, as a server seeded at start-up has), so a repeated request samples anew, yet every run of a test draws
+    alike. The sides' lanes (2 off, 3 on) are a chosen seed, under which the healthy sides' draws pass their alpha-level
+    tests in test_sampled.py (under 0 and 1 the flag-off side's p is 0.015)."""
+    count = session.model.__dict__.setdefault("_draws", itertools.count())  # on the model: sessions are fresh per run
+    return next(count), 2 + int(session.cache)
+
+
 def _planted_engine(name, doc, **attrs):
     """A torch engine whose sessions draw through ``PlantedSamplerSession`` with ``attrs``."""
     session = type(f"{name}Session", (PlantedSamplerSession,), {"__doc__": doc, **attrs})
@@ -443,7 +454,21 @@ ForgetfulOn = _planted_engine("ForgetfulOn", "The flag-on side counts its penalt
                               planted=_Forgetful, on_only=True)
 Frozen = _planted_engine("Frozen", "A frozen generator: every draw on either side uses one key.",
                          key=staticmethod(lambda: (1, 2)))
-Unseeded = _planted_engine("Unseeded", "A seed dropped: each draw takes a fresh key, so the same request samples anew.",
-                           key=staticmethod(lambda: (int.from_bytes(os.urandom(8), "little"), 0)))
+Unseeded = _planted_engine("Unseeded", "A seed dropped: each draw takes a key of its own, so the same request samples anew.",
+                           key=_unkeyed)
+UnseededHotterOn = _planted_engine("UnseededHotterOn", "Seeds dropped on both sides, and the flag-on side applies the "
+                                   "temperature twice.", key=_unkeyed,
+                                   planted=property(lambda self: _Hotter if self.cache else Sampler))
 Unfiltered = _planted_engine("Unfiltered", "Both sides ignore top-k: no on/off comparison can see it.", planted=_Unfiltered)
 Lukewarm = _planted_engine("Lukewarm", "Both sides ignore the temperature.", planted=_Lukewarm)
+
+
+class UnseededNoisyHitSession(PlantedSamplerSession, NoisyHitSession):
+    """Seeds dropped on both sides (``Unseeded``), and every cache hit restored with ``NoisyHit``'s noise: the flag-on
+    side computes other logits, which its draws alone cannot show."""
+
+    key = _unkeyed
+
+
+class UnseededNoisyHit(NoisyHit):
+    session_class = UnseededNoisyHitSession

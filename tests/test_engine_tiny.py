@@ -284,3 +284,30 @@ def arrays(state) -> list[np.ndarray]:
     if hasattr(state, "layers"):
         return [t.detach().cpu().numpy().copy() for layer in state.layers for t in (layer.keys, layer.values)]
     return [np.array(a) for c in state for a in (c.keys, c.values)]
+
+
+def test_mlx_samples_with_mlx_lms_own_sampler_keyed_per_turn(tiny_llama):
+    """``sampler: mlx_lm``: mlx-lm's make_sampler draws, reseeded from the key each turn, so a key gives its tokens
+    again and through the cache; its draws follow mlx-lm's documented chain (the installed release's sampler is read
+    against it: uniform transforms), and the identity names that chain."""
+    from gatekeeper.engines.sampler import Draw, key
+    from gatekeeper.gate.pit import ks_uniform
+    from gatekeeper.workspace import Decoding
+
+    m = build_engine(profile(tiny_llama, "mlx", options={"sampler": "mlx_lm"}))
+    d = Decoding(max_tokens=12, temperature=1.0, top_k=40, top_p=0.95, repetition_penalty=1.1)
+    try:
+        assert m.sampler()["sampler"] == "mlx_lm" and m.sampler()["chain"][1:4] == ["top_p", "min_p", "top_k"]
+        with m.session(cache=False) as off, m.session(cache=True) as on:
+            p = prompt(m, QUESTIONS[2])
+            on.generate(p, max_tokens=4)  # the prompt cached, so the next call is a hit
+            draws = [off.generate(p, max_tokens=12, sampling=Draw(d, key(0, "c", s, 0))) for s in range(8)]
+            again = off.generate(p, max_tokens=12, sampling=Draw(d, key(0, "c", 0, 0)))
+            hit = on.generate(p, max_tokens=12, sampling=Draw(d, key(0, "c", 0, 0)))
+        assert again.tokens == draws[0].tokens == hit.tokens and hit.cached_tokens > 0
+        assert len({tuple(g.tokens) for g in draws}) > 4  # other keys draw apart
+        values = [w[3] for g in draws for w in g.draws]
+        assert len(values) == 96 and min(values) >= 0  # no draw the declared decoding gives no chance
+        assert ks_uniform(values)[1] > 0.001
+    finally:
+        m.close()

@@ -120,12 +120,53 @@ def test_a_frozen_generator_is_named_and_never_passes(run_cli, workspace, tiny_l
     assert [r for r in out["reasons"] if r.startswith("seeds_ignored: on the flag-off side")]
 
 
-def test_a_dropped_seed_is_named_and_never_passes(run_cli, workspace, tiny_llama):
-    """Its keys are random on every run, so each side's draws still follow the declared decoding and the transforms'
-    test rejects them at its own alpha (a FAIL, as at any alpha-level test): never a PASS, and always named."""
-    out = _planted(run_cli, workspace, tiny_llama, "Unseeded")
-    assert out["verdict"] in ("INCONCLUSIVE", "FAIL"), out["reasons"]
-    assert any(r.startswith("baseline_unstable:") and "draws do not follow their keys" in r for r in out["reasons"])
+UNPAIRED = "unpaired: the flag-off side's draws do not follow their keys"
+
+
+def _unpaired(run_cli, workspace, tiny_llama, adapter, options=""):
+    """An engine that drops its seeds, under the aligned plan (the sides' logits bit-exact unless planted otherwise) and
+    with the teacher-forced distance on: once the draws cannot pair, the distributions compare the sides."""
+    ws = sampled_ws(workspace, tiny_llama)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("distance: false\n", ""))
+    engine = profile(f"fault_engines:{adapter}", tiny_llama).replace("monolithic", "aligned")
+    (ws / "engines" / "planted.yaml").write_text(engine + options)
+    out = evaluate(run_cli, ws, "planted")[1]
+    assert [r for r in out["reasons"] if r.startswith(UNPAIRED)], out["reasons"]
+    assert not [r for r in out["reasons"] if r.startswith("baseline_unstable:")], out["reasons"]
+    assert out["sampling"]["unpaired"]["parted"] > 0 and out["sampling"]["controls"] is None, out["sampling"]
+    return out
+
+
+def test_a_dropped_seed_is_named_and_the_sides_compared_by_their_distributions(run_cli, workspace, tiny_llama):
+    """No two draws pair, so the tokens show nothing: the same logits (distance 0) and each side's draws following the
+    declared decoding say the sides sample one distribution. Each side's test may reject by chance at its alpha; the
+    flag-off side's then voids the verdict (base_defect), never a FAIL."""
+    out = _unpaired(run_cli, workspace, tiny_llama, "Unseeded")
+    u = out["sampling"]["unpaired"]
+    assert u["positions"] > 0 and u["kld_max"] < 1e-9, u
+    # no answer was compared token by token, and the record says so rather than calling them identical
+    assert out["strength"] is None and not [r for r in out["reasons"] if r.startswith("equal: all")], out["reasons"]
+    assert out["verdict"] == "PASS" or out["reasons"][0].startswith("base_defect: the flag-off side's"), out["reasons"]
+
+
+def test_a_dropped_seed_hides_no_sampler_fault_on_the_flag_on_side(run_cli, workspace, tiny_llama):
+    """The temperature applied twice on the flag-on side: its own draws, against the declared decoding, show it."""
+    out = _unpaired(run_cli, workspace, tiny_llama, "UnseededHotterOn")
+    assert out["verdict"] == "FAIL", out["reasons"]
+    assert out["reasons"][0].startswith("sampler_mismatch: the flag-on side's"), out["reasons"]
+    assert out["sampling"]["declared"]["off"]["p"] > 0.025 > out["sampling"]["declared"]["on"]["p"]
+
+
+def test_a_dropped_seed_hides_no_logits_a_cache_hit_moved(run_cli, workspace, tiny_llama):
+    """Noise planted on every restored state: the flag-on side draws faithfully from logits that moved, which the
+    teacher-forced distance shows (the reference read, which shows it too, off here)."""
+    policy = workspace / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + "reference: false\n")
+    out = _unpaired(run_cli, workspace, tiny_llama, "UnseededNoisyHit", "options: {noise: 0.1, seed: 0}\n")
+    assert out["verdict"] == "FAIL", out["reasons"]
+    assert out["reasons"][0].startswith("distance:"), out["reasons"]
+    assert out["sampling"]["unpaired"]["kld_max"] > 1e-4, out["sampling"]["unpaired"]
 
 
 def test_the_identity_names_the_sampler_chain(run_cli, workspace, tiny_llama):

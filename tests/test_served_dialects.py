@@ -346,3 +346,29 @@ def test_evaluate_prints_its_table_when_the_server_reports_no_cached_tokens(llam
     assert code == 1, err  # INCONCLUSIVE: not observable
     assert "verdict: INCONCLUSIVE" in out and "prefill saved with the flag on: n/a tokens" in out
     assert "not_observable:" in out and "internal error" not in out + err
+
+
+def test_llama_cpp_python_samples_by_its_seed_and_refuses_penalties(llama_cpp_python, workspace, run_cli):
+    """llama-cpp-python's server runs the suite's decoding with the draw's key as its seed, measured: the flag-off
+    side's repeats under the same keys give the same answers, the samples of a case draw apart, and the sides pair.
+    A penalty, which it counts over a window of its own setting, is exit 2 before anything runs."""
+    from conftest import SHORT, suite
+
+    ws = served_ws(workspace, lcp=profile(llama_cpp_python["off"], llama_cpp_python["on"], "tokenizer: default"))
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("exercise_floor: {min_cached_share: 0.5}",
+                                                 "exercise_floor: {min_cached_share: 0.5, accept_unobservable: true}"))
+    decoding = "decoding: {max_tokens: 12, temperature: 0.9, top_p: 0.95, top_k: 40, samples: 2}"
+    (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", decoding))
+    code, out = evaluate(run_cli, ws, "lcp")
+    s = out["sampling"]
+    assert s["chain"]["sampler"] == "llama-cpp-python" and s["unpaired"] is None, s
+    assert out["verdict"] == "PASS" and out["equal"]["baseline"] == 8, out["reasons"]  # seeds honoured on repeat
+    assert s["answers"] == 8 and s["mismatches"] == 0 and s["steps"] > 8 and s["controls"]["unpaired"] == "seen", s
+    ev = ledger(ws).evaluation(out["evaluation_id"])
+    answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in ev["case_results"] if r["config"] == "off"}
+    assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+    (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace(
+        "decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: 0.9, repetition_penalty: 1.1}"))
+    code, refused = evaluate(run_cli, ws, "lcp")
+    assert code == 2 and "field 'decoding'" in refused["error"] and "last_n_tokens_size" in refused["error"], refused

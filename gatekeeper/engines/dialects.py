@@ -263,6 +263,24 @@ class OpenAI(Dialect):
     token_prompts = False
     local_tokenizer = True
 
+    # llama-cpp-python's server (0.3; the OpenAI-compatible server this project runs): Llama._init_sampler builds
+    # llama.cpp's chain, penalties over the server's last_n_tokens_size tokens, top-k, top-p, min-p, the temperature,
+    # and a draw seeded by the request's seed
+    sampler = {"sampler": "llama-cpp-python", "chain": ["penalties", "top_k", "top_p", "min_p", "temperature"],
+               "window": {}, "draw": "llama.cpp's dist sampler, seeded per request"}
+
+    def sampling(self, draw, length):
+        d = draw.decoding
+        # every field sent: the server's own defaults (top_k 40, min_p 0.05, repeat_penalty 1.1) would filter otherwise
+        return {"temperature": d.temperature, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+                "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, **_seed(draw)}
+
+    def unsampled(self, decoding):
+        if decoding.repetition_penalty != 1.0 or decoding.presence_penalty or decoding.frequency_penalty:
+            return ("counts penalties over its last_n_tokens_size tokens (a server setting, 64 by default), not over "
+                    "the prompt and answer as declared")
+        return None
+
 
 DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (LlamaCpp, VLLM, MLX, OpenAI)}
 

@@ -61,7 +61,7 @@ class GreedySession(Session):
         logits, kept = self._prefill(state, prompt, cached, keep=chain_at)
         prefill_end = perf_counter()
         margins: list[list[list[float]]] | None = [] if top2 else None
-        chooser = Chooser(prompt, margins, sampling)
+        chooser = Chooser(prompt, margins, sampling, self.model.draws_with(sampling) if sampling else None)
         tokens, first = self.model._decode(prompt, state, logits, max_tokens, stop, margins, until, chooser)
         end = perf_counter()
 
@@ -328,6 +328,11 @@ class GreedyEngine(Engine):
     def _load(self) -> None:
         """Load model and tokenizer; set ``tok``, ``state_ops``, ``dtype_name``, ``device_name``."""
 
+    def draws_with(self, sampling: Draw) -> Sampler:
+        """The sampler one sampled turn draws with: gatekeeper's own, keyed by the draw (an adapter may offer its
+        library's own, the one a pipeline built on it runs)."""
+        return sampling.sampler()
+
     @abstractmethod
     def _new_state(self) -> Any:
         """An empty model state (KV cache) for one sequence."""
@@ -445,9 +450,10 @@ class Chooser:
     """How one call picks each next token: greedy (``pick``), or a sampled draw (``sampling``) whose weights go to
     ``draws`` (``Sampler.pick``); either way the raw top two go to ``margins`` when asked."""
 
-    def __init__(self, prompt: Sequence[int], margins: list | None, sampling: Draw | None):
+    def __init__(self, prompt: Sequence[int], margins: list | None, sampling: Draw | None,
+                 sampler: Sampler | None = None):
         self.prompt, self.margins, self.sampling = prompt, margins, sampling
-        self.sampler = None if sampling is None else sampling.sampler()
+        self.sampler = sampler or (None if sampling is None else sampling.sampler())
         self.draws: list[list[float]] | None = None if sampling is None else []
 
     def __call__(self, logits: np.ndarray, answer: Sequence[int]) -> int:
@@ -457,7 +463,8 @@ class Chooser:
         token, weights, lp = self.sampler.pick(logits, self.prompt, answer)
         d, key = self.sampling.decoding, self.sampling.key
         if d.sampled:  # the draw against the declared decoding (gate/pit.py): its own row, unless another sampler drew
-            declared = lp if type(self.sampler) is Sampler else Sampler(d, key).processed(logits, self.prompt, answer)
+            declared = (lp if type(self.sampler) is Sampler else  # through the chain the sampler documents
+                        Sampler(d, key, self.sampler.spec).processed(logits, self.prompt, answer))
             weights.append(transform(declared, token, key, len(answer)))
         self.draws.append(weights)
         return token

@@ -20,10 +20,13 @@ from ..errors import GatekeeperError
 from .base import Referenced, versions
 from .greedy import GreedyEngine
 from .hf_tokenizer import ChatTokenizer
+from .sampler import Sampler
 
 
 class MLXEngine(GreedyEngine):
     name = "mlx"
+    options = {"sampler": "gatekeeper (default: keyed draws) or mlx_lm: mlx-lm's own make_sampler and logits "
+                          "processors, reseeded from the draw's key each turn, as a pipeline on mlx-lm samples"}
 
     def _load(self) -> None:
         self.device = _device(self.profile.device)
@@ -84,12 +87,63 @@ class MLXEngine(GreedyEngine):
         return model, wrapper
 
     @classmethod
+    def sampler_chain(cls, profile) -> dict[str, Any] | None:
+        return MlxLmSampler.SPEC if profile.options.get("sampler") == "mlx_lm" else super().sampler_chain(profile)
+
+    def unsampled(self, decoding) -> str | None:
+        if self.profile.options.get("sampler") == "mlx_lm" and (decoding.presence_penalty or decoding.frequency_penalty):
+            return "mlx-lm's sampler counts presence and frequency penalties over the prompt too, not the answer as declared"
+        return super().unsampled(decoding)
+
+    def draws_with(self, sampling):
+        if self.profile.options.get("sampler") == "mlx_lm":
+            return MlxLmSampler(sampling.decoding, sampling.key)
+        return super().draws_with(sampling)
+
+    @classmethod
     def _libraries(cls, profile) -> dict[str, str]:
         return versions("mlx", "mlx_lm")
 
     def close(self) -> None:
         super().close()
         self.model = self._reference = None
+
+
+class MlxLmSampler(Sampler):
+    """mlx-lm's own sampler (``make_logits_processors`` then ``make_sampler``, as its ``generate`` runs them), with
+    mlx's generator reseeded from the draw's key at each turn's first step: both sides consume the same random
+    stream, so they pair where their logits agree, and the draws are read against the declared decoding through
+    mlx-lm's documented chain (``SPEC``), whatever the installed release actually does."""
+
+    # mlx_lm.sample_utils (0.26.4 to 0.32): the penalty over every token seen, then top-p, min-p and top-k on the
+    # log-probabilities, then the temperature (the same chain mlx_lm.server runs, engines/dialects.py)
+    SPEC = {"sampler": "mlx_lm", "chain": ["penalties", "top_p", "min_p", "top_k", "temperature"],
+            "window": {"repetition_penalty": "prompt+answer"}, "draw": "mlx's generator, reseeded from the key each turn"}
+
+    def __init__(self, decoding, key):
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        super().__init__(decoding, key, self.SPEC)
+        d = decoding
+        self.draw = make_sampler(temp=d.temperature, top_p=d.top_p, min_p=d.min_p, top_k=d.top_k)
+        # every token seen: a context window wider than any sequence
+        self.processors = make_logits_processors(repetition_penalty=d.repetition_penalty or None,
+                                                 repetition_context_size=1 << 30)
+
+    def pick(self, logits, prompt, answer):
+        if not answer:
+            mx.random.seed((self.key[0] ^ self.key[1]) & 0xFFFFFFFF)
+        x = mx.array(np.asarray(logits, dtype=np.float32))[None]
+        seen = mx.array([*prompt, *answer])
+        for process in self.processors:
+            x = process(seen, x)
+        token = int(self.draw(x - mx.logsumexp(x, axis=-1, keepdims=True)).item())
+        lp = Sampler(self.d, self.key, self.SPEC).processed(logits, prompt, answer)  # the declared row
+        raw = np.asarray(logits, dtype=np.float64)
+        raw = raw - np.max(raw) - np.log(np.sum(np.exp(raw - np.max(raw))))
+        # a token the declared decoding gives no chance weighs its raw figure (its transform says it: -1)
+        weighed = float(lp[token]) if np.isfinite(lp[token]) else float(raw[token])
+        return token, [float(raw[token]), weighed, float(np.max(lp))], lp
 
 
 # transformers saves the text-only Qwen3.5 models under a ``*_text`` model type; mlx-lm reads the

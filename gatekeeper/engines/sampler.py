@@ -89,8 +89,8 @@ class Sampler:
     def __init__(self, decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any] | None = None):
         self.d = decoding
         self.key = key
-        spec = spec or chain()
-        self.chain, self.window = spec["chain"], spec["window"]
+        self.spec = spec or chain()
+        self.chain, self.window = self.spec["chain"], self.spec["window"]
 
     def processed(self, logits: "np.ndarray", prompt: Sequence[int], answer: Sequence[int]) -> "np.ndarray":
         """The processed log-probabilities (float64; -inf where a filter removed the token)."""

@@ -29,7 +29,21 @@ from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelem
 from ..identity import digest
 from ..workspace import EngineProfile, Load, MinedOn, Workspace
 from . import controls as controls_
-from . import coupling, distance, forced, independent, kinds, paired, pipeline, pit, production, sequential, sides, switches
+from . import (
+    coupling,
+    distance,
+    forced,
+    independent,
+    kinds,
+    paired,
+    pipeline,
+    pit,
+    production,
+    sequential,
+    sides,
+    switches,
+    unpaired,
+)
 from . import crashes as crashes_
 from . import graders as graders_
 from . import probes as probes_
@@ -122,6 +136,8 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
 
 
 SEQUENTIAL = "--sequential, --max-cases, --max-seconds"
+KEYLESS = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys (its seeds "
+           "ignored, or dependent on the batch or on call order)")
 
 
 def _check_sequential(p: Plan, budget: sequential.Budget) -> None:
@@ -453,6 +469,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     reference, on = runs.results["off"][0], runs.results["on"][0]
     crashed = crashes_.found(runs.results) + crashes_.found({k: [r.results for r in v] for k, v in runs.probes.items()})
     unstable: dict[str, str] = {}  # case id -> why
+    keyless: list[str] = []  # sampled cases whose flag-off repeats parted under the same keys (no other cause seen)
     differing, equal = [], {"baseline": 0, "off_on": 0}
     for item in p.items:
         cid = item.case_id
@@ -467,17 +484,27 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                 equal["baseline"] += 1
             elif cid not in unstable:
                 unstable[cid] = _unstable(p, item, runs.results["off"], r, diff)
+                keyless += [cid] if item.suite.decoding.sampled and unstable[cid].endswith(KEYLESS) else []
         diff = p.kind.compare(reference[cid], on[cid], detok)
         ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": "off#0~on#0", **(diff or {})})
         if diff is None:
             equal["off_on"] += 1
         else:
             differing.append((cid, diff))
+    # a flag-off side whose draws do not follow their keys: its sampled answers are fresh draws each time, so the
+    # sides are compared by their distributions (gate/unpaired.py), not as an unstable baseline or token by token
+    sampled = [i for i in p.items if i.suite.decoding.sampled and runs.results["off"][1:]]
+    unkeyed = (unpaired.Unpaired(len(keyless), len(sampled), keyless[0])
+               if keyless and not p.load and runs.rule is None else None)
+    if unkeyed:
+        unstable = {cid: why for cid, why in unstable.items() if cid not in keyless}
+        differing = [(cid, d) for cid, d in differing if cid not in {i.case_id for i in sampled}]
+    tokens_compared = [i for i in p.items if not (unkeyed and i.suite.decoding.sampled)]
 
     on_turns = [t for res in on.values() for t in res["turns"]]
     off_turns = [t for res in reference.values() for t in res["turns"]]
-    strength = (kinds.strength([(i.case_id, reference[i.case_id], on[i.case_id]) for i in p.items], bool(differing))
-                if p.kind.numeric else None)
+    strength = (kinds.strength([(i.case_id, reference[i.case_id], on[i.case_id]) for i in tokens_compared],
+                               bool(differing)) if p.kind.numeric and tokens_compared else None)
     census = kinds.near_ties([(i.suite.suite, reference[i.case_id]) for i in p.items])
     g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
     pairs = pairs_of(p.items, reference, on, p.policy.cluster)
@@ -489,7 +516,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     baseline_cached = _sum(t["cached_tokens"] for t in off_turns) if p.exercises_cache else 0
     variant = _batch_variant(p, ledger, models, evaluation_id, runs) if p.load else []
     judged = (probes_.judge(p, runs.probes["off"], runs.probes["on"][0], detok,
-                            lambda pid, same, detail: ledger.add_comparison(evaluation_id, pid, same, detail))
+                            lambda pid, same, detail: ledger.add_comparison(evaluation_id, pid, same, detail),
+                            unpaired=unkeyed is not None)
               if runs.probes.get("on") else None)
     forced = crashes_.decide(crashed)
     if forced:
@@ -518,11 +546,16 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     declared = pit.read(p.items, runs.results, read.reread if isinstance(read, reference_.Read) else None) if coupled else None
     checked = controls_.judge(runs.controls, reference, p.policy.alpha) if coupled else None
     if coupled and not forced:
-        verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),
-                                         p.policy.max_tv)
+        if unkeyed:  # no coupled steps and no control a shared key can make: the distributions decide
+            if not tokens_compared:  # the comparison's line would call answers identical that were not compared
+                reasons = [_uncompared(r) if r.startswith("equal:") else r for r in reasons]
+            verdict, reasons = unkeyed.judge(verdict, reasons, p.kind.numeric, moved, declared is not None, p.policy.max_kld)
+        else:
+            verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),
+                                             p.policy.max_tv)
         if declared:
             verdict, reasons = pit.judge(declared, p.policy.alpha, verdict, reasons)
-        if checked:
+        if checked and not unkeyed:
             verdict, reasons = checked.judge(verdict, reasons)
     verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
     if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
@@ -561,11 +594,19 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
         sampling={**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None,
-                  "controls": checked.to_dict() if checked else None} if coupled else None,
+                  "controls": checked.to_dict() if checked and not unkeyed else None,
+                  "unpaired": unkeyed.to_dict() if unkeyed else None} if coupled else None,
         reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
     )
+
+
+def _uncompared(line: str) -> str:
+    """The comparison's ``equal:`` line where no answer was compared token by token (unpaired draws): what it says of
+    the cache stays."""
+    return "; ".join(["equal: no answer compared token by token (the draws are unpaired)",
+                      *(part for part in line.split("; ") if part.startswith("cache served"))])
 
 
 def _shared(p: Plan, model: Engine) -> str:
@@ -593,8 +634,7 @@ def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison
         cause = (f"warm-up: it is the first case of stage {item.suite.stage}, sent right after gatekeeper's warm-up of "
                  f"the stage's static prefix; set 'warm_up: false' in {profile.where} to evaluate without it")
     elif not item.suite.decoding.plain:
-        cause = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys "
-                 "(its seeds ignored, or dependent on the batch or on call order)")
+        cause = KEYLESS
     elif d.get("near_tie"):
         cause = "order or batching: a near-tie that identical requests resolved differently (float noise in the engine)"
     else:

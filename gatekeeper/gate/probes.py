@@ -245,14 +245,19 @@ class Judged:
         return "probes: " + "; ".join(f"{name} {s}" for name, s in self.status.items())
 
 
-def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], str], record) -> Judged:
-    """Compare each probe flag-off (every repeat) with flag-on; ``record(pid, equal, detail)`` writes a comparison."""
+def judge(p: Plan, off: list[Probed], on: Probed, detok: Callable[[list[int]], str], record,
+          unpaired: bool = False) -> Judged:
+    """Compare each probe flag-off (every repeat) with flag-on; ``record(pid, equal, detail)`` writes a comparison.
+    ``unpaired``: the engine's draws do not follow their keys (gate/unpaired.py), so probes that drew compare nothing."""
     differs, unstable, base, notes, status = [], [], [], [], {}
     for name in p.policy.probes.kinds:
         pid = PREFIX + name
         skipped = on.skipped.get(name) or off[0].skipped.get(name)
         if skipped:
             status[name] = f"skipped: {skipped}"
+            continue
+        if unpaired and off[0].decoding is not None:
+            status[name] = "unpaired"  # independent draws on each side: their tokens show nothing
             continue
         ref, mine = off[0].results[pid], on.results[pid]
         if any("crash" in r for r in (ref, mine, *(o.results[pid] for o in off[1:]))):

@@ -103,7 +103,8 @@ def check_samples(suite: battery.Suite, model: Engine) -> None:
         raise GatekeeperError(f"{suite.path}: field 'decoding': the {model.name} engine of {model.profile.where} "
                               f"{why}; it cannot run {sampler.describe(suite.decoding)}: run it where it samples as "
                               "declared (torch without draft_model or cache_implementation, mlx, llamacpp, "
-                              "llama-server, vLLM, mlx_lm.server without presence or frequency penalties) or decode "
+                              "llama-server, vLLM, mlx_lm.server without presence or frequency penalties, "
+                              "llama-cpp-python's server without penalties) or decode "
                               "the suite greedy")
 
 
