@@ -102,8 +102,8 @@ def test_a_started_llama_server_is_evaluated_then_stopped_and_its_port_is_no_par
     marker = f"gk-{uuid.uuid4().hex}"
     ws = served_ws(workspace, started=llama_serve(marker))
     results = []
-    for _ in range(2):
-        code, out = evaluate(run_cli, ws, "started")
+    for _ in range(2):  # one case: the subject is the server's life and identity, not the battery
+        code, out = evaluate(run_cli, ws, "started", "--limit", "1")
         assert code == 0 and out["verdict"] == "PASS", out
         assert not running(marker)  # stopped once the run is over
         results.append(out)
@@ -131,7 +131,8 @@ def test_two_started_servers_are_the_two_sides_of_a_declared_change(workspace, r
     (ws / "policies" / "upgrade.yaml").write_text(
         f"flag: upgrade\ngate: byte_equivalence\nprobes: off\ndistance: false\n"
         f"change: {{profile: {{serve: {{command: {changed}, ready: /health}}}}}}\n")
-    code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "upgrade", "--engine", "started", "--json")
+    code, out, _ = run_cli("--workspace", ws, "evaluate", "--flag", "upgrade", "--engine", "started", "--limit", "2",
+                           "--json")
     out = json.loads(out)
     assert code == 1 and out["verdict"] == "FAIL" and out["differing_cases"], out
     assert out["reached"]["off"] != out["reached"]["on"] and not running(marker)

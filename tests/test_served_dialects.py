@@ -360,14 +360,14 @@ def test_llama_cpp_python_samples_by_its_seed_and_refuses_penalties(llama_cpp_py
                                                  "exercise_floor: {min_cached_share: 0.5, accept_unobservable: true}"))
     decoding = "decoding: {max_tokens: 12, temperature: 0.9, top_p: 0.95, top_k: 40, samples: 2}"
     (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace("decoding: {max_tokens: 12}", decoding))
-    code, out = evaluate(run_cli, ws, "lcp")
+    code, out = evaluate(run_cli, ws, "lcp", "--limit", "2")
     s = out["sampling"]
     assert s["chain"]["sampler"] == "llama-cpp-python" and s["unpaired"] is None, s
-    assert out["verdict"] == "PASS" and out["equal"]["baseline"] == 8, out["reasons"]  # seeds honoured on repeat
-    assert s["answers"] == 8 and s["mismatches"] == 0 and s["steps"] > 8 and s["controls"]["unpaired"] == "seen", s
+    assert out["verdict"] == "PASS" and out["equal"]["baseline"] == 4, out["reasons"]  # seeds honoured on repeat
+    assert s["answers"] == 4 and s["mismatches"] == 0 and s["steps"] > 4 and s["controls"]["unpaired"] == "seen", s
     ev = ledger(ws).evaluation(out["evaluation_id"])
     answers = {r["case_id"]: tuple(r["result"]["turns"][0]["tokens"]) for r in ev["case_results"] if r["config"] == "off"}
-    assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "abc")  # the samples draw apart
+    assert any(answers[f"tiny/{c}~1"] != answers[f"tiny/{c}~2"] for c in "ab")  # the samples draw apart
     (ws / "assertions" / "tiny.yaml").write_text(suite(SHORT).replace(
         "decoding: {max_tokens: 12}", "decoding: {max_tokens: 12, temperature: 0.9, repetition_penalty: 1.1}"))
     code, refused = evaluate(run_cli, ws, "lcp")
