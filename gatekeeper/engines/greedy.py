@@ -463,7 +463,8 @@ class Chooser:
         token, weights, lp = self.sampler.pick(logits, self.prompt, answer)
         d, key = self.sampling.decoding, self.sampling.key
         if d.sampled:  # the draw against the declared decoding (gate/pit.py): its own row, unless another sampler drew
-            declared = (lp if type(self.sampler) is Sampler else  # through the chain the sampler documents
+            # its own row where it processes as declared (an engine's sampler reads its chain through ``processed``)
+            declared = (lp if type(self.sampler).processed is Sampler.processed else
                         Sampler(d, key, self.sampler.spec).processed(logits, self.prompt, answer))
             weights.append(transform(declared, token, key, len(answer)))
         self.draws.append(weights)

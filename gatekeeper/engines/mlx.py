@@ -20,7 +20,7 @@ from ..errors import GatekeeperError
 from .base import Referenced, versions
 from .greedy import GreedyEngine
 from .hf_tokenizer import ChatTokenizer
-from .sampler import Sampler
+from .sampler import Sampler, log_softmax
 
 
 class MLXEngine(GreedyEngine):
@@ -138,9 +138,8 @@ class MlxLmSampler(Sampler):
         for process in self.processors:
             x = process(seen, x)
         token = int(self.draw(x - mx.logsumexp(x, axis=-1, keepdims=True)).item())
-        lp = Sampler(self.d, self.key, self.SPEC).processed(logits, prompt, answer)  # the declared row
-        raw = np.asarray(logits, dtype=np.float64)
-        raw = raw - np.max(raw) - np.log(np.sum(np.exp(raw - np.max(raw))))
+        lp = self.processed(logits, prompt, answer)  # the declared row, through mlx-lm's documented chain
+        raw = log_softmax(np.asarray(logits, dtype=np.float64))
         # a token the declared decoding gives no chance weighs its raw figure (its transform says it: -1)
         weighed = float(lp[token]) if np.isfinite(lp[token]) else float(raw[token])
         return token, [float(raw[token]), weighed, float(np.max(lp))], lp

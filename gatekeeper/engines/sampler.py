@@ -109,11 +109,11 @@ class Sampler:
                 x[x < np.partition(x, -d.top_k)[-d.top_k]] = -np.inf
             elif stage == "top_p" and d.top_p < 1.0:
                 order = np.argsort(-x, kind="stable")
-                mass = np.cumsum(np.exp(_log_softmax(x)[order]))
+                mass = np.cumsum(np.exp(log_softmax(x)[order]))
                 x[order[int(np.searchsorted(mass, d.top_p)) + 1:]] = -np.inf  # the fewest likeliest holding top_p
             elif stage == "min_p" and d.min_p:
                 x[x < np.max(x) + np.log(d.min_p)] = -np.inf
-        return _log_softmax(x)
+        return log_softmax(x)
 
     def _penalise(self, x: "np.ndarray", prompt: Sequence[int], answer: Sequence[int]) -> None:
         import numpy as np
@@ -147,7 +147,7 @@ class Sampler:
 
         lp = self.processed(logits, prompt, answer)
         token = int(np.argmax(lp + self.noise(len(answer), len(lp)) if self.d.sampled else lp))
-        raw = _log_softmax(np.asarray(logits, dtype=np.float64))
+        raw = log_softmax(np.asarray(logits, dtype=np.float64))
         return token, [float(raw[token]), float(lp[token]), float(np.max(lp))], lp
 
 
@@ -167,7 +167,7 @@ def transform(lp: "np.ndarray", token: int | None, key: tuple[int, int], step: i
     return float(np.exp(lp[before]).sum() + v * np.exp(lp[token]))
 
 
-def _log_softmax(x: "np.ndarray") -> "np.ndarray":
+def log_softmax(x: "np.ndarray") -> "np.ndarray":
     import numpy as np
 
     top = np.max(x)
