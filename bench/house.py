@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gatekeeper.identity import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"--help": ["--help"], "status": ["status", "--json"], "hash": ["hash", "--json"]}
 
@@ -35,7 +37,7 @@ def typed_counts(package: Path) -> dict[str, int]:
 def run(tree: Path, ws: Path, args: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "from gatekeeper.cli import app; app()", "--workspace", str(ws), *args],
-                   cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, check=True,
+                   cwd=tree, env=child_env(PYTHONPATH=str(tree)), check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - t0
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import socket
@@ -30,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from gatekeeper.identity import child_env  # noqa: E402
 from gatekeeper.setup.tiny_hybrid import CORPUS, build  # noqa: E402
 from gatekeeper.traffic import replay  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
@@ -159,7 +159,7 @@ def mlx_server(model: Path, seqs: dict[str, list[list[dict]]]) -> dict[str, list
     for name, requests in seqs.items():
         port = free_port()
         server = Server([sys.executable, "-m", "mlx_lm.server", "--model", str(copy), "--port", str(port)],
-                        "/health", port, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                        "/health", port, env=child_env(PYTHONUNBUFFERED="1"))
         try:
             rows = []
             for messages in requests:

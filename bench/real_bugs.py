@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from gatekeeper.identity import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 ENTRIES = Path(__file__).resolve().parent / "real_bugs"
@@ -69,7 +70,7 @@ def model(entry: dict) -> Path:
     python = sys.executable if entry["model"]["library"] == "gguf" else made(environment(entry, "fixed"))
     assert python is not None
     done = subprocess.run([python, __file__, "--build-model", entry["id"], str(out)], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                          env=child_env(PYTHONPATH=str(ROOT)))
     if done.returncode != 0:
         raise SystemExit(f"{entry['id']}: building its model failed: {done.stderr[-1500:]}")
     return out
@@ -123,7 +124,7 @@ def build(spec: dict, default: Path, out: Path) -> None:
         src = source_dir()
         done = subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(out), "--outtype", "f32",
                                "--outfile", str(out / "model.gguf")], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(src / "gguf-py")})
+                              env=child_env(PYTHONPATH=str(src / "gguf-py")))
         if done.returncode != 0:
             raise SystemExit(f"converting to GGUF failed: {done.stderr[-1500:]}")
     # a class every release knows (transformers 5 names its own), and the chat template inside, where 4.x reads it

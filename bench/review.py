@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from gatekeeper.identity import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny model the tests build, and their fault engine (ShortRestore)
@@ -40,7 +41,7 @@ cases:
               for i in range(8))
 
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}  # where the fault engine's profile finds it
+ENV = child_env(PYTHONPATH=str(ROOT / "tests"))  # where the fault engine's profile finds it
 
 
 def cli(ws: Path, *args: str) -> tuple[float, str]:

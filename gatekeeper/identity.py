@@ -48,6 +48,12 @@ def cache_home() -> Path:
     return Path(user_cache_dir("gatekeeper"))
 
 
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment for a process gatekeeper starts: this one's (``GATEKEEPER_HOME`` and the package clients'
+    settings with it) plus ``overrides``; never one built from scratch, whose child would look in another home."""
+    return {**os.environ, **overrides}
+
+
 class Memo:
     """A small JSON map in the user cache that every process shares: read once per process, written
     whole (to a temporary file, then renamed) when something is added. Losing it costs a recomputation."""

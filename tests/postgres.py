@@ -30,6 +30,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from gatekeeper.identity import child_env
+
 USER = "gatekeeper"  # the server's superuser; trust authentication on loopback and the socket only
 START_TIMEOUT_S = 60
 BACKENDS = ["sqlite", "postgresql"]
@@ -103,7 +105,7 @@ class Server:
 
 def _launch(bindir: Path, root: Path, port: int, log: Path, durable: bool = False) -> subprocess.Popen:
     drop, _, _ = _as_server_user()
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+    env = child_env(LC_ALL="C", LANG="C")
     # Tests need no durability; a benchmark keeps the server's defaults (fsync on) to measure what a team gets.
     fast = [] if durable else ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
     with open(log, "ab") as out:
@@ -154,7 +156,7 @@ def start_server(durable: bool = False) -> Server:
             os.chown(root, uid, gid)
         os.chmod(root, 0o700)
         data, log = root / "data", root / "server.log"
-        env = {**os.environ, "LC_ALL": "C", "LANG": "C"}
+        env = child_env(LC_ALL="C", LANG="C")
         init = subprocess.run(
             [str(bindir / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--locale=C",
              "--no-sync"],

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from gatekeeper.identity import child_env
+
 
 def evaluate(run_cli, ws, engine, *extra, operator="ci"):
     """``gatekeeper evaluate --flag prefix_cache --json`` through the CLI; returns (exit code, JSON),
@@ -233,7 +235,9 @@ def vllm_server(model: Path, *extra: str, log: Path):
     # dropped from the caller's environment so that neither pins the worker to one core.
     # OMP_NUM_THREADS counts only under a binding of "nobind", where vLLM leaves the count alone.
     n = threads()
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")}
+    env = child_env()
+    for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        env.pop(k, None)
     env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(n)})
     if physical_cores() - 1 < n:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
@@ -249,7 +253,7 @@ def mlx_server(model: Path, *extra: str, log: Path):
     hub.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--host", "127.0.0.1", "--port", str(port), *extra]
     with serving(cmd, f"http://127.0.0.1:{port}", log=log, ready="/v1/models",
-                 env={**os.environ, "HF_HUB_CACHE": str(hub)}) as url:
+                 env=child_env(HF_HUB_CACHE=str(hub))) as url:
         yield url
 
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from gatekeeper.cli import app
 
 
-def cli(ws: Path, *args, env=None):
-    result = CliRunner().invoke(app, ["--workspace", str(ws), *map(str, args)], catch_exceptions=False, env=env)
+def cli(ws: Path, *args, overrides=None):  # CliRunner sets these over this process's environment
+    result = CliRunner().invoke(app, ["--workspace", str(ws), *map(str, args)], catch_exceptions=False, env=overrides)
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -41,7 +41,7 @@ def reports(tmp_path_factory, tiny_llama):
     for engine, verdict, code in [("tiny", "PASS", 0), ("short", "FAIL", 1), ("unstable", "INCONCLUSIVE", 1)]:
         junit = root / f"{engine}.xml"
         rc, stdout, _ = cli(ws, "evaluate", "--flag", "prefix_cache", "--engine", engine, "--junit", junit, "--json",
-                            env={"GITHUB_STEP_SUMMARY": str(summary)})
+                            overrides={"GITHUB_STEP_SUMMARY": str(summary)})
         outcome = json.loads(stdout)
         assert (rc, outcome["verdict"]) == (code, verdict)
         out[verdict] = {"id": outcome["evaluation_id"], "outcome": outcome, "junit": junit}

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger, profile, wait_for_case_results, wide_suite
 
+from gatekeeper.identity import child_env
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -138,7 +140,7 @@ def test_cases_run_side_by_side_up_to_the_engine_concurrency(run_cli, tiny_ws, t
 
 
 def _start_evaluation(ws: Path, engine: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env(PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.Popen(
         [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", "prefix_cache",
          "--engine", engine, "--json"],

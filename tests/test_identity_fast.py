@@ -19,7 +19,7 @@ from gatekeeper import identity
 from gatekeeper.engines import registry
 from gatekeeper.engines.llamacpp import LlamaCppEngine
 from gatekeeper.engines.torch import TorchEngine
-from gatekeeper.identity import canonical_json
+from gatekeeper.identity import canonical_json, child_env
 from gatekeeper.workspace import EngineProfile
 
 
@@ -142,7 +142,7 @@ HEAVY = ("numpy", "sqlalchemy", "torch", "transformers")  # what a command that 
 def probe(*args: str, path: Path | None = None) -> dict:
     """A CLI command in a fresh process: its exit code, output, and which of HEAVY got imported.
     ``path``: a folder to import plugin adapters from."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(path or ""), os.environ.get("PYTHONPATH")]))}
+    env = child_env(PYTHONPATH=os.pathsep.join(filter(None, [str(path or ""), os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}" + PROBE, *map(str, args)], capture_output=True,
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

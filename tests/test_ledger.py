@@ -15,6 +15,7 @@ from sqlalchemy import inspect
 
 import gatekeeper
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
+from gatekeeper.identity import child_env
 from gatekeeper.ledger import Ledger
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
 
@@ -344,7 +345,7 @@ def test_started_by_killed_process_reads_aborted(url: str) -> None:
         "print(eid, flush=True)\n"
         "time.sleep(120)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env(PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-c", script, url], stdout=subprocess.PIPE, text=True, env=env)
     try:
         eid = int(proc.stdout.readline())

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import gatekeeper
+from gatekeeper.identity import child_env
 from gatekeeper.ledger import CURRENT_VERSION, Ledger
 from gatekeeper.ledger.database import read
 
@@ -44,7 +44,7 @@ with Ledger(url) as ledger:
 
 def race(worker: str, url: str, tmp_path: Path) -> None:
     """Run WORKERS copies of ``worker`` against ``url``, released together once all are ready; all must succeed."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env(PYTHONPATH=str(REPO))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", worker, url, str(tmp_path), str(w), str(CASES), str(MEASUREMENTS)], env=env, stderr=subprocess.PIPE, text=True

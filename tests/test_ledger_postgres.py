@@ -14,6 +14,8 @@ from typing import Iterator
 import pytest
 from postgres import Server, new_database, serving
 
+from gatekeeper.identity import child_env
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -24,7 +26,7 @@ def own_server() -> Iterator[Server]:
 
 
 def gatekeeper(ws: Path, url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env(PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.pop("GATEKEEPER_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "--ledger", url, *args],
                           env=env, capture_output=True, text=True, timeout=timeout)
@@ -49,7 +51,7 @@ def _wait_for_evaluation(server: Server, database: str, proc: subprocess.Popen, 
 def test_server_lost_mid_evaluation_leaves_it_aborted_and_the_ledger_verifying(tiny_ws: Path, own_server: Server):
     url = new_database(own_server)
     database = url.rsplit("/", 1)[1]
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env(PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.pop("GATEKEEPER_DEBUG", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(tiny_ws), "--ledger", url, "evaluate",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import select
 import socket
 import sqlite3
@@ -22,6 +21,7 @@ from conftest import SUITE, profile
 from typer.testing import CliRunner
 
 from gatekeeper.cli import app
+from gatekeeper.identity import child_env
 
 DATA = Path(__file__).parent / "data"
 GATEKEEPER = Path(sys.executable).with_name("gatekeeper")
@@ -159,7 +159,7 @@ def js(served, *flags: str) -> dict:
     from gatekeeper.setup import openfeature_js
 
     assert openfeature_js.installed(), "the OpenFeature JavaScript clients are not installed: run 'make openfeature-js'"
-    env = {**os.environ, "NODE_PATH": str(openfeature_js.root() / "node_modules")}
+    env = child_env(NODE_PATH=str(openfeature_js.root() / "node_modules"))
     out = subprocess.run([str(openfeature_js.node()), str(DATA / "ofrep_client.cjs"), served["server"].url, *flags],
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

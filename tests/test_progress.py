@@ -3,7 +3,6 @@ seconds (what runs, done of total, elapsed, the rest); nothing under --json."""
 
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 from conftest import ROOT
 
 from gatekeeper.cli.progress import LogLines, clock
+from gatekeeper.identity import child_env
 
 
 class Clock:
@@ -59,7 +59,7 @@ def test_a_heartbeat_while_one_step_runs_long_and_a_stop_says_where():
 
 def test_evaluate_through_a_pipe_prints_its_stage_lines(tiny_ws):
     """The real command as CI runs it: stdout and stderr pipes, a line for each configuration and repeat."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env(PYTHONPATH=str(ROOT))
     args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(tiny_ws), "evaluate", "--flag", "prefix_cache",
             "--engine", "tiny", "--operator", "ci", "--limit", "2"]
     done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)

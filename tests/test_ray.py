@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger, profile, wait_for_case_results
 
+from gatekeeper.identity import child_env
+
 TESTS = Path(__file__).resolve().parent
 RAY = "executor: ray\nray: {actors: 2}\n"
 
@@ -48,7 +50,7 @@ def test_sigterm_aborts_and_takes_the_actors_and_the_local_cluster_down(tiny_ws,
     """The profile's null address: the evaluation starts a local cluster in its own process."""
     pytest.importorskip("ray")
     (tiny_ws / "engines" / "tiny_ray.yaml").write_text(profile("torch", tiny_llama) + RAY)
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env(PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.Popen([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(tiny_ws), "evaluate", "--flag",
                              "prefix_cache", "--engine", "tiny_ray", "--json"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)

@@ -5,7 +5,6 @@ exit 2 naming its command and last output; the port never enters the identity, s
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from conftest import ledger, wait_for_case_results, wide_suite
 from served import evaluate, served_ws, threads
 
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.identity import child_env
 from gatekeeper.workspace import Workspace
 
 TESTS = Path(__file__).resolve().parent
@@ -151,7 +151,7 @@ def test_an_interrupted_run_stops_its_server_and_leaves_the_ledger_valid(workspa
     proc = subprocess.Popen(
         [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", "prefix_cache",
          "--engine", "started", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
+        env=child_env(PYTHONPATH=str(TESTS)),
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job's child ignores SIGINT
     try:
         eid = wait_for_case_results(ws, 2, timeout=300)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import evaluate, ledger, profile, wide_suite
 
+from gatekeeper.identity import child_env
+
 
 @pytest.fixture(scope="session")
 def second_python(tmp_path_factory) -> str:
@@ -113,7 +115,7 @@ def test_a_worker_killed_mid_run_aborts_the_evaluation_and_the_ledger_verifies(w
     wide_suite(worker_ws, 40)
     proc = subprocess.Popen([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(worker_ws), "evaluate", "--flag",
                              "prefix_cache", "--engine", "worker", "--json"], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
+                            env=child_env(PYTHONPATH=str(Path(__file__).parent)))
     try:
         deadline = time.monotonic() + 120
         while not (worker_ws / "ledger" / "evidence.db").exists() or not _results(worker_ws):

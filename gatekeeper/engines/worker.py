@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from ..errors import EngineCrash, GatekeeperError, InternalError
 from ..evidence import Top2
+from ..identity import child_env
 from ..workspace import EngineProfile
 from .base import Engine, Generation, Referenced, Scored, Session, Until
 from .faults import Fault
@@ -114,7 +115,7 @@ class WorkerEngine(Engine):
         super().__init__(profile, workspace_root=workspace_root)
         assert profile.python is not None  # registry builds a worker only for a profile that names one
         self.python = interpreter(profile.python)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
+        env = child_env(PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")])))
         self._proc = subprocess.Popen([self.python, "-m", "gatekeeper.engines.worker_main"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, bufsize=1)
         self._said: deque[str] = deque(maxlen=20)  # the worker's last lines on stderr, for the error that names them

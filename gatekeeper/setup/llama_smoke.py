@@ -6,7 +6,6 @@ build that traps on this CPU is one clear error at build time, never a segfault 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -18,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import GatekeeperError
+from ..identity import child_env
 from .llama_target import cpu_features
 
 PROMPT = "The capital of France is"
@@ -46,7 +46,7 @@ def prove(tree: Path, gguf: Path, python: str = sys.executable) -> dict:
 
 
 def decode(lib: Path, gguf: Path, python: str = sys.executable) -> dict:
-    env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib)}
+    env = child_env(LLAMA_CPP_LIB_PATH=str(lib))
     try:
         done = subprocess.run([python, "-c", DECODE, str(gguf)], env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import GatekeeperError
+from ..identity import child_env
 from .models import home
 
 VERSION = "0.123.1"
@@ -55,7 +56,7 @@ def npm_install(specs: list[str], target: Path, path_env: str, what: str) -> Non
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{target.name}-", dir=target.parent) as tmp:
         cmd = [npm, "install", "--prefix", tmp, "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", *specs]
-        if subprocess.run(cmd, stdout=sys.stderr, env={**os.environ, "PATH": path_env}).returncode != 0:
+        if subprocess.run(cmd, stdout=sys.stderr, env=child_env(PATH=path_env)).returncode != 0:
             raise GatekeeperError(f"npm install {' '.join(specs)} failed; check the npm registry is reachable")
         if target.exists():
             shutil.rmtree(target)
@@ -83,8 +84,8 @@ def eval_config(config: Path, out: Path, timeout: float = 600) -> subprocess.Com
     if not installed():
         raise GatekeeperError("promptfoo is not installed; run 'make promptfoo' (python -m gatekeeper.setup.promptfoo)")
     state = out.parent / ".promptfoo"
-    env = {**os.environ, **OFFLINE_ENV, "PROMPTFOO_CONFIG_DIR": str(state), "HOME": str(state),
-           "PATH": f"{node().parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = child_env(**OFFLINE_ENV, PROMPTFOO_CONFIG_DIR=str(state), HOME=str(state),
+                    PATH=f"{node().parent}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [str(node()), str(entrypoint()), "eval", "-c", str(config), "-o", str(out), "--no-cache",
            "--no-progress-bar", "--no-table", "--no-write"]
     return subprocess.run(cmd, cwd=config.parent, env=env, capture_output=True, text=True, timeout=timeout)

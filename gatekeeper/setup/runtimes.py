@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import GatekeeperError
+from ..identity import child_env
 from .models import home
 
 TORCH = "torch==2.13.0"  # the Makefile's pin
@@ -79,8 +80,7 @@ def prove(python: str) -> dict[str, str]:
             "for d in ('torch', 'transformers', 'mlx', 'mlx-lm', 'llama-cpp-python', 'tokenizers'):\n"
             "    try:\n        out[d] = m.version(d)\n    except m.PackageNotFoundError:\n        pass\n"
             "print(json.dumps(out))")
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": str(PACKAGE_ROOT),
-                                                                                      "PATH": "/usr/bin:/bin"})
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=child_env(PYTHONPATH=str(PACKAGE_ROOT)))
     if done.returncode != 0:
         raise GatekeeperError(f"the environment at {python} cannot run gatekeeper's worker: "
                               f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
