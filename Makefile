@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 GK     := $(VENV)/bin/gatekeeper
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js demo lint check test bench clean
+.PHONY: setup model browser openssh postgresql llama-server vllm promptfoo openfeature-js runtimes demo lint check test bench clean
 
 # torch==2.13.0 first: a plain `torch` requirement could otherwise pull a multi-GB CUDA build.
 # llama-cpp-python is installed without its llama.cpp build (LLAMA_BUILD=OFF: pip compiles nothing, a
@@ -89,6 +89,11 @@ openfeature-js: setup
 vllm: setup
 	$(if $(VLLM_VERSION),GATEKEEPER_VLLM_VERSION=$(VLLM_VERSION) )$(PY) -m gatekeeper.setup.vllm
 
+# The runtime environments (older transformers releases) and tiny models the real-bug and runtime-release tests run,
+# made once under $$GATEKEEPER_HOME/runtimes/ and real_bugs/ (about 45 s each the first time), each shown with its time.
+runtimes: setup
+	$(PY) tests/runtimes.py
+
 # mypy's incremental cache lives with the other set-up caches under $$GATEKEEPER_HOME, so a fresh checkout checks
 # types warm (about 50 s cold, 1 s warm on two cores); mypy validates every entry it reads against its source.
 export MYPY_CACHE_DIR ?= $(or $(GATEKEEPER_HOME),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/gatekeeper)/mypy
@@ -107,7 +112,7 @@ check: lint
 	$(PYTEST) -m "not slow" -q --durations=10
 
 # One run of every test, the slow ones first: the fast files fill the workers' tails instead of waiting for a phase.
-test: lint model browser openssh postgresql llama-server vllm promptfoo openfeature-js
+test: lint model browser openssh postgresql llama-server vllm promptfoo openfeature-js runtimes
 	$(PYTEST) --durations=25
 
 bench: model

@@ -78,9 +78,13 @@ def test_dtype_change_follows_the_outputs_and_runs_when_on(run_cli, tiny_ws):
                for c in {k[0] for k in results})
     assert (out["verdict"] == "PASS") == same
     assert out["differing_cases"] == [] if same else out["differing_cases"]
-    assert out["verdict"] == "PASS", out  # measured here: float16 gives the tiny model's float32 tokens
+    # Whether float16 keeps float32's tokens is the CPU's rounding at the tiny model's near-ties (it does on the CPUs
+    # seen so far): where it does not, the FAIL must refuse the flip, and the rest has nothing to run.
     code, before = cli(run_cli, tiny_ws, "hash", "--engine", "tiny")
     code, result = flip_on(run_cli, tiny_ws, "half", out["evaluation_id"])
+    if out["verdict"] != "PASS":
+        assert code == 1 and result["action"] == "refused", result
+        return
     assert code == 0 and result["state"] == "on", result
     code, after = cli(run_cli, tiny_ws, "hash", "--engine", "tiny")
     assert after["pipeline_hash"] != before["pipeline_hash"]

@@ -10,16 +10,14 @@ import pytest
 from conftest import evaluate, profile
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
-from gatekeeper.setup.runtimes import prepare
+from runtimes import RELEASES, release
 
 pytestmark = pytest.mark.slow
-
-RELEASES = {"oldest": "5.0.0", "single": "5.10.4"}
 
 
 @pytest.fixture(scope="module")
 def pythons() -> dict[str, str]:
-    return {k: prepare(f"transformers-{v}", [f"transformers=={v}"])["python"] for k, v in RELEASES.items()}
+    return {k: release(v) for k, v in RELEASES.items()}
 
 
 def served(result) -> int:
