@@ -30,18 +30,17 @@ def release(version: str) -> str:
 def main() -> None:
     import real_bugs
 
-    def timed(what: str, make) -> None:
+    def timed(what: str, make, *args) -> None:
         t0 = time.perf_counter()
-        make()
+        make(*args)
         print(f"runtimes: {what} ready in {time.perf_counter() - t0:.1f} s", flush=True)
 
     for version in RELEASES.values():
-        timed(f"transformers {version}", lambda: release(version))
+        timed(f"transformers {version}", release, version)
     for entry in real_bugs.entries(list(REAL_BUGS)):
         for side in ("affected", "fixed"):
-            timed(f"{entry['id']} {side} ({entry['runtime']} {entry[side]['release']})",
-                  lambda: real_bugs.environment(entry, side))
-        timed(f"{entry['id']} model", lambda: real_bugs.model(entry))
+            timed(f"{entry['id']} {side} ({entry['runtime']} {entry[side]['release']})", real_bugs.environment, entry, side)
+        timed(f"{entry['id']} model", real_bugs.model, entry)
 
 
 if __name__ == "__main__":

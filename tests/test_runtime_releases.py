@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import evaluate, profile
-from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
-
 from runtimes import RELEASES, release
+from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
