@@ -7,8 +7,11 @@ however often it looks: the statistic is a mixture likelihood ratio (alternative
 a nonnegative supermartingale under H0, and by Ville's inequality it reaches ``1/alpha`` with chance at most
 ``alpha`` over the whole life of the flag. A limit of 0 makes one mismatch a breach (a byte-identical flag).
 
-Per-stage limits are tests of their own; with ``m`` tests in all, each runs at ``alpha/m`` (Bonferroni), so
-the chance of any false rollback stays at most ``alpha``. The TV bound reported beside the counts is
+Per-stage limits partition the comparisons: a stage with a limit of its own is tested against it only, and the
+test ``ALL`` counts the other stages; with ``m`` tests in all, each runs at ``alpha/m`` (Bonferroni). A watch's rule
+is recorded with its batches: batches written under one rule are one segment, tested under that rule only, at its
+own share of alpha (half of what earlier segments left), so a rule tuned after the data is a new test and the
+chance of any false rollback over the watch stays below ``alpha``. The TV bound reported beside the counts is
 ``coupling.upper_anytime`` on the same trials: under shared randomness P(answers differ) >= TV(answers).
 """
 
@@ -18,7 +21,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-ALL = "*"  # the test over every stage together
+from ..identity import digest as content_digest
+
+ALL = "*"  # the test over every stage without a limit of its own
 KEPT = 20  # mismatched requests a summary shows (the counts hold them all)
 
 
@@ -96,7 +101,7 @@ class Test:
 
 @dataclass
 class Rule:
-    """A policy's ``guard:`` as a decision: ``limit`` for every stage together, ``stage_limits`` for some."""
+    """A policy's ``guard:`` as a decision: ``stage_limits`` for some stages, ``limit`` for every other stage."""
 
     limit: float
     alpha: float
@@ -107,19 +112,90 @@ class Rule:
     def of(cls, guard) -> "Rule":
         return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits))
 
-    def tests(self, counts: dict[str, Count]) -> list[Test]:
-        """Every test on ``counts`` (stage -> comparisons; ALL is their sum)."""
-        total = Count()
-        for c in counts.values():
-            total.add(c)
-        scopes = [(ALL, self.limit, total)] + [(s, lim, counts.get(s, Count())) for s, lim in sorted(self.stage_limits.items())]
-        share = self.alpha / len(scopes)
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Rule":
+        return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        # floats and ints normalised: the YAML's ``limit: 0`` and the ledger's ``0.0`` are one rule, one digest
+        return {"limit": float(self.limit), "alpha": float(self.alpha), "min_comparisons": int(self.min_comparisons),
+                "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())}}
+
+    def digest(self) -> str:
+        return content_digest(self.to_dict())
+
+    def tests(self, counts: dict[str, Count], alpha: float | None = None) -> list[Test]:
+        """Every test on ``counts`` (stage -> comparisons): one per stage with a limit of its own, and ALL on the other
+        stages, so no comparison is tested twice; each at ``alpha/m`` (``alpha``: a segment's share, else the rule's)."""
+        rest = Count()
+        for stage, c in counts.items():
+            if stage not in self.stage_limits:
+                rest.add(c)
+        scopes = [(ALL, self.limit, rest)] + [(s, lim, counts.get(s, Count())) for s, lim in sorted(self.stage_limits.items())]
+        share = (self.alpha if alpha is None else alpha) / len(scopes)
         out = []
         for scope, limit, c in scopes:
             log_e = log_evalue(c.mismatches, c.compared, limit)
             out.append(Test(scope, limit, share, c.compared, c.mismatches, log_e,
                             c.compared >= self.min_comparisons and log_e >= math.log(1 / share)))
         return out
+
+
+@dataclass
+class Segment:
+    """The batches of a watch written under one rule (wherever they fall in it): a test of their own, at this
+    segment's share of the watch's alpha. Segments are numbered in the order their rules first wrote."""
+
+    index: int
+    rule: Rule
+    alpha: float  # half of what the segments before it left (a later rule's lower alpha lowers it further)
+    left: float  # the watch's alpha left when the segment began
+    counts: dict[str, Count] = field(default_factory=dict)
+    batches: list[int] = field(default_factory=list)
+
+    def tests(self) -> list[Test]:
+        return self.rule.tests(self.counts, self.alpha)
+
+    def record(self) -> dict[str, Any]:
+        """What a batch says of its segment; ``new_test``: this batch starts it, no earlier batch is tested under it."""
+        return {"index": self.index, "rule_digest": self.rule.digest(), "alpha": self.alpha, "alpha_left": self.left,
+                "new_test": not self.batches}
+
+    def to_dict(self) -> dict[str, Any]:
+        tests = self.tests()
+        return {"index": self.index, "rule_digest": self.rule.digest(), "rule": self.rule.to_dict(), "alpha": self.alpha,
+                "alpha_left": self.left, "batches": self.batches[:1] + self.batches[-1:],
+                "compared": sum(c.compared for c in self.counts.values()),
+                "mismatches": sum(c.mismatches for c in self.counts.values()),
+                "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
+
+
+def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> list[Segment]:
+    """A watch's segments from its batches, oldest first, each batch counted under the rule it recorded; ``rule`` (the
+    one in force now) gets an empty segment when no batch recorded it yet. The watch's alpha is its first rule's."""
+    out: dict[str, Segment] = {}
+    left: float | None = None
+
+    def of(r: Rule) -> Segment:
+        nonlocal left
+        key = r.digest()
+        if key not in out:
+            left = r.alpha if left is None else left
+            share = min(r.alpha, left) / 2  # half, so every later rule still has some alpha; the shares sum below it
+            out[key] = Segment(len(out) + 1, r, share, left)
+            left -= share
+        return out[key]
+
+    for b in batches:
+        if "rule" not in b["summary"]:  # the guard always records it; a batch written otherwise is under no rule
+            continue
+        seg = of(Rule.from_dict(b["summary"]["rule"]))
+        seg.batches.append(b["id"])
+        for stage, c in tally([b]).items():
+            seg.counts.setdefault(stage, Count()).add(c)
+    if rule is not None:
+        of(rule)
+    return list(out.values())
 
 
 def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
@@ -167,7 +243,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
             "until": batches[-1]["at"], **totals, "compared": compared, "mismatches": mismatches,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
-            "rule": last.get("rule"), "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
+            "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
             "ended_by": None if ended is None else {k: ended.get(k) for k in ("id", "state", "operator", "signer", "reason", "at")},
             "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback"))}
 

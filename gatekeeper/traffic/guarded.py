@@ -6,10 +6,11 @@ The client's answer is never touched: a request is offered to the guard only onc
 in full, and the shadow request runs as a background task with its own timeout and a cap on how many run at once
 (over it, or over the token budget, the shadow is dropped and counted, never queued). Ledger writes and the rule
 run on one writer thread, so the event loop never waits on the database; the rule is decided on what the ledger
-holds, which is also what a restarted proxy resumes from (``gate/guard.py``). A rollback is a flip to off signed
-with the service key (``--sign``, a key in ``policies/allowed_signers``) whose reason names the batches; the proxy
-then serves every request from the flag-off side and shadows nothing more. Turning the flag on again takes a new
-evaluation and a human flip, as always.
+holds, which is also what a restarted proxy resumes from (``gate/guard.py``): the batches written under the rule
+in force now; a rule changed since is a new test, and every batch records its rule and segment. A rollback is a
+flip to off signed with the service key (``--sign``, a key in ``policies/allowed_signers``) whose reason names the
+batches; the proxy then serves every request from the flag-off side and shadows nothing more. Turning the flag on
+again takes a new evaluation and a human flip, as always.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import GatekeeperError
-from ..gate.guard import ALL, KEPT, Count, Rule, Test, tally
+from ..gate.guard import ALL, KEPT, Count, Rule, Segment, Test, segments
 from . import shadow
 from .capture import metadata
 
@@ -96,8 +97,8 @@ class Guarded:
         self.latency = [0] * (len(LATENCY) + 1)
         self.latency_sum = 0.0
         self._check_signer()
-        self.flip_id, self.counts = self._resume()
-        self.tests: list[Test] = self.rule.tests(self.counts)
+        self.flip_id, watch = self._resume()
+        self._segment(watch)
 
     # --- at startup ------------------------------------------------------------------------------
     def _check_signer(self) -> None:
@@ -112,8 +113,8 @@ class Guarded:
                                   f"{self.ws.allowed_signers_path}; the guard signs its rollbacks with it: add a line "
                                   "'PRINCIPAL KEY-TYPE KEY' for the service key")
 
-    def _resume(self) -> tuple[int, dict[str, Count]]:
-        """The flip to on being watched, and the comparisons the ledger holds since it (a restart resumes them)."""
+    def _resume(self) -> tuple[int, list[Segment]]:
+        """The flip to on being watched, and its segments as the ledger holds them (a restart resumes its rule's)."""
         from ..ledger import Ledger
 
         with Ledger(self.url) as ledger:
@@ -124,7 +125,14 @@ class Guarded:
             if last is None or last["state"] != "on":
                 raise GatekeeperError(f"{self.flag} is off; the guard watches a flag that is on: flip it on first "
                                       "(gatekeeper flip FLAG on --evaluation ID)")
-            return last["id"], tally(ledger.shadows(self.flag, last["id"]))
+            return last["id"], segments(ledger.shadows(self.flag, last["id"]), self.rule)
+
+    def _segment(self, watch: list[Segment]) -> None:
+        """Test the segment of the rule in force; the others' evidence stands as it was, under their own rules."""
+        self.segment = next(seg for seg in watch if seg.rule.digest() == self.rule.digest())
+        self.counts = self.segment.counts
+        self.tests: list[Test] = self.segment.tests()
+        self.before = [(seg, t) for seg in watch if seg is not self.segment for t in seg.tests() if t.breached]
 
     # --- on the request path (after the answer) --------------------------------------------------
     def offer(self, session: aiohttp.ClientSession, path: str, stage: str, headers: dict[str, str], body: bytes,
@@ -250,12 +258,16 @@ class Guarded:
     def _write(self, batch: Batch) -> None:
         from ..ledger import Ledger
 
-        for stage, row in batch.stages.items():
-            self.counts.setdefault(stage, Count()).add(Count(row["compared"], row["mismatches"]))
-        tests = self.rule.tests(self.counts)
-        summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self._rule()}
         with Ledger(self.url) as ledger:
+            if not self.segment.batches:  # its first batch: its share follows the ledger's order, whoever wrote since
+                self._segment(segments(ledger.shadows(self.flag, self.flip_id), self.rule))
+            for stage, row in batch.stages.items():
+                self.counts.setdefault(stage, Count()).add(Count(row["compared"], row["mismatches"]))
+            tests = self.segment.tests()
+            summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self.rule.to_dict(),
+                       "segment": self.segment.record()}
             batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
+            self.segment.batches.append(batch_id)
             self.tests = tests
             last = ledger.flag_states().get(self.flag)
             if self.on and (last is None or last["id"] != self.flip_id):  # flipped by someone since: the watch ends
@@ -263,24 +275,20 @@ class Guarded:
                 self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
                          f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
                 return
-            breached = [t for t in tests if t.breached]
+            breached = self.before + [(self.segment, t) for t in tests if t.breached]
             if breached and self.on:
                 self._roll_back(ledger, breached, batch_id)
 
-    def _rule(self) -> dict[str, Any]:
-        return {"limit": self.rule.limit, "alpha": self.rule.alpha, "min_comparisons": self.rule.min_comparisons,
-                "stage_limits": self.rule.stage_limits}
-
-    def _roll_back(self, ledger, breached: list[Test], batch_id: int) -> None:
+    def _roll_back(self, ledger, breached: list[tuple[Segment, Test]], batch_id: int) -> None:
         from ..gate.attestation import Attestation
         from ..gate.flip import flip
         from ..ledger import checkpoint
 
         self.on = False  # from here every request goes to the flag-off side (Proxy.upstream_for)
         first = min(b["id"] for b in ledger.shadows(self.flag, self.flip_id))
-        lines = "; ".join(f"{'all stages' if t.scope == ALL else 'stage ' + t.scope}: {t.mismatches} of {t.compared} "
-                          f"live requests parted from the flag-off side (rate <= {t.limit:g} rejected at alpha "
-                          f"{t.alpha:.3g}: log statistic {t.log_e:.2f} >= {t.threshold:.2f})" for t in breached)
+        lines = "; ".join(f"{_scope(seg, t)}: {t.mismatches} of {t.compared} live requests parted from the flag-off "
+                          f"side (rate <= {t.limit:g} rejected at alpha {t.alpha:.3g}: log statistic {t.log_e:.2f} >= "
+                          f"{t.threshold:.2f})" for seg, t in breached)
         reason = f"guard rollback: {lines}; evidence: shadow batches {first}-{batch_id} of flip {self.flip_id}"
         result = flip(self.ws, ledger, self.flag, "off", evaluation_id=None, operator=self.operator, reason=reason,
                       attestation=Attestation(key=self.key), record_checkpoint=partial(checkpoint.after_flip, self.ws, ledger))
@@ -338,6 +346,12 @@ class Guarded:
         out.append(f"gatekeeper_guard_shadow_seconds_sum{{{flag}}} {_number(self.latency_sum)}")
         out.append(f"gatekeeper_guard_shadow_seconds_count{{{flag}}} {running}")
         return "\n".join(out) + "\n"
+
+
+def _scope(seg: Segment, t: Test) -> str:
+    """A test as a rollback's reason names it: its stages, and its rule segment when the rule changed in the watch."""
+    where = "stage " + t.scope if t.scope != ALL else "other stages" if seg.rule.stage_limits else "all stages"
+    return where if seg.index == 1 else f"{where} (rule segment {seg.index}, rule {seg.rule.digest()[:12]})"
 
 
 def _label(value: str) -> str:
