@@ -42,7 +42,7 @@ from gatekeeper.setup.scaffold import init_workspace
 from gatekeeper.traffic.analyze import percentile
 from gatekeeper.workspace import Workspace
 
-GUARD = {"limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 8, "flush_s": 1}
+GUARD = {"limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 8, "flush_s": 1, "aa_rate": 0}  # one-sample rule
 SYSTEM = "You are the support desk's router. Pick one tool for the request and say which, in a word. "
 USERS = ["Book a table for four.", "Refund order 1182.", "Reset my password.", "When do you open on Sunday?",
          "Cancel the meeting at noon.", "Which plan fits nine people?", "Translate 'hello' to French.", "List two primes."]
@@ -194,7 +194,7 @@ def main() -> None:
                         with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
                             if ledger.flag_states()["prefix_cache"]["state"] == "off":
                                 break
-                    predicted = to_detect(1 / every, GUARD["limit"], GUARD["alpha"])
+                    predicted = to_detect(1 / every, GUARD["limit"], GUARD["alpha"] / 2)  # a watch's first rule: half the alpha
                     print(f"  defect rate 1/{every:<3} rolled back after {sent:4} requests "
                           f"(power analysis: {predicted} comparisons at exactly that rate)")
     finally:

@@ -423,6 +423,8 @@ class Guard(Strict):
     stage_limits: dict[str, float] = Field(default_factory=dict)  # per-stage tests of their own
     alpha: float = Field(0.05, gt=0, lt=0.5)  # the chance of a false rollback over the flag's whole life
     min_comparisons: int = Field(20, ge=1)  # no rollback before this many comparisons (per test)
+    aa_rate: float = Field(0.1, ge=0, le=1)  # share of shadowed requests also sent to the flag-off side a second time
+    # (an A/A baseline: the rule tests flag-on mismatches against the flag-off side's own); 0: against the limit alone
     batch: int = Field(16, ge=1)  # comparisons per ledger record
     flush_s: float = Field(10, gt=0)  # a batch is written at least this often while it holds anything
     timeout_s: float = Field(30, gt=0)  # a shadow request unanswered this long is dropped

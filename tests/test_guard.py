@@ -92,7 +92,9 @@ def test_stage_limits_are_tests_of_their_own_at_a_share_of_alpha():
 
 
 # --- a workspace with the flag on ---------------------------------------------------------------
-GUARD = {"rate": 1, "limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 4, "flush_s": 0.5, "timeout_s": 5}
+# aa_rate 0: the one-sample rule, right for these one-slot llama-servers (batch-invariant: docs/guard.md)
+GUARD = {"rate": 1, "limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 4, "flush_s": 0.5, "timeout_s": 5,
+         "aa_rate": 0}
 
 
 def guarded_ws(workspace: Path, keys, guard: dict | None = None, on: bool = True) -> Path:  # noqa: F811
@@ -423,3 +425,112 @@ def test_the_flag_off_side_can_be_a_server_the_guard_starts_and_stops(server, ti
     assert metrics(where)['gatekeeper_guard_mismatches_total{flag="prefix_cache"}'] == 0
     assert stop(proc) == 0
     assert subprocess.run(["pgrep", "-f", "--", f"-c {marker}"], capture_output=True).returncode == 1  # stopped with the proxy
+
+
+# --- the A/A baseline, end to end through a proxy (fake servers: no model) ------------------------------
+@contextmanager
+def noisy(parts: set[tuple[int, int]]):
+    """A completion server whose answer to prompt ``p{i}`` is ``ok`` except on the calls ``(i, call)`` in ``parts``
+    (the prompt's call-th request here), where batch noise gives another answer: fixed by prompt and call, so the
+    counts do not depend on the order the proxy's shadows arrive in."""
+    calls: dict[int, int] = {}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            i = int(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))["prompt"][1:])
+            with lock:
+                call = calls[i] = calls.get(i, -1) + 1
+            text = "noise" if (i, call) in parts else "ok"
+            payload = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("second", ["the flag-off side again", "a flag-off replica"])
+def test_batch_noise_on_both_sides_is_no_rollback_with_a_baseline_and_a_rollback_without_one(run_cli, workspace, keys, second):  # noqa: F811
+    """The flag changes nothing; each side's answers part by batch noise at 20% (prompt i with i % 10 == 3 on the flag-on
+    side, the first flag-off answer at 6, the second at 8: A/B and A/A each part at 20%, discordant either way alike).
+    With every shadowed request compared A/A too the flag stays on, and /metrics and ``ledger live --json`` count the
+    A/A comparisons; the same traffic under ``aa_rate: 0`` (the rule against zero) is rolled back."""
+    from gatekeeper.signing import load_key
+    from gatekeeper.traffic.guarded import Guarded
+    from gatekeeper.traffic.proxy import running
+    from gatekeeper.workspace import Workspace
+
+    n = 40
+    on_parts = {(i, 0) for i in range(n) if i % 10 == 3}
+    off_parts = {(i, 0) for i in range(n) if i % 10 == 6}
+    again_parts = {(i, 0 if second == "a flag-off replica" else 1) for i in range(n) if i % 10 == 8}
+    guard = {**GUARD, "limit": 0, "aa_rate": 1, "flush_s": 0.2, "timeout_s": 60, "in_flight": 64}  # none dropped on a busy machine
+    ws = guarded_ws(workspace, keys, guard)
+    url = f"sqlite:///{ws / 'ledger' / 'evidence.db'}"
+    with noisy(on_parts) as on, noisy(off_parts | (again_parts if second != "a flag-off replica" else set())) as off, \
+            noisy(again_parts) as replica:
+        watch = Guarded(Workspace(ws), url, "prefix_cache", off, load_key(keys["ci"]),
+                        baseline=replica if second == "a flag-off replica" else None)
+        with running(on, None, guard=watch) as proxy:
+            where = proxy.removeprefix("http://")
+            for i in range(n):
+                conn = http.client.HTTPConnection(*where.split(":"), timeout=30)
+                conn.request("POST", "/v1/completions", json.dumps({"prompt": f"p{i}", "max_tokens": 1, "temperature": 0}),
+                             {"Content-Type": "application/json"})
+                assert conn.getresponse().read()
+                conn.close()
+            key = 'gatekeeper_guard_{}{{flag="prefix_cache"}}'
+            m = wait(lambda: (m := metrics(where))[key.format("aa_compared_total")] == n and m, what="every A/A comparison")
+            assert (m[key.format("compared_total")], m[key.format("mismatches_total")], m[key.format("aa_mismatches_total")]) == (n, 8, 8)
+            assert m['gatekeeper_guard_discordant_total{flag="prefix_cache",only="ab"}'] == 4
+            assert m['gatekeeper_guard_discordant_total{flag="prefix_cache",only="aa"}'] == 4
+            assert m[key.format("flag_on")] == 1
+    assert watch.rollback is None and lg(ws).flag_states()["prefix_cache"]["state"] == "on"
+    code, out, _ = run_cli("--workspace", ws, "ledger", "live", "prefix_cache", "--json")
+    live = json.loads(out)
+    assert code == 0 and (live["compared"], live["mismatches"], live["aa_compared"], live["aa_mismatches"]) == (n, 8, n, 8)
+    assert (live["ab_only"], live["aa_only"]) == (4, 4) and live["rule"]["aa_rate"] == 1
+    assert all(t["against"] == "baseline" and not t["breached"] for t in live["tests"])
+
+    # the same traffic and the rule against zero: batch noise is a rollback
+    (ws / "policies" / "prefix_cache.yaml").write_text((ws / "policies" / "prefix_cache.yaml").read_text().replace(
+        '"aa_rate": 1', '"aa_rate": 0'))
+    with noisy(on_parts) as on, noisy(off_parts) as off:
+        watch = Guarded(Workspace(ws), url, "prefix_cache", off, load_key(keys["ci"]))
+        with running(on, None, guard=watch) as proxy:
+            where = proxy.removeprefix("http://")
+            for i in range(n):
+                conn = http.client.HTTPConnection(*where.split(":"), timeout=30)
+                conn.request("POST", "/v1/completions", json.dumps({"prompt": f"p{i}", "max_tokens": 1, "temperature": 0}),
+                             {"Content-Type": "application/json"})
+                assert conn.getresponse().read()
+                conn.close()
+            wait(lambda: metrics(where)['gatekeeper_guard_flag_on{flag="prefix_cache"}'] == 0, what="the rollback")
+    assert watch.rollback is not None and lg(ws).flag_states()["prefix_cache"]["state"] == "off"
+
+
+def test_the_proxy_says_at_start_when_the_guard_has_no_baseline(workspace, keys, tmp_path):  # noqa: F811
+    with noisy(set()) as on, noisy(set()) as off:
+        for aa_rate, said in ((0, True), (0.1, False)):
+            ws = guarded_ws(workspace, keys, {**GUARD, "aa_rate": aa_rate}, on=aa_rate == 0)
+            log = tmp_path / f"proxy-{aa_rate}.log"
+            _, proc = start(ws, keys, on, off, log=log)
+            text = wait(lambda log=log: "Ctrl-C stops" in (t := log.read_text()) and t, within=30, what="the start line")
+            assert ("no A/A baseline" in text and "VLLM_BATCH_INVARIANT=1" in text) == said, text
+            assert ("10% of those twice for an A/A baseline" in text) == (not said), text
+            assert stop(proc) == 0
+            (ws / "policies" / "prefix_cache.yaml").write_text(
+                "\n".join(x for x in (ws / "policies" / "prefix_cache.yaml").read_text().splitlines() if not x.startswith("guard:")) + "\n")

@@ -12,9 +12,10 @@ import math
 import random
 from pathlib import Path
 
+import pytest
 from trust import allowed_line, keys  # noqa: F401
 
-from gatekeeper.gate.guard import ALL, Count, Rule, live
+from gatekeeper.gate.guard import ALL, Count, Rule, line, live, log_evalue, log_evalue_paired, to_detect_paired
 from gatekeeper.ledger import Ledger
 
 FLAG = "prefix_cache"
@@ -105,7 +106,7 @@ def _feed(guard, *batches: tuple[int, int]) -> None:
     asyncio.run(go())
 
 
-A = {"rate": 1, "limit": 0.02, "alpha": 0.05, "min_comparisons": 10}
+A = {"rate": 1, "limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "aa_rate": 0}  # the one-sample rule (no A/A)
 B = {**A, "limit": 0.05}  # looser, after seeing A's mismatches
 
 
@@ -164,3 +165,151 @@ def test_a_breach_under_the_old_rule_stays_a_breach_under_a_looser_one(workspace
     assert guard.rollback is not None and state["state"] == "off" and state["signer"] == "guard", state
     assert "all stages: 1 of 20" in state["reason"] and "rate <= 0 rejected" in state["reason"]
     assert _ledger(ws).verify().ok
+
+
+# --- the A/A baseline (issue #60 item 2) --------------------------------------------------------------
+NOISE = 0.03  # both sides part at this rate for reasons that are not the flag (batch composition, kernels by shape)
+
+
+def _paired(rng: random.Random, flag: float, model: str) -> tuple[bool, bool]:
+    """One request compared both ways: (A/B parted, A/A parted). ``independent``: each comparison parts at NOISE on
+    its own; ``shared``: each of the three answers (flag-on, flag-off, flag-off again) is disturbed by the batch at
+    NOISE/2, and a comparison parts when either of its answers is (the A/B and A/A share the first flag-off answer).
+    The flag adds partings of its own to the flag-on answer at ``flag``."""
+    if model == "independent":
+        return rng.random() < NOISE or rng.random() < flag, rng.random() < NOISE
+    live, off, again = (rng.random() < NOISE / 2 for _ in range(3))
+    return live or off or rng.random() < flag, off or again
+
+
+def _watch(rule: Rule, flag: float, rng: random.Random, model: str = "independent", requests: int = 4000,
+           batch: int = 16) -> int | None:
+    """A long watch with a look after every batch: the request at which the rule first breaches, or None."""
+    ab_n = aa_n = ab_only = aa_only = 0
+    for n in range(1, requests + 1):
+        ab, aa = _paired(rng, flag, model)
+        ab_n, aa_n, ab_only, aa_only = ab_n + ab, aa_n + aa, ab_only + (ab and not aa), aa_only + (aa and not ab)
+        if n % batch == 0:
+            c = Count(n, ab_n, n if rule.aa_rate else 0, aa_n, ab_only, aa_only)
+            if rule.tests({"router": c})[0].breached:
+                return n
+    return None
+
+
+@pytest.mark.parametrize("model", ["independent", "shared"])
+def test_with_a_baseline_batch_noise_on_both_sides_is_no_rollback_and_without_one_it_nearly_always_is(model):
+    """The flag changes nothing; flag-on vs flag-off and flag-off vs flag-off both part at 3% (the batch-variance
+    problem). Over a watch of 4,000 requests with a look after every batch of 16, the baseline-aware rule rolls back
+    in at most alpha of the watches (within three standard errors of the simulation); the rule against zero (the old
+    default, ``limit: 0`` without a baseline) rolls back nearly every one."""
+    alpha, runs = 0.1, 300
+    rng = random.Random(602)
+    aware = Rule(limit=0, alpha=alpha, min_comparisons=20, aa_rate=1)
+    false = sum(_watch(aware, 0, rng, model) is not None for _ in range(runs))
+    assert false / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), false
+    zero = Rule(limit=0, alpha=alpha, min_comparisons=20)
+    assert sum(_watch(zero, 0, rng, model) is not None for _ in range(50)) >= 48
+
+
+def test_with_a_baseline_and_a_limit_the_rate_at_the_limit_above_the_baseline_is_no_rollback():
+    """H0 at its edge with a limit of 0.02 (the midpoint-grid mixture): flag-on vs flag-off parts at 5%, flag-off vs
+    flag-off at 3%; false rollbacks stay under alpha."""
+    alpha, runs = 0.1, 200
+    rng = random.Random(603)
+    rule = Rule(limit=0.02, alpha=alpha, min_comparisons=20, aa_rate=1)
+    flag = 1 - (1 - 0.05) / (1 - NOISE)  # so that 1 - (1 - NOISE)(1 - flag) = 0.05
+    false = sum(_watch(rule, flag, rng, batch=64) is not None for _ in range(runs))
+    assert false / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), false
+
+
+def test_with_a_baseline_a_flag_that_adds_5_percent_is_found_where_the_power_analysis_says():
+    """The flag adds partings at 5% on top of the 3% both sides share: every watch is rolled back, at a median near
+    ``to_detect_paired``'s prediction (every request compared both ways: ``aa_rate: 1``; at 0.1, ten times the
+    shadowed requests)."""
+    alpha = 0.1
+    rng = random.Random(604)
+    rule = Rule(limit=0, alpha=alpha, min_comparisons=20, aa_rate=1)
+    found = [_watch(rule, 0.05, rng) for _ in range(60)]
+    assert all(found), found
+    predicted = to_detect_paired(1 - (1 - NOISE) * 0.95, NOISE, 0, alpha)
+    assert predicted is not None
+    median = sorted(found)[len(found) // 2]  # type: ignore[type-var]
+    assert predicted / 2 <= median <= predicted * 2, (median, predicted)
+
+
+def test_the_paired_statistic_at_limit_0_is_the_discordant_mixture_and_the_grid_meets_it():
+    assert log_evalue_paired(7, 2, 300, 0) == log_evalue(7, 9, 0.5)
+    for b, c, n in [(5, 1, 100), (20, 8, 500), (0, 3, 50)]:
+        assert math.isclose(log_evalue_paired(b, c, n, 1e-9), log_evalue_paired(b, c, n, 0), abs_tol=1e-4)
+    # concordant requests cost a rule with a limit and nothing without one
+    assert log_evalue_paired(5, 1, 1000, 0.02) < log_evalue_paired(5, 1, 100, 0.02)
+    assert log_evalue_paired(5, 1, 1000, 0) == log_evalue_paired(5, 1, 100, 0)
+
+
+def test_the_baseline_enters_the_rule_and_its_digest_and_a_rule_without_it_reads_back_unchanged():
+    old = {"limit": 0.0, "alpha": 0.05, "min_comparisons": 20, "stage_limits": {}}
+    assert Rule.from_dict(old).to_dict() == old and not Rule.from_dict(old).baseline  # a batch from before the baseline
+    with_aa = Rule.from_dict({**old, "aa_rate": 0.1})
+    assert with_aa.to_dict() == {**old, "aa_rate": 0.1} and with_aa.digest() != Rule.from_dict(old).digest()
+
+
+C = {**A, "limit": 0, "aa_rate": 0.5, "min_comparisons": 4, "batch": 4}
+
+
+def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metrics(workspace, keys):  # noqa: F811
+    """Requests compared both ways, through the guard's own comparison (the proxy's path after the two flag-off
+    answers): each batch's stage rows count the A/A comparisons and the discordant ones, the test is against the
+    baseline, ``guard.live`` sums them, /metrics counts them; a flag that parts only where the flag-off side agrees
+    with itself is rolled back, naming both counts."""
+    from gatekeeper.traffic.guarded import Guarded
+    from gatekeeper.traffic.shadow import Answer
+
+    ws = _ws(workspace, keys, C)
+    guard = _start(ws, keys)
+    assert isinstance(guard, Guarded) and guard.rule.aa_rate == 0.5
+
+    def a(text: str) -> Answer:
+        return Answer(text, "stop", 3)
+
+    async def go():
+        # (A/B parted, A/A parted, stage): the writer stage is clean; in the router the flag-off side parts from
+        # itself once; then the router's flag-on answers part where the flag-off side agrees with itself
+        for ab, aa, stage in [(0, 0, "writer"), (0, 0, "writer"), (0, 1, "router"), (1, 1, "router"),
+                              (0, 0, "router"), (0, 0, "router"), (0, 0, "router"), (0, 0, "router")]:
+            guard._compare(stage, {"prompt": "hi"}, a("x" if ab else "o"), a("o"), a("y" if aa else "o"))
+        await asyncio.sleep(0)
+        for _ in range(40):
+            guard._compare("router", {"prompt": "hi"}, a("x"), a("o"), a("o"))
+            await asyncio.sleep(0)
+        guard._compare("router", {"prompt": "hi"}, a("o"), a("o"))  # A/B only: counted, not in the baseline
+        await guard.close()
+
+    asyncio.run(go())
+    shadows = _ledger(ws).shadows(FLAG)
+    first = shadows[0]["summary"]
+    assert first["rule"]["aa_rate"] == 0.5 and first["segment"]["rule_digest"] == Rule.from_dict(C).digest()
+    assert first["stages"]["writer"] == {"compared": 2, "mismatches": 0, "unpaired": 0, "aa_compared": 2,
+                                         "aa_mismatches": 0, "ab_only": 0, "aa_only": 0}
+    assert first["stages"]["router"] == {"compared": 2, "mismatches": 1, "unpaired": 0, "aa_compared": 2,
+                                         "aa_mismatches": 2, "ab_only": 0, "aa_only": 1}
+    test = first["tests"][0]
+    assert test["against"] == "baseline" and (test["aa_compared"], test["ab_only"], test["aa_only"]) == (4, 0, 1)
+    assert not test["breached"]  # without a baseline (limit 0) the router's parting would be a breach here
+
+    state = _ledger(ws).flag_states()[FLAG]
+    assert guard.rollback is not None and state["state"] == "off", state
+    assert "flag-off vs flag-off only" in state["reason"] and "rate <= the flag-off side's own + 0" in state["reason"]
+
+    evidence = live(_ledger(ws), FLAG)
+    assert evidence is not None
+    router = evidence["stages"]["router"]
+    assert (router["compared"], router["aa_compared"], router["aa_mismatches"], router["aa_only"]) == (47, 46, 2, 1)
+    assert router["ab_only"] == router["mismatches"] - 1  # one A/B parting came with an A/A one
+    assert (evidence["aa_compared"], evidence["aa_mismatches"]) == (48, 2) and 0 < evidence["aa_bound"] < 1
+    assert evidence["segments"][0]["aa_compared"] == 48 and evidence["rolled_back"]
+    assert "A/A baseline: 2 of 48" in line(evidence)
+
+    metrics = guard.metrics()
+    assert 'gatekeeper_guard_aa_compared_total{flag="prefix_cache"} 48' in metrics
+    assert 'gatekeeper_guard_aa_mismatches_total{flag="prefix_cache"} 2' in metrics
+    assert 'gatekeeper_guard_discordant_total{flag="prefix_cache",only="aa"} 1' in metrics

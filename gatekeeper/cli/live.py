@@ -56,8 +56,15 @@ def proxy(
     def ready(url: str, up: str) -> None:
         doing = [f"capturing to {capture} (local file)"] if capture else []
         if watch is not None:
-            doing.append(f"guarding {guard} against {watch.other} ({watch.policy.rate:.0%} shadowed; metrics at {url}/metrics)")
-        typer.echo(f"gatekeeper proxy: listening on {url}, forwarding to {up}, {', '.join(doing)}; Ctrl-C stops", err=True)
+            aa = f", {watch.policy.aa_rate:.0%} of those twice for an A/A baseline" if watch.policy.aa_rate else ""
+            doing.append(f"guarding {guard} against {watch.other} ({watch.policy.rate:.0%} shadowed{aa}; metrics at {url}/metrics)")
+        lines = [f"gatekeeper proxy: listening on {url}, forwarding to {up}, {', '.join(doing)}; Ctrl-C stops"]
+        if watch is not None and not watch.policy.aa_rate:
+            lines.append(f"gatekeeper guard: aa_rate is 0 in policies/{guard}.yaml: no A/A baseline, so every parting "
+                         "counts against the rule's limits as the flag's; right only where both sides are batch-invariant "
+                         "(vLLM with VLLM_BATCH_INVARIANT=1, SGLang with --enable-deterministic-inference, llama.cpp with "
+                         "one slot), else batch noise rolls the flag back (docs/guard.md)")
+        typer.echo("\n".join(lines), err=True)
 
     try:
         serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready, guard=watch)

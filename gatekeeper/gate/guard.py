@@ -13,20 +13,33 @@ is recorded with its batches: batches written under one rule are one segment, te
 own share of alpha (half of what earlier segments left), so a rule tuned after the data is a new test and the
 chance of any false rollback over the watch stays below ``alpha``. The TV bound reported beside the counts is
 ``coupling.upper_anytime`` on the same trials: under shared randomness P(answers differ) >= TV(answers).
+
+A baseline (``aa_rate`` > 0): a batched live server and an idle shadow part for reasons that are not the flag (batch
+composition, kernels chosen by shape), so a share of the shadowed requests goes to the flag-off side a second time,
+and each such request is two trials: A/B (flag-on vs flag-off) parted or not, A/A (flag-off vs flag-off) parted or
+not. The rule then tests H0 "p_AB <= p_AA + limit" on those paired requests: with Z = [A/B parted] - [A/A parted]
+in {-1, 0, 1}, H0 says E[Z | the past] <= limit, so for every bet lam in [0, 1/(1+limit)] the product of
+1 + lam (Z - limit) is a nonnegative supermartingale, and so is any average of such products over lam (``log_evalue_paired``).
+With limit 0 the uniform average is the one-sample mixture at 1/2 on the discordant pairs (only A/B parted vs only
+A/A parted), the existing ``log_evalue``; with limit > 0 it is a midpoint grid over lam, itself an average of
+supermartingales, so valid exactly and not an approximation of one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable
 
 from ..identity import digest as content_digest
 
 ALL = "*"  # the test over every stage without a limit of its own
 KEPT = 20  # mismatched requests a summary shows (the counts hold them all)
+AA = ("aa_compared", "aa_mismatches", "ab_only", "aa_only")  # a stage's A/A counts in a batch summary
 
 
+@lru_cache(maxsize=1 << 16)  # pure; simulations and restarts ask for the same counts again and again
 def log_evalue(k: int, n: int, limit: float) -> float:
     """log of the mixture statistic after ``k`` mismatches in ``n`` comparisons, against H0: rate <= ``limit``.
 
@@ -43,6 +56,61 @@ def log_evalue(k: int, n: int, limit: float) -> float:
     top = max(terms)
     log_tail = top + math.log(sum(math.exp(t - top) for t in terms))
     return log_beta + log_tail - lq - k * lp - (n - k) * lq
+
+
+GRID = 512  # bets of the paired test's mixture with a limit above 0 (a midpoint grid: each an exact supermartingale)
+
+
+def log_evalue_paired(ab_only: int, aa_only: int, paired: int, limit: float) -> float:
+    """log of the baseline-aware statistic after ``paired`` requests compared twice (A/B and A/A), of which
+    ``ab_only`` parted A/B only and ``aa_only`` A/A only, against H0: p_AB <= p_AA + ``limit``.
+
+    The average over bets lam, uniform on [0, 1/(1+limit)], of prod (1 + lam (Z_i - limit)), Z = A/B parted - A/A
+    parted: each Z = 1 gives 1 + lam (1 - limit), each Z = -1 gives 1 - lam (1 + limit), each concordant request
+    1 - lam limit. With limit 0 that average is exactly ``log_evalue(ab_only, ab_only + aa_only, 1/2)`` (substitute
+    p = (1 + lam)/2), which is used; otherwise the average over a midpoint grid of ``GRID`` bets."""
+    if limit <= 0:
+        return log_evalue(ab_only, ab_only + aa_only, 0.5)
+    import numpy as np
+
+    up, down, same = _bets(limit)
+    logs = ab_only * up + aa_only * down + (paired - ab_only - aa_only) * same
+    peak = float(logs.max())
+    return peak + math.log(float(np.exp(logs - peak).mean()))
+
+
+@lru_cache(maxsize=64)
+def _bets(limit: float):
+    """log(1 + lam (z - limit)) for z = 1, -1 and 0, on the midpoint grid of bets lam in [0, 1/(1+limit)]."""
+    import numpy as np
+
+    lam = (np.arange(GRID) + 0.5) / GRID / (1 + limit)
+    return np.log1p(lam * (1 - limit)), np.log1p(-lam * (1 + limit)), np.log1p(-lam * limit)
+
+
+def to_detect_paired(rate: float, base: float, limit: float, alpha: float, cap: int = 1_000_000) -> int | None:
+    """Requests compared twice (A/B and A/A) the baseline-aware test needs to breach when the flag-on side parts from
+    the flag-off side at ``rate`` and the flag-off side from itself at ``base``, the two partings independent (so
+    p(A/B only) = rate (1 - base), p(A/A only) = base (1 - rate)); over ``aa_rate``, the shadowed requests."""
+    if rate <= base + limit:
+        return None
+    threshold = math.log(1 / alpha)
+    ab, aa = rate * (1 - base), base * (1 - rate)
+
+    def breached(n: int) -> bool:
+        b, c = math.floor(ab * n), math.floor(aa * n)
+        return log_evalue_paired(b, c, n, limit) >= threshold
+
+    n = 1
+    while n <= cap:
+        if breached(n):
+            lo, hi = n // 2, n
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if breached(mid) else (mid, hi)
+            return hi
+        n *= 2
+    return None
 
 
 def to_detect(rate: float, limit: float, alpha: float, cap: int = 1_000_000) -> int | None:
@@ -66,12 +134,22 @@ def to_detect(rate: float, limit: float, alpha: float, cap: int = 1_000_000) -> 
 
 @dataclass
 class Count:
-    compared: int = 0
+    compared: int = 0  # A/B: flag-on vs flag-off
     mismatches: int = 0
+    paired: int = 0  # requests also compared A/A (flag-off vs flag-off): the baseline's trials
+    aa_mismatches: int = 0  # of those, A/A parted
+    ab_only: int = 0  # of those, A/B parted and A/A did not
+    aa_only: int = 0  # of those, A/A parted and A/B did not
 
     def add(self, other: "Count") -> None:
-        self.compared += other.compared
-        self.mismatches += other.mismatches
+        for name in ("compared", "mismatches", "paired", "aa_mismatches", "ab_only", "aa_only"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> "Count":
+        """A stage's row of a batch summary (the A/A fields absent where the watch had no baseline)."""
+        return cls(row.get("compared", 0), row.get("mismatches", 0), row.get("aa_compared", 0),
+                   row.get("aa_mismatches", 0), row.get("ab_only", 0), row.get("aa_only", 0))
 
 
 @dataclass
@@ -85,6 +163,7 @@ class Test:
     mismatches: int
     log_e: float
     breached: bool
+    baseline: Count | None = None  # the paired counts, where the test is against the flag-off side's own rate
 
     @property
     def threshold(self) -> float:
@@ -96,37 +175,50 @@ class Test:
         return {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
                 "mismatches": self.mismatches, "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
                 "log_threshold": round(self.threshold, 6), "breached": self.breached,
-                "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6)}
+                "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6),
+                **({} if self.baseline is None else {
+                    "against": "baseline", "aa_compared": self.baseline.paired, "aa_mismatches": self.baseline.aa_mismatches,
+                    "ab_only": self.baseline.ab_only, "aa_only": self.baseline.aa_only})}
 
 
 @dataclass
 class Rule:
-    """A policy's ``guard:`` as a decision: ``stage_limits`` for some stages, ``limit`` for every other stage."""
+    """A policy's ``guard:`` as a decision: ``stage_limits`` for some stages, ``limit`` for every other stage; with
+    ``aa_rate`` > 0 each limit is the mismatch rate tolerated above the flag-off side's own (the A/A baseline)."""
 
     limit: float
     alpha: float
     min_comparisons: int
     stage_limits: dict[str, float] = field(default_factory=dict)
+    aa_rate: float = 0.0  # share of shadowed requests also compared A/A; 0: the one-sample rule against the limit alone
 
     @classmethod
     def of(cls, guard) -> "Rule":
-        return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits))
+        return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits), guard.aa_rate)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Rule":
-        return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}))
+        return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}), d.get("aa_rate", 0.0))
+
+    @property
+    def baseline(self) -> bool:
+        return self.aa_rate > 0
 
     def to_dict(self) -> dict[str, Any]:
-        # floats and ints normalised: the YAML's ``limit: 0`` and the ledger's ``0.0`` are one rule, one digest
+        # floats and ints normalised: the YAML's ``limit: 0`` and the ledger's ``0.0`` are one rule, one digest;
+        # aa_rate left out while 0, so a rule written before the baseline existed reads back with its digest
         return {"limit": float(self.limit), "alpha": float(self.alpha), "min_comparisons": int(self.min_comparisons),
-                "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())}}
+                "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())},
+                **({"aa_rate": float(self.aa_rate)} if self.aa_rate else {})}
 
     def digest(self) -> str:
         return content_digest(self.to_dict())
 
     def tests(self, counts: dict[str, Count], alpha: float | None = None) -> list[Test]:
         """Every test on ``counts`` (stage -> comparisons): one per stage with a limit of its own, and ALL on the other
-        stages, so no comparison is tested twice; each at ``alpha/m`` (``alpha``: a segment's share, else the rule's)."""
+        stages, so no comparison is tested twice; each at ``alpha/m`` (``alpha``: a segment's share, else the rule's).
+        With a baseline each tests p_AB <= p_AA + its limit on the requests compared both ways, and
+        ``min_comparisons`` counts those."""
         rest = Count()
         for stage, c in counts.items():
             if stage not in self.stage_limits:
@@ -135,9 +227,12 @@ class Rule:
         share = (self.alpha if alpha is None else alpha) / len(scopes)
         out = []
         for scope, limit, c in scopes:
-            log_e = log_evalue(c.mismatches, c.compared, limit)
+            if self.baseline:
+                log_e, n = log_evalue_paired(c.ab_only, c.aa_only, c.paired, limit), c.paired
+            else:
+                log_e, n = log_evalue(c.mismatches, c.compared, limit), c.compared
             out.append(Test(scope, limit, share, c.compared, c.mismatches, log_e,
-                            c.compared >= self.min_comparisons and log_e >= math.log(1 / share)))
+                            n >= self.min_comparisons and log_e >= math.log(1 / share), c if self.baseline else None))
         return out
 
 
@@ -163,10 +258,13 @@ class Segment:
 
     def to_dict(self) -> dict[str, Any]:
         tests = self.tests()
+        total = Count()
+        for c in self.counts.values():
+            total.add(c)
         return {"index": self.index, "rule_digest": self.rule.digest(), "rule": self.rule.to_dict(), "alpha": self.alpha,
                 "alpha_left": self.left, "batches": self.batches[:1] + self.batches[-1:],
-                "compared": sum(c.compared for c in self.counts.values()),
-                "mismatches": sum(c.mismatches for c in self.counts.values()),
+                "compared": total.compared, "mismatches": total.mismatches,
+                **({"aa_compared": total.paired, "aa_mismatches": total.aa_mismatches} if self.rule.baseline else {}),
                 "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
 
 
@@ -203,7 +301,7 @@ def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
     out: dict[str, Count] = {}
     for batch in batches:
         for stage, c in batch["summary"]["stages"].items():
-            out.setdefault(stage, Count()).add(Count(c.get("compared", 0), c.get("mismatches", 0)))
+            out.setdefault(stage, Count()).add(Count.of(c))
     return out
 
 
@@ -228,8 +326,9 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
             totals[name] += s.get(name, 0)
         for stage, row in s["stages"].items():
             mine = stages.setdefault(stage, {"compared": 0, "mismatches": 0, "unpaired": 0})
-            for name in mine:
-                mine[name] += row.get(name, 0)
+            for name in dict.fromkeys((*mine, *AA)):  # the A/A counts where some batch has them (a baseline)
+                if name in mine or name in row:
+                    mine[name] = mine.get(name, 0) + row.get(name, 0)
         for into, key in ((unpaired, "unpaired"), (dropped, "dropped"), (shapes, "shapes")):
             for reason, n in s.get(key, {}).items():
                 into[reason] = into.get(reason, 0) + n
@@ -237,11 +336,15 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     mismatches = sum(r["mismatches"] for r in stages.values())
     last = batches[-1]["summary"]
     alpha = last.get("rule", {}).get("alpha", 0.05)
+    baseline: dict[str, Any] = {}
+    if any(name in r for r in stages.values() for name in AA):  # the A/A baseline: flag-off vs flag-off
+        aa = {name: sum(r.get(name, 0) for r in stages.values()) for name in AA}
+        baseline = {**aa, "aa_bound": round(upper_anytime(aa["aa_mismatches"], aa["aa_compared"], alpha), 6)}
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
             "until": batches[-1]["at"], **totals, "compared": compared, "mismatches": mismatches,
-            "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, "stages": stages,
+            "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
             "ended_by": None if ended is None else {k: ended.get(k) for k in ("id", "state", "operator", "signer", "reason", "at")},
@@ -253,5 +356,7 @@ def line(evidence: dict[str, Any] | None) -> str:
     if evidence is None:
         return "-"
     ended = " (rolled back)" if evidence["rolled_back"] else ""
+    aa = (f"; A/A baseline: {evidence['aa_mismatches']} of {evidence['aa_compared']} flag-off answers parted from "
+          "the flag-off side's own" if "aa_compared" in evidence else "")
     return (f"{evidence['compared']} compared, {evidence['mismatches']} parted, TV <= {evidence['tv_bound']:.3g} "
-            f"at alpha {evidence['alpha']:g}{ended}")
+            f"at alpha {evidence['alpha']:g}{aa}{ended}")

@@ -11,6 +11,12 @@ in force now; a rule changed since is a new test, and every batch records its ru
 flip to off signed with the service key (``--sign``, a key in ``policies/allowed_signers``) whose reason names the
 batches; the proxy then serves every request from the flag-off side and shadows nothing more. Turning the flag on
 again takes a new evaluation and a human flip, as always.
+
+The A/A baseline (the policy's ``aa_rate``): a share of the shadowed requests goes to the flag-off side a second
+time (or to a second flag-off replica, ``baseline``), one after the other on one side and at once on two, and the two
+flag-off answers are compared too; each stage's row of a batch then counts ``aa_compared``, ``aa_mismatches`` and
+the discordant requests (``ab_only``: only flag-on vs flag-off parted; ``aa_only``: only flag-off vs flag-off),
+which the rule's baseline-aware test reads. A second answer that does not come back drops the A/A comparison only.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import GatekeeperError
-from ..gate.guard import ALL, KEPT, Count, Rule, Segment, Test, segments
+from ..gate.guard import AA, ALL, KEPT, Count, Rule, Segment, Test, segments
 from . import shadow
 from .capture import metadata
 
@@ -48,7 +54,7 @@ class Batch:
 
     requests: int = 0
     shadowed: int = 0
-    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> compared, mismatches, unpaired
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> compared, mismatches, unpaired (+ AA)
     unpaired: dict[str, int] = field(default_factory=dict)  # reason -> requests
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests
     shapes: dict[str, int] = field(default_factory=dict)  # prompt size class -> comparisons
@@ -73,8 +79,9 @@ class Guarded:
 
     def __init__(self, ws: Workspace, ledger_url: str, flag: str, other: str, key: SigningKey, *,
                  operator: str = "guard", no_text: bool = False, webhook: str | None = None,
-                 say: Callable[[str], None] = lambda line: None, seed: int | None = None):
+                 say: Callable[[str], None] = lambda line: None, seed: int | None = None, baseline: str | None = None):
         self.ws, self.url, self.flag, self.other = ws, ledger_url, flag, other.rstrip("/")
+        self.baseline = baseline.rstrip("/") if baseline else None  # a second flag-off replica for the A/A share
         policy = ws.policy(flag)
         if policy.guard is None:
             raise GatekeeperError(f"{ws.root / 'policies' / (flag + '.yaml')}: no 'guard:' section; add one, e.g. "
@@ -84,14 +91,15 @@ class Guarded:
         self.key, self.operator, self.no_text = key, operator, no_text
         self.salt = os.urandom(16)  # digests in the ledger cannot be looked up against known prompts
         self.webhook, self.say = webhook, say
-        self.sampler = shadow.Sampler(self.policy.rate, self.policy.stages, self.policy.tokens_per_minute, seed)
+        self.sampler = shadow.Sampler(self.policy.rate, self.policy.stages, self.policy.tokens_per_minute, seed,
+                                      self.policy.aa_rate)
         self.batch = Batch()
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gatekeeper-guard")
         self.in_flight = 0
         self.tasks: set[asyncio.Task] = set()
         self.on = True
         self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
-        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0}
+        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0, **dict.fromkeys(AA, 0)}
         self.unpaired: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.latency = [0] * (len(LATENCY) + 1)
@@ -155,12 +163,13 @@ class Guarded:
             return self._drop("live answer unreadable")
         if self.in_flight >= self.policy.in_flight:
             return self._drop("too many in flight")
-        if not self.sampler.afford(live.tokens if live.tokens is not None else max(1, len(live.text) // 4)):
+        twice = self.sampler.twice()  # an A/A comparison too: the flag-off side's answer costs twice
+        if not self.sampler.afford((1 + twice) * (live.tokens if live.tokens is not None else max(1, len(live.text) // 4))):
             return self._drop("token budget")
         self.in_flight += 1
         self.batch.shadowed += 1
         self.totals["shadowed"] += 1
-        task = asyncio.get_running_loop().create_task(self._shadow(session, path, stage, headers, request, live))
+        task = asyncio.get_running_loop().create_task(self._shadow(session, path, stage, headers, request, live, twice))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -172,37 +181,65 @@ class Guarded:
         self._count(self.batch.dropped, self.dropped, reason)
 
     async def _shadow(self, session, path: str, stage: str, headers: dict[str, str], request: dict,
-                      live: shadow.Answer) -> None:
+                      live: shadow.Answer, twice: bool = False) -> None:
+        """The flag-off answer, and with ``twice`` a second one (from the replica at once, else after the first)."""
+        again: shadow.Answer | str | None = None
+        try:
+            if twice and self.baseline:
+                other, again = await asyncio.gather(self._ask(session, self.other, path, headers, request),
+                                                    self._ask(session, self.baseline, path, headers, request))
+            else:
+                other = await self._ask(session, self.other, path, headers, request)
+                if twice and isinstance(other, shadow.Answer):
+                    again = await self._ask(session, self.other, path, headers, request)
+        finally:
+            self.in_flight -= 1
+        if isinstance(other, str):
+            return self._drop(other)
+        if isinstance(again, str):  # the A/B comparison stands; only its A/A twin is lost
+            self._drop(f"A/A: {again}")
+            again = None
+        if not self.on:
+            return
+        self._compare(stage, request, live, other, again)
+
+    async def _ask(self, session, base: str, path: str, headers: dict[str, str], request: dict) -> shadow.Answer | str:
+        """One flag-off answer, or why there is none (a drop reason)."""
         import aiohttp
 
         t0 = time.monotonic()
         try:
-            async with session.post(self.other + path, data=shadow.shadow_body(request), headers=headers,
+            async with session.post(base + path, data=shadow.shadow_body(request), headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=self.policy.timeout_s)) as r:
                 body = await r.read()
                 other = shadow.read(body, False) if r.status == 200 else None
                 if other is None:
-                    return self._drop(f"flag-off side answered {r.status}" if r.status != 200 else "flag-off answer unreadable")
+                    return f"flag-off side answered {r.status}" if r.status != 200 else "flag-off answer unreadable"
         except asyncio.TimeoutError:
-            return self._drop("flag-off side timed out")
+            return "flag-off side timed out"
         except aiohttp.ClientError:
-            return self._drop("flag-off side unreachable")
-        finally:
-            self.in_flight -= 1
+            return "flag-off side unreachable"
         self._observe(time.monotonic() - t0)
-        if not self.on:
-            return
-        self._compare(stage, request, live, other)
+        return other
 
     def _observe(self, seconds: float) -> None:
         self.latency[next((i for i, b in enumerate(LATENCY) if seconds <= b), len(LATENCY))] += 1
         self.latency_sum += seconds
 
-    def _compare(self, stage: str, request: dict, live: shadow.Answer, other: shadow.Answer) -> None:
+    def _compare(self, stage: str, request: dict, live: shadow.Answer, other: shadow.Answer,
+                 again: shadow.Answer | None = None) -> None:
+        """Flag-on vs flag-off (A/B); with ``again``, flag-off vs flag-off (A/A) on the same request beside it."""
         at = shadow.parting(live.text + f"\0{live.finish}", other.text + f"\0{other.finish}")
         row = self.batch.stage(stage)
         row["compared"] += 1
         self.totals["compared"] += 1
+        aa_at = None
+        if again is not None:
+            aa_at = shadow.parting(other.text + f"\0{other.finish}", again.text + f"\0{again.finish}")
+            for name, counts in (("aa_compared", True), ("aa_mismatches", aa_at is not None),
+                                 ("ab_only", at is not None and aa_at is None), ("aa_only", at is None and aa_at is not None)):
+                row[name] = row.get(name, 0) + counts
+                self.totals[name] += counts
         prompt = json.dumps(request.get("messages", request.get("prompt")), sort_keys=True)
         size = shadow.shape(len(prompt))
         self.batch.shapes[size] = self.batch.shapes.get(size, 0) + 1
@@ -210,7 +247,8 @@ class Guarded:
             row["mismatches"] += 1
             self.totals["mismatches"] += 1
             if len(self.batch.mismatches) < KEPT:
-                self.batch.mismatches.append(self._item(stage, prompt, live, other, at))
+                item = self._item(stage, prompt, live, other, at)
+                self.batch.mismatches.append(item if again is None else {**item, "aa_parting_char": aa_at})
         if self.batch.compared() >= self.policy.batch:
             self.flush()
 
@@ -262,7 +300,7 @@ class Guarded:
             if not self.segment.batches:  # its first batch: its share follows the ledger's order, whoever wrote since
                 self._segment(segments(ledger.shadows(self.flag, self.flip_id), self.rule))
             for stage, row in batch.stages.items():
-                self.counts.setdefault(stage, Count()).add(Count(row["compared"], row["mismatches"]))
+                self.counts.setdefault(stage, Count()).add(Count.of(row))
             tests = self.segment.tests()
             summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self.rule.to_dict(),
                        "segment": self.segment.record()}
@@ -286,9 +324,8 @@ class Guarded:
 
         self.on = False  # from here every request goes to the flag-off side (Proxy.upstream_for)
         first = min(b["id"] for b in ledger.shadows(self.flag, self.flip_id))
-        lines = "; ".join(f"{_scope(seg, t)}: {t.mismatches} of {t.compared} live requests parted from the flag-off "
-                          f"side (rate <= {t.limit:g} rejected at alpha {t.alpha:.3g}: log statistic {t.log_e:.2f} >= "
-                          f"{t.threshold:.2f})" for seg, t in breached)
+        lines = "; ".join(f"{_scope(seg, t)}: {_evidence(t)} (log statistic {t.log_e:.2f} >= {t.threshold:.2f})"
+                          for seg, t in breached)
         reason = f"guard rollback: {lines}; evidence: shadow batches {first}-{batch_id} of flip {self.flip_id}"
         result = flip(self.ws, ledger, self.flag, "off", evaluation_id=None, operator=self.operator, reason=reason,
                       attestation=Attestation(key=self.key), record_checkpoint=partial(checkpoint.after_flip, self.ws, ledger))
@@ -327,6 +364,13 @@ class Guarded:
         metric("shadowed_total", "counter", "Requests sent again to the flag-off side.", [("", self.totals["shadowed"])])
         metric("compared_total", "counter", "Shadowed requests whose two answers were compared.", [("", self.totals["compared"])])
         metric("mismatches_total", "counter", "Compared requests whose answers differ.", [("", self.totals["mismatches"])])
+        metric("aa_compared_total", "counter", "Compared requests whose flag-off answer was also compared with a second "
+               "flag-off answer (the A/A baseline).", [("", self.totals["aa_compared"])])
+        metric("aa_mismatches_total", "counter", "A/A comparisons whose two flag-off answers differ.",
+               [("", self.totals["aa_mismatches"])])
+        metric("discordant_total", "counter", "Requests compared both ways that parted one way only (only: ab, flag-on vs "
+               "flag-off; aa, flag-off vs flag-off): the baseline-aware test's evidence.",
+               [(',only="ab"', self.totals["ab_only"]), (',only="aa"', self.totals["aa_only"])])
         metric("unpaired_total", "counter", "Picked requests whose decoding cannot be paired (counted, not compared).",
                [(f',reason="{_label(r)}"', n) for r, n in sorted(self.unpaired.items())] or [(',reason=""', 0)])
         metric("dropped_total", "counter", "Shadows dropped (the live request is never affected).",
@@ -346,6 +390,17 @@ class Guarded:
         out.append(f"gatekeeper_guard_shadow_seconds_sum{{{flag}}} {_number(self.latency_sum)}")
         out.append(f"gatekeeper_guard_shadow_seconds_count{{{flag}}} {running}")
         return "\n".join(out) + "\n"
+
+
+def _evidence(t: Test) -> str:
+    """What a breached test rejected, on which counts."""
+    if t.baseline is None:
+        return (f"{t.mismatches} of {t.compared} live requests parted from the flag-off side (rate <= {t.limit:g} "
+                f"rejected at alpha {t.alpha:.3g})")
+    b = t.baseline
+    return (f"of {b.paired} live requests compared both ways, {b.ab_only} parted flag-on vs flag-off only and "
+            f"{b.aa_only} flag-off vs flag-off only ({t.mismatches} of {t.compared} parted flag-on vs flag-off in all; "
+            f"rate <= the flag-off side's own + {t.limit:g} rejected at alpha {t.alpha:.3g})")
 
 
 def _scope(seg: Segment, t: Test) -> str:

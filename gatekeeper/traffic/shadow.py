@@ -4,7 +4,8 @@ The pieces the guard (``guarded.py``) puts together, each free of I/O: the answe
 streamed (SSE) completion of any of the OpenAI-compatible shapes the proxy forwards; whether a request's decoding
 can be paired (greedy, or sampled with a seed both sides are given: otherwise the two answers are independent
 draws, counted and never compared); the shadow request (the same body, not streamed); the comparison and the
-point where two answers part; and the share and token budget that decide which requests are shadowed.
+point where two answers part; and the shares and token budget that decide which requests are shadowed, and which
+of those go to the flag-off side a second time (the A/A baseline).
 """
 
 from __future__ import annotations
@@ -105,15 +106,22 @@ def shape(chars: int) -> str:
 
 
 class Sampler:
-    """Which requests are shadowed: each stage's share, and a budget of live-answer tokens per minute."""
+    """Which requests are shadowed: each stage's share, and a budget of live-answer tokens per minute; and which
+    shadowed requests are also compared A/A (``aa_rate``), drawn apart from the outcomes (its own random stream)."""
 
-    def __init__(self, rate: float, stages: dict[str, float], tokens_per_minute: int | None, seed: int | None = None):
-        self.rate, self.stages, self.budget = rate, stages, tokens_per_minute
+    def __init__(self, rate: float, stages: dict[str, float], tokens_per_minute: int | None, seed: int | None = None,
+                 aa_rate: float = 0.0):
+        self.rate, self.stages, self.budget, self.aa_rate = rate, stages, tokens_per_minute, aa_rate
         self.random = random.Random(seed)
+        self.twin = random.Random(None if seed is None else f"{seed}/aa")
         self.spent: deque[tuple[float, int]] = deque()  # (monotonic time, tokens) within the last minute
 
     def pick(self, stage: str) -> bool:
         return self.random.random() < self.stages.get(stage, self.rate)
+
+    def twice(self) -> bool:
+        """This shadowed request also goes to the flag-off side a second time (an A/A comparison)."""
+        return self.aa_rate > 0 and self.twin.random() < self.aa_rate
 
     def afford(self, tokens: int, now: float | None = None) -> bool:
         if self.budget is None:
