@@ -34,7 +34,7 @@ class Coupled:
     answers: int  # sampled answers compared (cases times samples)
     chain: dict[str, Any] | None = None  # the flag-on engine's sampler: its chain, penalty windows and draw
     steps: int = 0  # generated positions both sides drew from the same history
-    mismatches: int = 0  # of those, where they drew different tokens (at most one per answer: the histories part)
+    mismatches: int = 0  # of those, where they drew different tokens or one stopped (at most one per answer: they part)
     alpha: float = 0.05
     tv_bound: float = 1.0  # per-token TV distance, at most this, at confidence 1 - alpha
     sampler_state: int = 0  # coupled steps with equal raw and different processed log-probabilities
@@ -154,7 +154,13 @@ def _walk(c: Coupled, where: str, a: Any, b: Any) -> bool:
             c.sampler_state += 1
             if len(c.where) < KEPT:
                 c.where.append(f"{where} token {j}")
-    return len(a["tokens"]) != len(b["tokens"])
+    if len(a["tokens"]) == len(b["tokens"]):
+        return False
+    # one answer a strict prefix of the other (a dropped EOS, a length cut on one side): from the same history one
+    # side stopped and the other drew a token, a coupled step whose draws differ
+    c.steps += 1
+    c.mismatches += 1
+    return True
 
 
 def steps_needed(rate: float, limit: float, alpha: float,

@@ -34,6 +34,11 @@ next token), with each side's remaining mass lumped in one "other" bucket. Group
 reduce KL (the log-sum inequality: ``Σ_G p log(p/q) ≥ P_G log(P_G/Q_G)`` for every group G), so the value
 is a **lower bound** of the full KL; ``approximation`` says so. Same top-1 and Δp stay exact.
 
+Total variation: ``TV(A, B) = ½ Σ_v |p_A(v) − p_B(v)|`` per position, exact from full rows. A lower bound on KL
+bounds no TV from above (Pinsker's ``sqrt(KL / 2)`` needs the true KL), so from top-k rows the TV is bounded
+directly: ``½ Σ_shown |p_A − p_B| + ½ (rest_A + rest_B)``, the rest being each side's mass outside the tokens
+shown (a token outside them differs by at most its mass on both sides). ``tv_max`` is the largest over positions.
+
 numpy is imported inside the functions (the CLI's start-up never pays for it).
 """
 
@@ -96,6 +101,7 @@ class Distance:
     ln_ppl_ratio_se: float
     approximation: str | None = None  # None: exact; else how KL was bounded (top-k)
     worst: list[list[float]] = field(default_factory=list)  # [position, KL] of the largest KLs, largest first
+    tv_max: float | None = None  # the largest per-position TV (top-k: an upper bound on it); None: not read
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +127,7 @@ class PerPosition:
     nll_a: Any
     nll_b: Any
     k: int | None = None  # the smallest top-k that bounded a KL; None: every KL exact
+    tv: Any = None  # per-position TV, exact from full rows, from top-k rows an upper bound; None: not read
 
     def summary(self) -> Distance:
         import numpy as np
@@ -146,6 +153,7 @@ class PerPosition:
             ln_ppl_ratio_se=math.sqrt(max(0.0, se_a * se_a + se_b * se_b - 2 * cov)),
             approximation=None if self.k is None else APPROXIMATION.format(k=self.k),
             worst=[[int(i), float(self.kld[i])] for i in worst],
+            tv_max=float(np.max(self.tv)) if self.tv is not None and len(self.tv) == n and n else None,
         )
 
 
@@ -163,13 +171,13 @@ def positions(a: Scored | Sequence[Scored], b: Scored | Sequence[Scored]) -> Per
             raise ValueError(f"pair {i}: A and B scored different tokens; teacher forcing compares the same positions")
         k = [s.k for s in (sa, sb) if s.k is not None]
         ks.extend(k)
-        kld = _kl_full(sa.logprobs, sb.logprobs) if not k else _kl_lumped(sa, sb)
+        kld, tv = _full(sa.logprobs, sb.logprobs) if not k else _lumped(sa, sb)
         ta = np.asarray(sa.token_logprobs, dtype=np.float64)
         tb = np.asarray(sb.token_logprobs, dtype=np.float64)
-        parts.append((kld, _argmax(sa) == _argmax(sb), np.exp(tb) - np.exp(ta), -ta, -tb))
-    cols = [np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(5)]
+        parts.append((kld, _argmax(sa) == _argmax(sb), np.exp(tb) - np.exp(ta), -ta, -tb, tv))
+    cols = [np.concatenate([p[j] for p in parts]) if parts else np.zeros(0) for j in range(6)]
     return PerPosition(kld=cols[0], same=cols[1].astype(bool), delta_p=cols[2], nll_a=cols[3], nll_b=cols[4],
-                       k=min(ks) if ks else None)
+                       k=min(ks) if ks else None, tv=cols[5])
 
 
 def distance(a: Scored | Sequence[Scored], b: Scored | Sequence[Scored]) -> Distance:
@@ -294,8 +302,8 @@ def compare(a: Scored | Sequence[Scored], b: Scored | Sequence[Scored],
 # --- the per-position arithmetic ------------------------------------------------------------------
 
 
-def _kl_full(la: Any, lb: Any) -> Any:
-    """KL(A‖B) per row of full log-probability rows, in float64 (a token A gives no mass adds nothing)."""
+def _full(la: Any, lb: Any) -> tuple[Any, Any]:
+    """KL(A‖B) and TV per row of full log-probability rows, in float64 (a token A gives no mass adds no KL)."""
     import numpy as np
 
     la, lb = np.asarray(la, dtype=np.float64), np.asarray(lb, dtype=np.float64)
@@ -304,7 +312,7 @@ def _kl_full(la: Any, lb: Any) -> Any:
     pa = np.exp(la)
     with np.errstate(invalid="ignore"):
         terms = np.where(pa > 0, pa * (la - lb), 0.0)
-    return terms.sum(axis=1)
+    return terms.sum(axis=1), 0.5 * np.abs(pa - np.exp(lb)).sum(axis=1)
 
 
 def _known(s: Scored, i: int) -> dict[int, float] | None:
@@ -316,11 +324,12 @@ def _known(s: Scored, i: int) -> dict[int, float] | None:
     return out
 
 
-def _kl_lumped(sa: Scored, sb: Scored) -> Any:
-    """KL over the tokens both sides report, each side's remaining mass in one bucket: a lower bound."""
+def _lumped(sa: Scored, sb: Scored) -> tuple[Any, Any]:
+    """KL over the tokens both sides report, each side's remaining mass in one bucket (a lower bound), and an upper
+    bound on TV: the shown tokens' differences plus both sides' remaining mass (see the module docstring)."""
     import numpy as np
 
-    out = np.zeros(len(sa.tokens))
+    out, tv = np.zeros(len(sa.tokens)), np.zeros(len(sa.tokens))
     for i in range(len(sa.tokens)):
         ka, kb = _known(sa, i), _known(sb, i)
         ids = sorted(ka.keys() & kb.keys() if ka is not None and kb is not None else (ka or kb or {}).keys())
@@ -329,7 +338,9 @@ def _kl_lumped(sa: Scored, sb: Scored) -> Any:
         pa, pb = np.exp(la), np.exp(lb)
         oa, ob = max(1.0 - pa.sum(), _TINY), max(1.0 - pb.sum(), _TINY)
         out[i] = float(np.sum(pa * (la - lb))) + oa * math.log(oa / ob)
-    return out
+        rest = max(1.0 - pa.sum(), 0.0) + max(1.0 - pb.sum(), 0.0)
+        tv[i] = min(1.0, 0.5 * float(np.abs(pa - pb).sum() + rest))
+    return out, tv
 
 
 def _argmax(s: Scored) -> Any:

@@ -59,4 +59,5 @@ def _pool(parts: list[distance.PerPosition]) -> distance.PerPosition:
     cols = {k: np.concatenate([getattr(x, k) for x in parts]) if parts else np.zeros(0)
             for k in ("kld", "same", "delta_p", "nll_a", "nll_b")}
     ks = [x.k for x in parts if x.k is not None]
-    return distance.PerPosition(**cols, k=min(ks) if ks else None)
+    tv = np.concatenate([x.tv for x in parts]) if parts and all(x.tv is not None for x in parts) else None
+    return distance.PerPosition(**cols, k=min(ks) if ks else None, tv=tv)

@@ -20,7 +20,8 @@ inversion of the same score statistic a non-inferiority test uses, so the bound 
 
 Assertions of one case (and turns of one conversation) fail together, so they are not n independent
 observations. Pairs carry a cluster (by default the case id); with fewer clusters than pairs the counts
-are deflated by a Rao-Scott design effect before the interval is computed (see ``_design_effect``).
+are deflated by a Rao-Scott design effect, taken at its worst case, before the interval is computed (see
+``_design_effect``).
 
 Standard library only: this is imported by the gate (``kinds.py``) on every evaluation.
 """
@@ -185,20 +186,17 @@ class _Tally:
     harmful: int
     beneficial: int
     sizes: list[int]  # pairs per cluster
-    totals: list[int]  # per cluster, harmful minus beneficial flips
 
 
 def _tally(pairs: Iterable[Pair]) -> _Tally:
     sizes: dict[str, int] = {}
-    totals: dict[str, int] = {}
     b = c = 0
     for cluster, off, on in pairs:
         d = int(bool(off)) - int(bool(on))  # +1 harmful, -1 beneficial, 0 concordant
         b += d == 1
         c += d == -1
         sizes[cluster] = sizes.get(cluster, 0) + 1
-        totals[cluster] = totals.get(cluster, 0) + d
-    return _Tally(sum(sizes.values()), b, c, list(sizes.values()), [totals[k] for k in sizes])
+    return _Tally(sum(sizes.values()), b, c, list(sizes.values()))
 
 
 def flip_counts(pairs: Iterable[Pair]) -> dict[str, int]:
@@ -207,36 +205,18 @@ def flip_counts(pairs: Iterable[Pair]) -> dict[str, int]:
     return {"pairs": t.n, "harmful": t.harmful, "beneficial": t.beneficial}
 
 
-# Clusters with a net flip needed before the design effect is estimated rather than taken at its worst case.
-MIN_DISCORDANT_CLUSTERS = 10
-
-
 def _design_effect(t: _Tally) -> float:
-    """Rao-Scott design effect of the loss estimate: cluster-robust variance over the iid variance, floored at 1.
+    """The design effect the counts are deflated by (Rao-Scott): the worst case, perfectly correlated clusters.
 
-    The cluster-robust variance treats delta-hat as a ratio estimator over k clusters,
-    k / (k - 1) * sum_j (D_j - delta-hat m_j)^2 / n^2 (D_j: cluster j's harmful minus beneficial flips, m_j its
-    pairs); the iid variance is (b + c - n delta-hat^2) / n^2. One pair per cluster means no clustering (1).
-
-    When there is no within-sample variation to estimate it from (no discordant pairs, or every pair flipped the
-    same way, or a single cluster) we take the worst case, perfectly correlated clusters: sum_j m_j^2 / n, which
-    is n / k for equal clusters, i.e. one observation per cluster. That is the conservative choice: a flip we did
-    not see could have flipped a whole case, so 20 clean cases of 5 assertions are 20 observations, not 100.
-    (The largest cluster size, the other candidate, is more conservative still but overstates unequal clusters.)
-    The same worst case holds until ``MIN_DISCORDANT_CLUSTERS`` clusters hold a flip: from one or two flipped
-    cases the between-cluster variance cannot be estimated (one flip estimates a design effect of 1 and would let
-    152 assertions in 20 cases count as independent, so a harmful flip could turn INCONCLUSIVE into PASS).
+    That is sum_j m_j^2 / n (m_j: cluster j's pairs), n / k for k equal clusters: one observation per cluster, 1 with
+    one pair per cluster. For pairs that share their cell probabilities (the model the interval assumes) no dependence
+    within a case makes the loss estimate vary more than this, so nothing is estimated from few clusters; it depends on the
+    cluster sizes alone, never on where the flips fell, so one more harmful flip only raises the bound (an estimated,
+    cluster-robust design effect falls when a flip lands in a case of its own, which let a harmful flip turn
+    INCONCLUSIVE into PASS). The price is power: a battery weighs as many observations as it has cases, which is what
+    "add cases, not assertions" (docs/verdicts.md) asks of it anyway.
     """
-    n, k = t.n, len(t.sizes)
-    if k >= n:
-        return 1.0
-    worst = sum(m * m for m in t.sizes) / n
-    est = (t.harmful - t.beneficial) / n
-    iid = t.harmful + t.beneficial - n * est * est  # n^2 times the iid variance
-    if k < 2 or iid <= 1e-12 or sum(d != 0 for d in t.totals) < MIN_DISCORDANT_CLUSTERS:
-        return worst
-    robust = k / (k - 1) * sum((d - est * m) ** 2 for d, m in zip(t.totals, t.sizes))
-    return max(1.0, robust / iid)
+    return sum(m * m for m in t.sizes) / t.n if t.n else 1.0
 
 
 # --- verdicts -------------------------------------------------------------------------------------------
@@ -262,7 +242,7 @@ class Paired:
     loss: float  # (harmful - beneficial) / n: the drop in pass rate
     lower: float  # one-sided 1 - alpha lower bound on the loss
     upper: float  # one-sided 1 - alpha upper bound on the loss
-    deff: float  # Rao-Scott design effect the counts were deflated by
+    deff: float  # Rao-Scott design effect the counts were deflated by (the worst case for these cluster sizes)
     method: str
     margin: float
     alpha: float
@@ -319,7 +299,7 @@ class Paired:
 def _method(alpha: float, deff: float, t: _Tally) -> str:
     text = f"Tango score interval, one-sided alpha {alpha:.4g}"
     if len(t.sizes) < t.n:
-        text += f", Rao-Scott design effect {deff:.2f} over {len(t.sizes)} clusters"
+        text += f", Rao-Scott design effect {deff:.2f} over {len(t.sizes)} clusters (worst case)"
     return text
 
 
