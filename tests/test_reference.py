@@ -10,6 +10,8 @@ def _reference_on(ws):
 
 
 def test_a_healthy_engine_agrees_with_the_reference_and_passes(tiny_ws, run_cli):
+    from gatekeeper.gate.reference import GAP
+
     _reference_on(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "tiny")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
@@ -17,7 +19,8 @@ def test_a_healthy_engine_agrees_with_the_reference_and_passes(tiny_ws, run_cli)
     assert r["dtype"] == "float64" and not any(r["departs"].values())
     assert r["arms"]["off"]["positions"] > 0 and r["arms"]["off"]["controls"] > 0
     assert r["arms"]["on"]["positions"] == r["arms"]["off"]["positions"]
-    assert max(r["floor"].values()) > 0 and r["tolerance"]["gap"] == 100 * max(r["floor"].values())
+    assert max(r["floor"].values()) > 0 and r["tolerance"]["gap"] == GAP * max(r["floor"].values())
+    assert r["calibration"]["source"] == "the engine's own model in one pass" and r["calibration"]["positions"] > 0
     assert any(x.startswith("reference: both arms agree") for x in out["reasons"])
     # the cache probes' answers are read too, and agree
     assert r["arms"]["on"]["probed"] > 0 and any("of them in the cache probes" in x for x in out["reasons"])

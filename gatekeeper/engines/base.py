@@ -391,6 +391,14 @@ class Engine(ABC):
         moves. None: this adapter has no such read (``unreferenced`` says why)."""
         return None
 
+    def stepped(self, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]]) -> Referenced | None:
+        """The engine's own model (its dtype and kernels) reading the last ``steps`` tokens of ``sequence`` as its decode
+        does, one token at a time on a fresh cache of its library's default kind (nothing reused, none of the
+        pipeline's cache handling), where that decode runs another algorithm than a one-pass read (recurrent layers: a
+        recurrence against a chunked scan): what the reference arm's floor is calibrated on. None where a one-pass read
+        (``reference(own=True)``) computes what a decode step does, or the adapter has no such read."""
+        return None
+
     @classmethod
     def sampler_chain(cls, profile: EngineProfile) -> dict[str, Any] | None:
         """The sampler a sampled suite runs through, as the identity records it (its chain order and what each penalty

@@ -50,6 +50,22 @@ def read(model: Any, sequence: Sequence[int], steps: int, asked: Sequence[Sequen
                          f"{where} in {model.dtype}")
 
 
+def stepped(model: Any, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]], cache: Any,
+            cache_arg: str, where: str = "") -> Referenced:
+    """``sequence`` read by ``model`` as a decode reads it: its prompt in one pass into ``cache`` (a fresh one), then
+    each of the last ``steps`` tokens but the last fed alone, a row kept per step (``Engine.stepped``'s contract)."""
+    import torch
+
+    ids, cut = list(sequence), len(sequence) - steps
+    rows = []
+    with torch.inference_mode():
+        for chunk in [ids[:cut], *([t] for t in ids[cut:-1])]:
+            x = torch.tensor([chunk], dtype=torch.long, device=model.device)
+            rows.append(model(input_ids=x, use_cache=True, logits_to_keep=1, **{cache_arg: cache}).logits[0, -1])
+    return Referenced.of(torch.stack(rows).double().cpu().numpy(), asked, str(model.dtype).removeprefix("torch."),
+                         f"{where} stepped in {model.dtype}")
+
+
 def logits(model: Any, sequence: Sequence[int], steps: int, batch: int = 1) -> Any:
     """The logits (float64, numpy) at the positions that predict the last ``steps`` tokens of ``sequence``."""
     import torch

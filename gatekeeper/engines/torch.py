@@ -212,6 +212,19 @@ class TorchEngine(GreedyEngine):
                 None if self.adapter_dir is None else lambda model: _merge_lora(model, self.adapter_dir)))
         return reader.read(self.model if own else self._reference, sequence, steps, asked, batch, str(self.model_dir))
 
+    def stepped(self, sequence, steps, asked):
+        if self.generation or not self.recurrent:  # attention over cached keys: a one-pass read computes the same
+            return None
+        return reader.stepped(self.model, sequence, steps, asked, self._new_state(), self._cache_arg, str(self.model_dir))
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model has recurrent (linear-attention) layers, whose decode runs a recurrence where a one-pass
+        read runs a chunked scan."""
+        from .torch_kv import _linear
+
+        return any(_linear(layer) for layer in getattr(self._new_state(), "layers", []))
+
     @classmethod
     def _identity_extra(cls, profile, workspace_root: Path | None) -> dict[str, Any]:
         opts = profile.options

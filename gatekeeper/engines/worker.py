@@ -201,6 +201,10 @@ class WorkerEngine(Engine):
                          own=own)
         return None if read is None else Referenced(**read)
 
+    def stepped(self, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]]) -> Referenced | None:
+        read = self.call("stepped", sequence=list(sequence), steps=steps, asked=[list(a) for a in asked])
+        return None if read is None else Referenced(**read)
+
     def unreferenced(self) -> str | None:
         return self._unreferenced
 

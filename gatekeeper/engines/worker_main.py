@@ -55,6 +55,9 @@ def _handle(r: dict[str, Any], state: dict[str, Any], out: Any) -> Any:
     if op == "reference":
         read = engine.reference(r["sequence"], r["steps"], r["asked"], r["batch"], r["own"])
         return None if read is None else vars(read)
+    if op == "stepped":
+        read = engine.stepped(r["sequence"], r["steps"], r["asked"])
+        return None if read is None else vars(read)
     if op == "check_fault":
         return engine.check_fault(Fault(**{k: r["fault"][k] for k in ("kind", "size", "seed")}))
     if op == "session":

@@ -4,18 +4,23 @@ conversation with no cache object at all (``Engine.reference``: eager attention,
 An on/off comparison cannot see a defect both arms share: with the pipeline on a broken cache class, both sides run
 it and agree. R can. At every generated position of each arm it asks two things of a read that no cache touched:
 is the token the arm emitted the one R picks (a flip), and how far is the arm's top-2 logit gap from R's gap
-between the same two tokens (a gap, which no normalisation moves). Neither is judged against a fixed tolerance but
-against the noise measured in the same evaluation: R against R under another batch shape, the flag-off arm against
-its own repeat, and R against the engine's own model reading the same tokens without a cache (control reads: its
-dtype and kernels, no cache structure between them; the first two answers read). A flip counts only where R's margin
-is well above that floor, a gap only where it is far above it: a structural cache defect is a step change there, on
-a tiny random model as on a trained one.
+between the same two tokens (a gap, which no normalisation moves).
+
+Neither is judged against a fixed tolerance but against a floor calibrated in the same evaluation, on the path the
+arms take and none of their cache handling: a share of the answers (chosen by a hash of their tokens, never by their
+values) read again by the engine's own model, stepping through the answer on a fresh cache where its decode runs
+another algorithm than a one-pass read (recurrent layers: a recurrence against a chunked scan), else in one pass
+(``calibrate``). The floor is an order statistic of those reads' gap differences. A flip counts where R's margin
+exceeds ``FLIP`` floors; gaps depart only together, where so many of an arm's positions outside the calibration answers
+exceed ``GAP`` floors that exchangeable noise gives that many with a chance of at most ``ALPHA`` (``gap_test``): a
+smooth decode-vs-scan difference on every position is no departure, a cache that moves every step is.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..battery import partition
 from ..engines.base import Engine, Referenced
@@ -28,11 +33,15 @@ from . import probes as probes_
 from .plans import Plan
 from .probes import PREFIX, Probed
 
-FLIP = 10.0  # a flip counts where R's top-1/top-2 margin exceeds this many noise floors
-GAP = 100.0  # a gap counts where it exceeds this many noise floors
+FLIP = 10.0  # a flip counts where R's top-1/top-2 margin exceeds this many floors
+GAP = 10.0  # a gap is counted above this many floors: the allowance for positions of one answer moving together
 FLOOR = 1e-6  # the least noise assumed: float64 against float64 can be exactly equal
+ALPHA = 0.01  # per arm: the chance that a correct arm's gaps alone read as a departure, positions exchangeable
+ORDER = 2  # the floor is the ORDER-th largest calibration gap: no single position sets it
+SHARE = 4  # one distinct answer in SHARE calibrates the floor,
+CONTROLS = 2  # at least this many,
+CALIBRATED = 16  # at most this many
 KEPT = 5  # departures kept in the record per arm (the count holds them all)
-CONTROLS = 2  # answers also read by the engine's own model without a cache (the control floor), the first ones
 
 
 @dataclass
@@ -57,7 +66,7 @@ class Arm:
     """What R says of one arm's answers."""
 
     positions: int = 0
-    controls: int = 0  # positions also read by the engine's own model without a cache
+    controls: int = 0  # positions in the calibration answers (read again to set the floor; their gaps are not judged)
     flips: int = 0  # R's pick differs, at any margin
     departures: list[Departure] = field(default_factory=list)  # the first KEPT
     departed: int = 0
@@ -65,6 +74,10 @@ class Arm:
     max_gap: float = 0.0
     unread: list[str] = field(default_factory=list)  # turns R could not read, and why
     probed: int = 0  # of the positions, those in the cache probes' answers (gate/probes.py)
+    judged: int = 0  # positions whose gaps the count judges (outside the calibration answers, top-2 given, gaps read)
+    exceeded: int = 0  # of those, gaps above the tolerance
+    needed: int | None = None  # the count at which the gaps depart (None: no count this small is unlikely enough)
+    p: float = 1.0  # the chance of at least ``exceeded`` under exchangeable positions
 
 
 @dataclass
@@ -73,11 +86,12 @@ class Read:
 
     dtype: str
     arms: dict[str, Arm]
-    floor: dict[str, float]  # reference_batch, repeat, controls
+    floor: dict[str, float]  # reference_batch, repeat, calibration
     tolerance: dict[str, float]  # flip_margin, gap
     seconds: float = 0.0
     second: independent.Second | None = None
     reread: dict[str, independent.Reread] = field(default_factory=dict)  # gate/pit.py reads it (pit's counts record it)
+    calibration: dict[str, Any] = field(default_factory=dict)  # where the floor came from (``calibrate``)
 
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
@@ -85,6 +99,73 @@ class Read:
     def to_dict(self) -> dict[str, Any]:
         return {**{k: v for k, v in asdict(self).items() if k != "reread"},
                 "departs": {k: self.departs(k) for k in self.arms}}
+
+
+@dataclass
+class Row:
+    """One generated position of one arm, as R read it."""
+
+    departure: Departure
+    flips: bool  # R picks another token there (at any margin)
+    judged: bool  # its gap may be judged (the arm gave its top-2, the read gives gaps)
+    content: tuple  # the read's tokens and asked pairs: which answer it is, whichever arm read it
+
+
+@dataclass
+class GapTest:
+    """An arm's gaps against the floor: ``judged`` positions, ``exceeded`` above the tolerance, the count ``needed``
+    for a departure and the chance ``p`` of at least ``exceeded`` when every position is exchangeable."""
+
+    judged: int
+    exceeded: int
+    needed: int | None
+    p: float
+    alpha: float = ALPHA
+
+    @property
+    def departs(self) -> bool:
+        return self.p <= self.alpha
+
+
+def law(n: int, m: int, k: int) -> list[float]:
+    """P(X = j) for j = 0..m, X the number of ``m`` judged values above the ``k``-th largest of ``n`` calibration values,
+    all ``n + m`` exchangeable (no ties): with j judged values above it, the judged values fill j of the ``j + k - 1``
+    ranks above it and ``m - j`` of the ``m - j + n - k`` below."""
+    total = math.comb(n + m, m)
+    return [math.comb(j + k - 1, j) * math.comb(m - j + n - k, m - j) / total for j in range(m + 1)]
+
+
+def tail(n: int, m: int, k: int, x: int) -> float:
+    """P(X >= x) (``law``)."""
+    return 1.0 if x <= 0 else sum(law(n, m, k)[x:])
+
+
+def needed(n: int, m: int, k: int, alpha: float = ALPHA) -> int | None:
+    """The least count of ``m`` judged values above the ``k``-th largest of ``n`` whose chance is at most ``alpha``."""
+    least, above = None, 0.0
+    for x, p in reversed(list(enumerate(law(n, m, k)))):
+        above += p
+        if above > alpha or x == 0:
+            return least
+        least = x
+    return least
+
+
+def order_statistic(values: Sequence[float]) -> tuple[float, int]:
+    """The floor from calibration gap differences: their ``ORDER``-th largest (all of them where fewer), and which."""
+    k = min(ORDER, len(values))
+    return (sorted(values, reverse=True)[k - 1] if k else 0.0), k
+
+
+def gap_test(values: Sequence[float], tolerance: float, n: int, k: int, alpha: float = ALPHA) -> GapTest:
+    """An arm's judged gap differences (``values``) against ``tolerance``, a floor that is the ``k``-th largest of ``n``
+    calibration values times an allowance of at least 1 (counting above more than the floor only lowers the count):
+    the count above it is judged by its law under exchangeability (``tail``), so a correct arm departs by its gaps with
+    probability at most ``alpha``. With no calibration there is no law: nothing departs."""
+    m, x = len(values), sum(v > tolerance for v in values)
+    if not n or not m:
+        return GapTest(m, x, None, 1.0, alpha)
+    return GapTest(m, x, needed(n, m, k, alpha), tail(n, m, k, x), alpha)
 
 
 def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
@@ -96,12 +177,11 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         if why := models[name].unreferenced():
             return f"the flag-{name} engine ({models[name].name}) gives no cache-free read: {why}"
     arms = {name: Arm() for name in ("off", "on")}
-    # per position: where, whether R flips, whether its gap may be judged (Referenced.gaps)
-    rows: dict[str, list[tuple[Departure, bool, bool]]] = {"off": [], "on": []}
+    rows: dict[str, list[Row]] = {"off": [], "on": []}
     memo: dict[tuple, Referenced] = {}
     where: dict[tuple, tuple[str, int, str]] = {}  # a read's first case, turn and arm
     pending: dict[str, list[tuple]] = {"off": [], "on": []}  # sampled turns with no transforms of their own
-    floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"]), "controls": 0.0}
+    floor = {"reference_batch": 0.0, "repeat": _repeat_floor(results["off"])}
     dtype = ""
 
     def turns(name: str, case: str, conversation, draws: list[Draw | None]) -> None:
@@ -131,11 +211,6 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
                     arms[name].unread.append(f"{case} turn {n}: {e}")
                     break
                 where[key] = (case, n, name)
-                if len(memo) <= CONTROLS:  # the engine's own cache-free read: what precision alone moves
-                    own = _read(model, tokens, steps, asked, own=True)
-                    floor["controls"] = max(floor["controls"], *(abs(_asked_gap(a) - _asked_gap(b))
-                                                                 for a, b in zip(own.asked, r.asked)))
-                    arms[name].controls += steps if r.at is None else len(r.at)
                 if not dtype:  # once: the same read as a batch of two
                     again = _read(model, tokens, steps, asked, batch=2)
                     floor["reference_batch"] = max(abs(_gap(a) - _gap(b)) for a, b in zip(r.top2, again.top2))
@@ -144,7 +219,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             for j, top, want in zip(range(steps) if r.at is None else r.at, r.top2, r.asked):
                 gap = abs(_arm_gap(turn, j) - _asked_gap(want)) if turn["top2"] else 0.0
                 d = Departure(case, n, j, _likeliest(turn, j, sampled), int(top[0][0]), _gap(top), gap)
-                rows[name].append((d, d.emitted != d.reference, r.gaps))
+                rows[name].append(Row(d, d.emitted != d.reference, bool(turn["top2"]) and r.gaps, key[1:]))
                 arms[name].probed += case.startswith(PREFIX)
 
     for item in p.items:
@@ -164,22 +239,68 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             if "crash" not in result and pid in first.read:
                 turns(name, pid, zip(result["turns"], first.read[pid]),
                       [probes_.draw(first.decoding, pid)] * len(result["turns"]))
+    if memo:
+        progress("reference calibration")
+    values, chosen, calibration = calibrate(memo, {key: models[arm] for key, (_, _, arm) in where.items()})
+    floor["calibration"], k = order_statistic(values)
     noise = max(FLOOR, *floor.values())
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
-        arm.positions = len(rows[name])
-        arm.max_gap = max((d.gap for d, _, _ in rows[name]), default=0.0)
-        arm.flips = sum(f for _, f, _ in rows[name])
-        for d, flipped, gaps in rows[name]:
-            clear = flipped and d.margin > tolerance["flip_margin"]
-            if clear or (gaps and d.gap > tolerance["gap"]):
-                arm.departed += 1
-                arm.flipped += clear
-                if len(arm.departures) < KEPT:
-                    arm.departures.append(d)
+        _judge(arm, rows[name], chosen, tolerance, len(values), k)
+    calibration.update(positions=len(values), order=k, floor=floor["calibration"], alpha=ALPHA)
     loaded: dict[str, Any] = {}
     return Read(dtype, arms, floor, tolerance, second=independent.compare(p, memo, where, tolerance, progress, loaded),
-                reread=independent.reread(p, models, pending, progress, loaded))
+                reread=independent.reread(p, models, pending, progress, loaded), calibration=calibration)
+
+
+def calibrate(memo: dict[tuple, Referenced], engines: dict[tuple, Engine]) -> tuple[list[float], set[tuple], dict[str, Any]]:
+    """The floor's calibration: one distinct answer in ``SHARE`` (at least ``CONTROLS``, at most ``CALIBRATED``),
+    chosen by a hash of its tokens, so never by what was read there, read again by its arm's engine on the path its
+    decode takes with none of the pipeline's cache handling (``Engine.stepped``: its own model stepping through the
+    answer on a fresh cache, where its decode runs another algorithm than a one-pass read), else its own model in one
+    pass (``own``: its dtype and kernels). Returns each calibration position's gap difference against R (between the
+    two tokens the arm gave), the answers chosen (their gaps are not judged) and the record's account of them."""
+    contents: dict[tuple, tuple] = {}
+    for key in memo:  # an answer both arms gave is one answer: read once, judged in neither arm
+        contents.setdefault(key[1:], key)
+    order = sorted(contents, key=lambda c: sha256_hex(repr(c).encode()))
+    chosen = order[:min(CALIBRATED, max(CONTROLS, math.ceil(len(order) / SHARE)))]
+    values: list[float] = []
+    sources: set[str] = set()
+    for content in chosen:
+        key = contents[content]
+        model, r = engines[key], memo[key]
+        tokens, asked = list(key[1]), [list(a) for a in key[2]]
+        again = model.stepped(tokens, len(asked), asked)
+        sources.add("the engine's own model stepping through the answer on a fresh cache" if again is not None
+                    else "the engine's own model in one pass")
+        if again is None:
+            again = _read(model, tokens, len(asked), asked, own=True)
+        positions = range(len(asked)) if r.at is None else r.at
+        values += [abs(_asked_gap(a) - _asked_gap(b)) for j, a, b in zip(positions, again.asked, r.asked)
+                   if asked[j][0] != asked[j][1]]  # an arm that gave no top-2 asks one token twice: no gap to read
+    return values, set(chosen), {"source": "; ".join(sorted(sources)) or "none", "reads": len(chosen),
+                                 "of": len(order)}
+
+
+def _judge(arm: Arm, rows: list[Row], chosen: set[tuple], tolerance: dict[str, float], n: int, k: int) -> None:
+    """One arm against the floor: each clear flip departs; its gaps outside the calibration answers depart together
+    where their count above the tolerance is unlikely for exchangeable noise (``gap_test``)."""
+    arm.positions = len(rows)
+    arm.max_gap = max((row.departure.gap for row in rows), default=0.0)
+    arm.flips = sum(row.flips for row in rows)
+    arm.controls = sum(row.content in chosen for row in rows)
+    judged = [row for row in rows if row.judged and row.content not in chosen]
+    test = gap_test([row.departure.gap for row in judged], tolerance["gap"], n, k)
+    arm.judged, arm.exceeded, arm.needed, arm.p = test.judged, test.exceeded, test.needed, test.p
+    counted = {id(row) for row in judged if test.departs and row.departure.gap > tolerance["gap"]}
+    for row in rows:
+        clear = row.flips and row.departure.margin > tolerance["flip_margin"]
+        if clear or id(row) in counted:
+            arm.departed += 1
+            arm.flipped += clear
+            if len(arm.departures) < KEPT:
+                arm.departures.append(row.departure)
 
 
 def _read(model: Engine, *args: Any, **kwargs: Any) -> Referenced:
@@ -291,9 +412,28 @@ def _by_arms(found: Read, verdict: str, reasons: list[str], shared: str, detok: 
         unread = (off.unread + on.unread)[:1]
         return verdict, reasons + [f"reference: nothing read of the flag-{'off' if not off.positions else 'on'} arm's "
                                    f"answers{': ' + unread[0] if unread else ''}"]
-    t = found.tolerance
+    t, c = found.tolerance, found.calibration
     probed = f", {off.probed} and {on.probed} of them in the cache probes" if off.probed or on.probed else ""
     return verdict, reasons + [f"reference: both arms agree with a cache-free {found.dtype} read of their answers at "
                                f"{off.positions} flag-off and {on.positions} flag-on answer positions{probed} (flips counted "
-                               f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: the measured "
-                               f"noise floor {max(found.floor.values()):.2g} times {FLIP:g} and {GAP:g})"]
+                               f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: {FLIP:g} and {GAP:g} "
+                               f"times the floor {max(found.floor.values()):.2g}, {floor_line(c)}; {count_line(off, on)})"]
+
+
+def count_line(off: Arm, on: Arm) -> str:
+    """How many counted gaps an arm departs from, per arm."""
+    if not off.needed and not on.needed:
+        return (f"gaps alone cannot depart: {off.judged} and {on.judged} judged positions give no count whose chance is "
+                f"at most {ALPHA:g}")
+    each = [f"{a.needed} of the flag-{name} arm's {a.judged} judged positions" if a.needed else
+            f"never in the flag-{name} arm's {a.judged}" for name, a in (("off", off), ("on", on))]
+    return f"gaps depart only by a count whose chance is at most {ALPHA:g} for exchangeable noise: {', '.join(each)}"
+
+
+def floor_line(c: dict[str, Any]) -> str:
+    """Where the floor came from, in words: which reads, how many positions, which order statistic."""
+    if not c.get("positions"):
+        return "no calibration read (the batch and repeat floors alone; gaps are not judged)"
+    nth = {1: "largest", 2: "second largest", 3: "third largest"}.get(c["order"], f"{c['order']}th largest")
+    return (f"calibrated as the {nth} gap difference at {c['positions']} positions of {c['reads']} of {c['of']} answers "
+            f"read again by {c['source']}")
