@@ -126,7 +126,7 @@ def test_an_exact_gate_counts_the_flips_beside_its_drift(run_cli, tiny_ws):
 @pytest.mark.parametrize("broken, verdict", [(2, "PASS"), (30, "FAIL")])
 def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, verdict, tmp_path):
     # 60 cases; the first ``broken`` also assert not-contains zebra, which the change breaks (every answer ends
-    # with ' zebra'): 2 lost of 62 assertions is within a 0.2 margin at alpha 0.05, 30 of 90 is beyond it.
+    # with ' zebra'): 2 lost of 62 assertions is within a 0.2 margin at alpha 0.025, 30 of 90 is beyond it.
     wide_suite(tiny_ws, 60, lambda i: [{"type": "max-length", "value": 10000}] +
                ([{"type": "not-contains", "value": "zebra"}] if i < broken else []))
     policy(tiny_ws, "lossy", "{profile: {adapter: 'fault_engines:Lossy'}}", "non_inferiority", "margin: 0.2\nprobes: off\n")
@@ -134,8 +134,9 @@ def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, ver
     assert out["verdict"] == verdict and code == (0 if verdict == "PASS" else 1), out
     assert out["passes"]["on"] == out["passes"]["off"] - broken
     assert "regressed: wide/w0 assertion '#2 not-contains' passes without lossy, fails with lossy" in out["reasons"]
-    stats = out["paired"]
-    assert (stats["n"], stats["harmful"], stats["beneficial"], stats["margin"], stats["alpha"]) == (60 + broken, broken, 0, 0.2, 0.05)
+    stats = out["paired"]  # judged at the first look's share of the policy's alpha 0.05 (gate/looks.py)
+    assert (stats["n"], stats["harmful"], stats["beneficial"], stats["margin"], stats["alpha"]) == (60 + broken, broken, 0, 0.2, 0.025)
+    assert out["looks"]["index"] == 1 and out["looks"]["alpha"] == 0.05
     assert stats["upper"] <= 0.2 if verdict == "PASS" else stats["lower"] > 0.2, stats
     assert any(r.startswith("non_inferior:" if verdict == "PASS" else "inferior:") for r in out["reasons"])
     # the change only appends text: read teacher-forced, the model itself did not move

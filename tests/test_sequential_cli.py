@@ -56,7 +56,7 @@ def test_a_change_within_the_margin_stops_early_with_pass(run_cli, tiny_ws):
     seq = out["sequential"]
     assert seq["decision"] == "pass" and seq["stopped"] == "decided" and seq["cases"] < CASES, seq
     assert seq["upper"] <= 0.3 and (seq["rule"], seq["test"], seq["alpha"], seq["margin"], seq["seed"]) == (
-        "betting_confidence_sequence", "non_inferiority", 0.2, 0.3, 3)
+        "betting_confidence_sequence", "non_inferiority", 0.1, 0.3, 3)  # look 1 of the change: alpha 0.2 / 2 (gate/looks.py)
     assert out["paired"] is None  # a fixed-n bound at a stop the data chose has no level: not recorded
     reason = next(r for r in out["reasons"] if r.startswith("non_inferior: sequential:"))
     assert f"{seq['cases']} of {CASES} cases run in a random order (seed 3)" in reason and "<= margin 0.3" in reason

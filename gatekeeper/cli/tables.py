@@ -190,6 +190,10 @@ def print_outcome(o) -> None:
                                           f"{q['seed']}, stopped: {q['stopped']}); {q['harmful']} harmful / "
                                           f"{q['beneficial']} beneficial flips; anytime-valid bounds [{q['lower']:.3f}, "
                                           f"{q['upper']:.3f}] at alpha {q['alpha']:g}, margin {q['margin']:g}"))
+    if o.looks:  # a gate judged from a bound: its share of alpha (gate/looks.py)
+        from ..gate.looks import line
+
+        rows.append(("looks", line(o.looks)))
     if o.reference and "arms" in o.reference:
         r = o.reference
         rows.append(("reference arm off / on", " / ".join(
@@ -322,6 +326,11 @@ def print_evaluation(ev: EvaluationRecord) -> None:
     typer.echo(f"  operator {ev['operator']}  started {ev['started_at']}  gate {ev['gate']}")
     for reason in ev.get("reasons") or []:
         typer.echo(f"  - {reason}")
+    verdict = ev.get("verdict_record")
+    if verdict and (looks := (verdict.get("summary") or {}).get("looks")):
+        from ..gate.looks import line
+
+        typer.echo(f"  {line(looks)}")
     typer.echo(f"  case results: {len(ev['case_results'])}  comparisons: {len(ev['comparisons'])}")
     for c in ev["comparisons"]:
         if not c["equal"]:

@@ -6,8 +6,8 @@ teacher-forced distance (``distance``, ``forced``), the cases a margin needs (``
 of a sequential evaluation (``sequential``), the production load a
 served evaluation runs under (``production``), cases run on Ray actors (``ray_executor``), the graders of
 model-graded assertions (``graders``), planted-fault calibration (``calibrate``), the pipeline in force and its
-version hash (``pipeline``), flag states (``flags``), whether evidence is current (``current``), approvals and
-flips (``flip``) and their signed records (``attestation``).
+version hash (``pipeline``), flag states (``flags``), whether evidence is current (``current``), the looks at one
+change that spend its alpha (``looks``), approvals and flips (``flip``) and their signed records (``attestation``).
 It is handed a ledger and never opens one.
 
 Imports: errors, identity, evidence, signing, workspace, battery, engines.

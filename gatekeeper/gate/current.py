@@ -1,7 +1,8 @@
 """Whether an evaluation is still evidence for its flag now: a PASS, younger than the policy allows, whose
 flag-off identity is still the identity that configuration has today (recomputed from the workspace and the
-pipeline in force), with the detection power the policy wants. ``status``, ``flip``, ``calibrate`` and the
-OpenFeature resolver ask this module.
+pipeline in force), with the detection power the policy wants, that holds at the alpha its look at the change was
+allotted and that no later FAIL of the same change contradicts (``looks``). ``status``, ``flip``, ``calibrate`` and
+the OpenFeature resolver ask this module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from ..evidence import EvaluationRecord
 from ..identity import canonical_json
 from ..workspace import Workspace
-from . import evaluator, flags
+from . import evaluator, flags, looks
 
 
 def _age_hours(iso: str, now: datetime) -> float:
@@ -45,6 +46,8 @@ def evidence_problems(ws: Workspace, ledger, flag: str, evaluation: EvaluationRe
         problems.append(f"stale: the configuration changed since evaluation {eid}: {', '.join(map(str, changed))}")
     if policy.min_power is not None:
         problems += flags.power_problems(policy.min_power, flag, eid, evaluation.get("calibrations") or [])
+    # the change's whole history, not its best run: the alpha this look was allotted, and no FAIL after it
+    problems += looks.problems(ledger.history(flag), eid)
     return problems
 
 

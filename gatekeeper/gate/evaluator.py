@@ -35,6 +35,7 @@ from . import (
     forced,
     independent,
     kinds,
+    looks,
     paired,
     pipeline,
     pit,
@@ -89,6 +90,8 @@ class Outcome:
     sampling: dict[str, Any] | None = None
     # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
     sequential: dict[str, Any] | None = None
+    # gates judged from a bound: which look at this change the evaluation is and the alpha it spent (gate/looks.py)
+    looks: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -271,6 +274,11 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
                                                  "concurrency": {k: m.concurrency for k, m in models.items()},
                                                  **(actors.config if actors else {})})
         try:
+            # a gate judged from a bound spends its look's share of alpha (gate/looks.py): its kind judges at that
+            look = looks.take(ledger.history(p.flag), evaluation_id, p.policy.gate, p.policy.margin, p.policy.alpha)
+            if look is not None:
+                p = dataclasses.replace(p, kind=type(p.kind)(p.policy.model_copy(update={"alpha": look.alpha_spent}),
+                                                             p.kind.sides))
             runs = (Runs(**actors.run(p, ledger, evaluation_id, progress)) if actors
                     else _run_sequential(p, ledger, models, evaluation_id, progress, graders) if p.sequential
                     else _run(p, ledger, models, evaluation_id, progress, graders))
@@ -279,6 +287,7 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
             moved = _distance(p, models, runs, progress)
             read = _reference(p, models, runs, progress)
             outcome = _decide(p, ledger, models, evaluation_id, runs, shares, time.perf_counter() - t_start, moved, read)
+            outcome.looks = look.to_dict() if look is not None else None
         except BaseException as e:  # Ctrl-C, SIGTERM, a crash: the evaluation is aborted, never a verdict
             ledger.abort_evaluation(evaluation_id, f"{type(e).__name__}: {e}".strip(": "))
             raise
@@ -370,7 +379,7 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
     limit = min(len(ordered), budget.max_cases or len(ordered))
     size = max(m.concurrency for m in models.values())
     rule = sequential.Sequential("equivalence" if p.policy.gate == "assertion_equivalence" else "non_inferiority",
-                                 p.policy.margin, p.policy.alpha, budget, len(p.items),
+                                 p.policy.margin, p.kind.policy.alpha, budget, len(p.items),
                                  "cases" if p.policy.cluster == "case" else "clusters")
     ran: list[battery.Item] = []
     runs = Runs({config: [] for config, _ in p.schedule}, {config: 0.0 for config, _ in p.schedule}, 0.0, ran=ran, rule=rule)
@@ -527,7 +536,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         verdict = "INCONCLUSIVE"
         reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
                              f"(concurrency {p.load.concurrency}); {production.fix(models['off'].dialect_name)}"
-                             for cid in unstable if not any(r.startswith(f"batch_variant: {cid} ") for r in variant)]
+                             for cid in unstable if not any(r.startswith((f"batch_variant: {cid} ", f"seed_batched: {cid} ")) for r in variant)]
     elif unstable or (judged and judged.unstable):
         verdict = "INCONCLUSIVE"
         stale = [r for r in (judged.unstable if judged else []) if r.startswith("stale_state:")]  # the cause, first
@@ -659,6 +668,12 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
         where = ("assertion outcomes differ" if diff.get("turn") is None else
                  f"turn {diff['turn']} first divergent token at position {diff['first_divergent_position']} "
                  f"{kinds.divergence(diff, ('alone', 'under load'))}")
+        turn, position = diff.get("turn"), diff.get("first_divergent_position")
+        if turn is not None and position is not None and production.seed_broken(alone[cid], loaded[cid], turn, position):
+            out.append(f"seed_batched: {cid} under load (concurrency {p.load.concurrency}) parts from the same case run "
+                       f"alone at a step where both read the same top-2 logits: {where}; batching changed the draw, "
+                       f"not the numerics; {production.seed_fix(models['off'].dialect_name)}")
+            continue
         out.append(f"batch_variant: {cid} under load (concurrency {p.load.concurrency}) parts from the same case run "
                    f"alone: {where}; batching, not the flag, changed it; {fix}")
     return out

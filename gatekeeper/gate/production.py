@@ -3,7 +3,8 @@ how it enters the identity, and what a server offers when batching changes its a
 
 Under a load every configuration and baseline repeat keeps ``concurrency`` requests in flight on its
 deployment (the battery's own cases among them), and the battery also runs once alone, one case at a
-time: a baseline that changes under load, or parts from the run alone, is ``batch_variant:``.
+time: a baseline that changes under load, or parts from the run alone, is ``batch_variant:``; a sampled case that
+parts where both runs computed the same distribution is ``seed_batched:`` (the draw changed, not the numerics).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 from ..battery import partition
 from ..battery.suites import Item
 from ..errors import GatekeeperError
+from ..evidence import CaseResult
 from ..identity import file_digest
 from ..workspace import Decoding, Load, Workspace
 
@@ -74,6 +76,22 @@ def prompts(ws: Workspace, load: Load, model, items: Sequence[Item], mode: parti
     if captured is None:
         raise GatekeeperError(f"load background {load.background}: the capture's prompts were not read")
     return [(p if isinstance(p, list) else model.tokenize(p), BACKGROUND_MAX_TOKENS, None) for p in captured]
+
+
+def seed_broken(alone: CaseResult, loaded: CaseResult, turn: int, position: int) -> bool:
+    """Whether two runs of a sampled case part at a step where both read the same top-2 logits: one distribution,
+    two draws from it, so the seed did not hold for the batched request (equal margins alone could be chance)."""
+    a, b = alone["turns"][turn - 1], loaded["turns"][turn - 1]
+    if not (a.get("draws") or b.get("draws")):
+        return False  # greedy: a parting is the numerics'
+    tops = [(t.get("top2") or [])[position:position + 1] for t in (a, b)]
+    return bool(tops[0]) and tops[0] == tops[1]
+
+
+def seed_fix(dialect: str | None) -> str:
+    """What to do when a server's per-request seed does not survive batching."""
+    return ("the server's per-request seed does not hold for a batched request, so sampled answers under this load "
+            f"cannot pair by seed: evaluate the sampled suites without a load, or greedy under it ({fix(dialect)})")
 
 
 def fix(dialect: str | None) -> str:

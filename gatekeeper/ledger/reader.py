@@ -26,6 +26,7 @@ from gatekeeper.ledger.records import (
     MIGRATIONS_TABLE,
     decode,
     evaluation_record,
+    history,
     latest_flips,
 )
 
@@ -124,3 +125,7 @@ class SQLiteReader:
     def evaluation(self, evaluation_id: int) -> EvaluationRecord | None:
         with self._snapshot():
             return evaluation_record(self._rows, evaluation_id)
+
+    def history(self, flag: str) -> list[dict[str, Any]]:
+        with self._snapshot():
+            return history(self._rows, flag)

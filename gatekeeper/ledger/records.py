@@ -91,6 +91,25 @@ def evaluation_record(rows: Rows, evaluation_id: int) -> EvaluationRecord | None
     })
 
 
+def history(rows: Rows, flag: str) -> list[dict[str, Any]]:
+    """Every evaluation of ``flag``, oldest first, without its case evidence: what the looks at one change are
+    judged on (``gate/looks.py``). Each holds its started record's id, flag, operator, gate, started_at, identity and
+    config, its status, its verdict and the verdict record's reasons, summary and finished_at (None while it runs)."""
+    out = []
+    for started in rows("evaluation", flag=flag):
+        verdict = next(iter(rows("verdict", evaluation_id=started["id"])), None)
+        aborted = next(iter(rows("aborted", evaluation_id=started["id"])), None)
+        out.append({
+            **{k: started[k] for k in ("id", "flag", "operator", "gate", "started_at", "identity", "config")},
+            "status": derive_status(started, verdict, aborted),
+            "verdict": verdict["verdict"] if verdict else None,
+            "reasons": verdict["reasons"] if verdict else [],
+            "summary": verdict["summary"] if verdict else None,
+            "finished_at": verdict["finished_at"] if verdict else None,
+        })
+    return out
+
+
 def latest_flips(flips: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Flag -> its latest flip, from every flip oldest first; a flag never flipped is absent (at its default)."""
     return {f["flag"]: f for f in flips}

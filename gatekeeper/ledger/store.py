@@ -17,7 +17,7 @@ from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
-from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record, latest_flips
+from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record, history, latest_flips
 from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
@@ -199,6 +199,12 @@ class Ledger:
         """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
         with read(self.engine) as conn:
             return evaluation_record(lambda kind, **equal: _rows(conn, kind, **equal), evaluation_id)
+
+    def history(self, flag: str) -> list[dict[str, Any]]:
+        """Every evaluation of ``flag``, oldest first, with its status and verdict but not its case evidence
+        (``records.history``): the looks ``gate/looks.py`` counts."""
+        with read(self.engine) as conn:
+            return history(lambda kind, **equal: _rows(conn, kind, **equal), flag)
 
     def _read(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
         with read(self.engine) as conn:
