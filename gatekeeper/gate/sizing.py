@@ -75,17 +75,20 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
 
 @dataclass
 class Coupled:
-    """The samples a per-token total-variation bound needs (sampled suites, ``gate/coupling.py``)."""
+    """The samples a total-variation bound needs in every position class and stage (sampled suites,
+    ``gate/coupling.py``): each class's bound at alpha/m, so the class that needs the most samples sizes them."""
 
     flag: str
     max_tv: float
     alpha: float
     evaluation_id: int | None  # whose coupled steps were used; None: the battery's max_tokens, no mismatch assumed
     cases: int
-    steps_per_answer: float
-    mismatch_rate: float
-    needed_steps: int | None  # None: at this mismatch rate no number of samples brings the bound under max_tv
+    steps_per_answer: float  # all classes pooled
+    mismatch_rate: float  # all classes pooled
+    needed_steps: int | None  # in the binding class; None: at its mismatch rate no number of samples brings it under
     samples_per_case: int | None
+    classes: int = 1  # m: the classes bounded, each at alpha/m
+    binding: str | None = None  # the class that needs the most samples (or can never get under max_tv)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,37 +98,62 @@ class Coupled:
                   f"mismatch rate {self.mismatch_rate:.3g}" if self.evaluation_id is not None
                   else f"no sampled evaluation yet: {self.steps_per_answer:.0f} steps per answer, no mismatch assumed")
         if self.needed_steps is None:
-            return (f"{self.flag}: no number of samples bounds the per-token total variation at {self.max_tv:g} (from "
-                    f"{source}: the sides part more often than that)")
-        return (f"{self.flag}: a per-token total variation of at most {self.max_tv:g} at alpha {self.alpha:g} needs "
-                f"{self.needed_steps} coupled steps: {self.samples_per_case} samples per case over the {self.cases} "
-                f"sampled cases (from {source})")
+            return (f"{self.flag}: no number of samples bounds the mean per-step total variation in {self.binding} at "
+                    f"{self.max_tv:g} (from {source}: the sides part more often than that there)")
+        return (f"{self.flag}: a mean per-step total variation of at most {self.max_tv:g} in every position class and stage "
+                f"at alpha {self.alpha:g} ({self.classes} classes, each at alpha/{self.classes}) needs "
+                f"{self.needed_steps} coupled steps in {self.binding}: {self.samples_per_case} samples per case over "
+                f"the {self.cases} sampled cases (from {source})")
 
 
 def coupled(ws: Workspace, flag: str, max_tv: float | None, evaluation: EvaluationRecord | None = None) -> Coupled:
-    """The samples per case the policy's (or ``max_tv``) bound needs: at the coupled steps per answer and the mismatch
-    rate ``evaluation`` saw, else at the suites' ``max_tokens`` with no mismatch."""
-    from .coupling import steps_needed
+    """The samples per case the policy's (or ``max_tv``) bound needs in every class: at each class's coupled steps
+    per answer and mismatch rate in ``evaluation``, else with answers of the suites' ``max_tokens`` and no mismatch
+    (each position class a third of them)."""
+    from .coupling import THIRDS, steps_needed
 
     policy = ws.policy(flag)
     limit = max_tv if max_tv is not None else policy.max_tv
     if limit is None or not 0 < limit < 1:
-        raise GatekeeperError(f"--max-tv {limit}: give the per-token total-variation bound to size for, above 0 and "
+        raise GatekeeperError(f"--max-tv {limit}: give the total-variation bound to size for, above 0 and "
                               "below 1 (or set max_tv in the policy)")
     items = [i for i in evaluator.read_battery(ws, None, None, True)[0] if i.suite.decoding.sampled and i.sample == 0]
     if not items:
         raise GatekeeperError("no suite samples: a total-variation bound is for suites whose decoding sets a temperature "
                               "above 0 (see docs/sampling.md)")
+    stages: dict[str, list[Any]] = {}
+    for i in items:
+        stages.setdefault(i.suite.stage, []).append(i)
     verdict: Any = evaluation.get("verdict_record") if evaluation else None
     s = ((verdict or {}).get("summary") or {}).get("sampling") or {}
+    # each class: (name, coupled steps per answer, mismatch rate, the battery's cases it draws from)
+    rows: list[tuple[str, float, float, int]]
     if s.get("steps") and s.get("answers"):
         per, rate, source = s["steps"] / s["answers"], s["mismatches"] / s["steps"], evaluation
+        rows = [(c["class"], c["steps"] / c["answers"] if c["answers"] else 0.0,
+                 c["mismatches"] / c["steps"] if c["steps"] else 1.0,
+                 len(stages.get(c["class"][len("stage "):], [])) if c["class"].startswith("stage ") else len(items))
+                for c in s.get("classes") or []]
+        if not rows:  # recorded before the classes: its pooled rate in each third
+            rows = [(f"position third {k + 1}", per / THIRDS, rate, len(items)) for k in range(THIRDS)]
     else:
         per, rate, source = sum(i.suite.decoding.max_tokens for i in items) / len(items), 0.0, None
-    needed = steps_needed(rate, limit, policy.alpha)
-    samples = None if needed is None else max(1, math.ceil(needed / per / len(items)))
+        rows = [(f"position third {k + 1}", per / THIRDS, 0.0, len(items)) for k in range(THIRDS)]
+        if len(stages) > 1:
+            rows += [(f"stage {st}", sum(i.suite.decoding.max_tokens for i in its) / len(its), 0.0, len(its))
+                     for st, its in stages.items()]
+    m = len(rows)
+    binding, needed_steps, samples_per_case = rows[0][0], None, 0
+    for name, steps, r, cases in rows:
+        needed = steps_needed(r, limit, policy.alpha / m) if steps and cases else None
+        if needed is None:  # this class never gets under the limit: nothing sizes the rest
+            binding, needed_steps, samples_per_case = name, None, 0
+            break
+        samples = max(1, math.ceil(needed / steps / cases))
+        if samples > samples_per_case:
+            binding, needed_steps, samples_per_case = name, needed, samples
     return Coupled(flag, limit, policy.alpha, source["id"] if source else None, len(items), round(per, 3),
-                   round(rate, 6), needed, samples)
+                   round(rate, 6), needed_steps, samples_per_case if needed_steps is not None else None, m, binding)
 
 
 def _pairs(evaluation: EvaluationRecord) -> list[paired.Pair]:

@@ -20,7 +20,8 @@ def _header(record: EvaluationRecord) -> dict[str, Any]:
             **({"flips": {k: stats.get(k) for k in ("harmful", "beneficial", "loss", "lower", "upper", "margin")}}
                if stats and "suites" not in stats else {}),
             # sampled decoding: what the seed-paired draws certify (absent for greedy evaluations)
-            **({"sampling": {k: s.get(k) for k in ("answers", "steps", "mismatches", "tv_bound", "alpha")}}
+            **({"sampling": {k: s.get(k) for k in ("answers", "steps", "mismatches", "tv_bound", "tv_mean_bound",
+                                                   "classes", "alpha")}}
                if (s := summary.get("sampling")) else {})}
 
 
@@ -98,8 +99,14 @@ def totals_text(header: dict[str, Any]) -> str:
 
 def sampling_text(header: dict[str, Any]) -> str:
     s = header.get("sampling")
-    return "-" if not s else (f"{s['answers']} answers, {s['steps']} coupled steps, {s['mismatches']} mismatched: "
-                              f"TV <= {s['tv_bound']:.3g}")
+    if not s:
+        return "-"
+    head = f"{s['answers']} answers, {s['steps']} coupled steps, {s['mismatches']} mismatched: "
+    if not s.get("classes"):  # recorded before the per-class bounds: its one bound is the average over compared steps
+        return head + f"mean TV <= {s['tv_bound']:.3g}"
+    worst = max(s["classes"], key=lambda c: c["bound"])
+    return head + (f"TV <= {s['tv_bound']:.3g} averaged within every position class and stage (largest in "
+                   f"{worst['class']}), <= {s['tv_mean_bound']:.3g} averaged over all steps")
 
 
 def seconds_text(side: dict[str, Any] | None) -> str:

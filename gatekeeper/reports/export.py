@@ -221,20 +221,28 @@ def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
 
 
 SAMPLING_HEAD = ["side", "draws read", "Kolmogorov-Smirnov D", "p", "impossible draws", "first impossible"]
+TV_HEAD = ["class", "coupled steps", "mismatched", "mean per-step TV at most"]
 
 
 def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
-    """Sampled decoding (gate/coupling.py, gate/pit.py): what the paired draws certify, and each side's draws against
-    the declared decoding."""
+    """Sampled decoding (gate/coupling.py, gate/pit.py): what the paired draws certify, per position class and stage,
+    and each side's draws against the declared decoding."""
     rows = [[f"flag-{side}", str(d["steps"]), f"{d['statistic']:.3g}", f"{d['p']:.2g}", str(d["impossible"]),
              d["where"][0] if d["where"] else "-"] for side, d in (s.get("declared") or {}).items()]
     decoding = "; ".join(f"{suite}: {d}" for suite, d in s["decoding"].items())
-    return {"rows": rows, "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
-                                  f"{s['mismatches']} mismatched: per-token total variation at most {s['tv_bound']:.3g} "
-                                  f"({1 - s['alpha']:.0%}); {s['sampler_state']} coupled steps weighed differently by "
-                                  f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"
-                                  + (f"; controls: no shared seed {c['unpaired']}, the temperature doubled {c['planted']}"
-                                     if (c := s.get("controls")) else "")}
+    classes = s.get("classes") or []  # recorded before the classes: one pooled bound, named as what it was
+    tv = (f"per-step total variation, averaged within each position class and stage, at most {s['tv_bound']:.3g} "
+          f"({1 - s['alpha']:.0%}, each of the {len(classes)} classes below at alpha/{len(classes)}), "
+          f"{s['tv_mean_bound']:.3g} averaged over all compared steps (early steps weigh most)"
+          if classes else f"total variation averaged over the compared steps at most {s['tv_bound']:.3g} "
+          f"({1 - s['alpha']:.0%}; recorded before the per-class bounds)")
+    return {"rows": rows, "classes": [[c["class"], str(c["steps"]), str(c["mismatches"]), f"{c['bound']:.3g}"]
+                                      for c in classes],
+            "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
+                    f"{s['mismatches']} mismatched: {tv}; {s['sampler_state']} coupled steps weighed differently by "
+                    f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"
+                    + (f"; controls: no shared seed {c['unpaired']}, the temperature doubled {c['planted']}"
+                       if (c := s.get("controls")) else "")}
 
 
 def _calibration(c: dict[str, Any]) -> dict[str, Any]:
@@ -370,6 +378,9 @@ def markdown(v: dict[str, Any]) -> str:
     if v.get("sampling"):
         lines += ["", "## Sampled decoding (paired draws, and each side's draws against the declared decoding)", "",
                   _md(v["sampling"]["note"])] + (
+            ["", "| " + " | ".join(TV_HEAD) + " |", "|---|" + "---:|" * 3]
+            + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sampling"]["classes"]]
+            if v["sampling"].get("classes") else []) + (
             ["", "| " + " | ".join(SAMPLING_HEAD) + " |", "|---|" + "---:|" * 4 + "---|"]
             + ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sampling"]["rows"]]
             if v["sampling"]["rows"] else [])
@@ -645,6 +656,8 @@ def page(v: dict[str, Any]) -> str:
                 + f"<p>{_e(v['reference']['note'])}</p>")] if v.get("reference") else []),
             *(["<h2>Sampled decoding <small>(paired draws, and each side's draws against the declared decoding)</small></h2>",
                f"<p>{_e(v['sampling']['note'])}</p>"
+               + (_table(TV_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["sampling"]["classes"]])
+                  if v["sampling"].get("classes") else "")
                + (_table(SAMPLING_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["sampling"]["rows"]])
                   if v["sampling"]["rows"] else "")] if v.get("sampling") else []),
             "<h2>Cache probes</h2>", (_table(["probe", "outcome"], [[f"<td>{_e(k)}</td>", f"<td>{_e(st)}</td>"]

@@ -62,6 +62,9 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     if s:  # sampled decoding: what the seed-paired draws certify, and the controls
         out += [("sampled_answers", str(s["answers"])), ("coupled_steps", str(s["steps"])),
                 ("coupled_mismatches", str(s["mismatches"])), ("tv_bound", f"{s['tv_bound']:.4g}")]
+        if s.get("classes"):  # per position class and stage, each at alpha/m; tv_bound is the largest
+            out += [("tv_mean_bound", f"{s['tv_mean_bound']:.4g}")]
+            out += [(f"tv_bound {c['class']}", f"{c['bound']:.4g} ({c['mismatches']} of {c['steps']})") for c in s["classes"]]
         out += [(f"control_{k}", v) for k, v in sorted((s.get("controls") or {}).items()) if k in ("unpaired", "planted")]
     arms = (summary.get("reference") or {}).get("arms")
     if arms:  # the reference arm: answer positions where each arm parts from a cache-free read
