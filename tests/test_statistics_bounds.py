@@ -205,3 +205,19 @@ def test_one_answer_a_strict_prefix_of_the_other_is_one_mismatch():
     assert not parted and c.mismatches == 0 and c.steps == 3
     c, parted = walked([5, 6, 7], [5, 9, 7])  # a differing token: one mismatch, the walk stops there
     assert parted and c.mismatches == 1 and c.steps == 2
+
+
+def test_a_sampled_parting_with_equal_logits_is_the_seeds_not_the_kernels():
+    """#60 item 12: two runs of a sampled case that part where both read the same top-2 logits drew twice from one
+    distribution (a seed batching broke); other top-2 logits there, or a greedy case, are the numerics'."""
+    from gatekeeper.gate.production import seed_broken
+
+    def run(tokens, top2, draws=True):
+        turn = {"tokens": tokens, "top2": top2, **({"draws": [[-1.0, -1.0, -0.5]] * len(tokens)} if draws else {})}
+        return {"turns": [turn], "outcomes": []}
+
+    same = [[[5, 2.0], [9, 1.9]], [[788, 1.2], [10345, 1.1]]]
+    moved = [[[5, 2.0], [9, 1.9]], [[788, 1.2], [10345, 1.1000001]]]
+    assert seed_broken(run([5, 788], same), run([5, 10345], same), 1, 1)
+    assert not seed_broken(run([5, 788], same), run([5, 10345], moved), 1, 1)
+    assert not seed_broken(run([5, 788], same, draws=False), run([5, 10345], same, draws=False), 1, 1)

@@ -150,6 +150,8 @@ def test_runtime_prepare_refuses_bad_input_and_an_environment_that_cannot_run_th
     code, out, _ = run_cli("runtime", "prepare", "empty", "--json")
     assert code == 2
     with pytest.raises(GatekeeperError, match="cannot run gatekeeper's worker"):
-        runtimes.prove(sys._base_executable)  # the bare interpreter: no pydantic, no worker
+        # an environment with no packages (the base interpreter may have some installed): no pydantic, no worker
+        venv.create(tmp_path / "bare", with_pip=False)
+        runtimes.prove(str(tmp_path / "bare" / "bin" / "python"))
 
 
