@@ -55,6 +55,12 @@ def trials(runs: int, seed: int, one: Callable) -> tuple[float, float]:
     return rate(sum(bool(one(rng)) for _ in range(runs)), runs)
 
 
+def ever(hits, every: int, holds: Callable[[int, int], bool]) -> bool:
+    """Whether ``holds(k, n)`` at some look, every ``every`` trials of ``hits`` (k of the first n true)."""
+    counts = hits.cumsum()
+    return any(holds(int(counts[n - 1]), n) for n in range(every, len(hits) + 1, every))
+
+
 # --- the rows ---------------------------------------------------------------------------------------------------
 
 
@@ -149,15 +155,7 @@ def anytime_bound(runs: int, seed: int) -> Row:
     limit = 0.02
 
     def ever_within(p: float):
-        def one(rng) -> bool:
-            hits = rng.random(2000) < p
-            k = 0
-            for n in range(10, 2001, 10):
-                k = int(hits[:n].sum())
-                if coupling.upper_anytime(k, n, ALPHA) <= limit:
-                    return True
-            return False
-        return one
+        return lambda rng: ever(rng.random(2000) < p, 10, lambda k, n: coupling.upper_anytime(k, n, ALPHA) <= limit)
 
     n = max(runs // 4, 50)
     size, se = trials(n, seed, ever_within(limit))
@@ -171,15 +169,7 @@ def guard_one_sample(runs: int, seed: int) -> Row:
     limit, watch = 0.02, 3000
 
     def rolls_back(p: float):
-        def one(rng) -> bool:
-            hits = rng.random(watch) < p
-            k = 0
-            for n in range(16, watch + 1, 16):
-                k = int(hits[:n].sum())
-                if guard.log_evalue(k, n, limit) >= math.log(1 / ALPHA):
-                    return True
-            return False
-        return one
+        return lambda rng: ever(rng.random(watch) < p, 16, lambda k, n: guard.log_evalue(k, n, limit) >= math.log(1 / ALPHA))
 
     n = max(runs // 4, 50)
     size, se = trials(n, seed, rolls_back(limit))

@@ -202,6 +202,29 @@ def wait(predicate, within: float = 60, what: str = ""):
 
 
 @contextmanager
+def loopback(handler, closing: threading.Event | None = None):
+    """``handler`` served on a free loopback port until the block ends (``closing`` set first: held requests end)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        if closing is not None:
+            closing.set()
+        server.shutdown()
+        server.server_close()
+
+
+def reply(handler: BaseHTTPRequestHandler, status: int, payload: bytes, kind: str = "application/json") -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", kind)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+@contextmanager
 def front(upstream: str, mode: str):
     """Forwards to ``upstream``; POST /v1/completions per ``mode``: ``off`` (the prompt cache off: the flag-off
     deployment), ``stale`` (every fourth request whose prefix was seen answers with that earlier request's answer,
@@ -233,21 +256,10 @@ def front(upstream: str, mode: str):
                     status, payload, kind = r.status, r.read(), r.headers.get("Content-Type")
                 if not body.get("stream"):
                     seen[prefix] = payload
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            reply(self, status, payload, kind)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        closing.set()
-        server.shutdown()
-        server.server_close()
+    with loopback(Handler, closing) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -446,20 +458,10 @@ def noisy(parts: set[tuple[int, int]]):
                 call = calls[i] = calls.get(i, -1) + 1
             text = "noise" if (i, call) in parts else "ok"
             payload = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            reply(self, 200, payload)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback(Handler) as url:
+        yield url
 
 
 @pytest.mark.parametrize("second", ["the flag-off side again", "a flag-off replica"])
