@@ -2,9 +2,9 @@
 randomness is keyed by (seed, case, sample, turn) and counted by step, never by call order or batch.
 
 The draw is Gumbel-max: the token maximising its processed log-probability plus Gumbel noise from a Philox
-stream keyed as above, at counter = step. Two arms given the same key draw the same noise: where their processed
-distributions are equal they emit the same token, and where they differ the tokens part with probability at
-least their total-variation distance (any coupling does), so counting coupled steps and mismatches bounds it.
+stream keyed as above, one stream per step (``stream``). Two arms given the same key draw the same noise: where their
+processed distributions are equal they emit the same token, and where they differ the tokens part with probability
+at least their total-variation distance (any coupling does), so counting coupled steps and mismatches bounds it.
 
 The chain, in order (as transformers' and vLLM's samplers apply it): the repetition penalty over the prompt and
 the answer so far, presence and frequency penalties over the answer so far, temperature, top-k, top-p, min-p
@@ -31,7 +31,7 @@ EDGE = 1e-3  # nats: a token this far outside the declared support's lowest raw 
 def chain() -> dict[str, Any]:
     """gatekeeper's own sampler as the identity records it (an in-process engine's chain order and windows)."""
     return {"sampler": "gatekeeper", "chain": list(CHAIN), "window": WINDOW,
-            "draw": "gumbel-max, philox(seed, case, sample, turn) at step"}
+            "draw": "gumbel-max, philox(seed, case, sample, turn), one stream per step"}
 
 
 def describe(d: "Decoding") -> str:
@@ -135,8 +135,7 @@ class Sampler:
         """Gumbel noise of one step: a function of the key and the step alone."""
         import numpy as np
 
-        bits = np.random.Philox(key=np.array(self.key, dtype=np.uint64), counter=np.array([step, 0, 0, 0], dtype=np.uint64))
-        u = np.random.Generator(bits).random(vocab)
+        u = stream(self.key, step, NOISE).random(vocab)
         return -np.log(-np.log(np.maximum(u, 1e-300)))
 
     def pick(self, logits: "np.ndarray", prompt: Sequence[int],
@@ -154,7 +153,7 @@ class Sampler:
 def transform(lp: "np.ndarray", token: int | None, key: tuple[int, int], step: int) -> float:
     """The randomized probability-integral transform of ``token`` under the declared decoding's processed row ``lp``
     (whatever sampler drew it): tokens ordered likeliest first (lowest id on a tie), F(tokens before it) + V p(token),
-    V uniform from the key's second lane at ``step``. Over the steps of draws that follow the declared decoding it
+    V uniform from the key's own stream for it at ``step``. Over the steps of draws that follow the declared decoding it
     is uniform on [0, 1) (a sharper sampler gathers it near 0, a flatter one near 1); -1.0 where the declared
     decoding gives the token no chance (or it is not among the tokens read)."""
     import numpy as np
@@ -162,9 +161,22 @@ def transform(lp: "np.ndarray", token: int | None, key: tuple[int, int], step: i
     if token is None or lp[token] == -np.inf:
         return -1.0
     before = (lp > lp[token]) | ((lp == lp[token]) & (np.arange(len(lp)) < token))
-    bits = np.random.Philox(key=np.array(key, dtype=np.uint64), counter=np.array([step, 1, 0, 0], dtype=np.uint64))
-    v = float(np.random.Generator(bits).random())
+    v = float(stream(key, step, UNIFORM).random())
     return float(np.exp(lp[before]).sum() + v * np.exp(lp[token]))
+
+
+NOISE, UNIFORM = 0, 1  # the counter's top word: a step's Gumbel noise, or the transform's uniform
+
+
+def stream(key: tuple[int, int], step: int, lane: int) -> "np.random.Generator":
+    """One step's own random stream under ``key``: Philox from counter (0, 0, step, lane). The generator counts its
+    blocks in the counter's low words (the first, carrying into the second), which never reach the step's word or the
+    lane's, so no two steps and no two lanes share a block. (Keyed at counter (step, 0, 0, 0), as before, step s + 1's
+    stream was step s's one block, four token ids, on: consecutive draws correlated.)"""
+    import numpy as np
+
+    counter = np.array([0, 0, step, lane], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=np.array(key, dtype=np.uint64), counter=counter))
 
 
 def log_softmax(x: "np.ndarray") -> "np.ndarray":

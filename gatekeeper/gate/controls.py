@@ -10,8 +10,10 @@ is drawn twice more and set against the flag-off answer drawn under the case's k
   that part, or the same raw log-probability weighed otherwise (``coupling.PROCESSED``) where the side records what
   its draws weighed.
 
-Each is ``seen``, ``missed`` or ``undecided`` (a decoding too peaked to tell, or a server that records no weights and
-whose tokens happened to agree). A missed control turns a PASS into INCONCLUSIVE (``control_missed:``).
+Each is ``seen``, ``missed`` or ``undecided`` (a decoding too peaked to tell: for ``planted``, a nucleus of one token
+at every step at both temperatures, where no temperature changes what is drawn or how it is weighed; or a server
+that records no weights and whose tokens happened to agree). A missed control turns a PASS into INCONCLUSIVE
+(``control_missed:``).
 """
 
 from __future__ import annotations
@@ -87,10 +89,14 @@ def judge(drawn: dict[str, Any] | None, off: Run, alpha: float) -> Controls | No
 
 
 def _planted(g: dict[str, Any], ref: Any) -> str:
+    """``seen`` where the planted draw parts or weighs a token otherwise; ``missed`` only where it had a chance to:
+    a step where either draw gave its token less than all the processed mass. A nucleus of one token at both
+    temperatures (processed log-probability 0 on both sides at every step) leaves nothing a temperature can
+    change, so the control is ``undecided`` there, as with no weights recorded."""
     if g["tokens"] != ref["tokens"]:
         return "seen"
     pairs = list(zip(g.get("draws") or [], ref.get("draws") or []))
-    if not pairs:
-        return "undecided"
-    weighed = any(a[0] == b[0] and abs(a[1] - b[1]) > PROCESSED for a, b in pairs)
-    return "seen" if weighed else "missed"
+    if any(a[0] == b[0] and abs(a[1] - b[1]) > PROCESSED for a, b in pairs):
+        return "seen"
+    chance = any(min(a[1], b[1]) < -PROCESSED for a, b in pairs)
+    return "missed" if chance else "undecided"
