@@ -543,7 +543,8 @@ class Policy(Strict):
     distance: bool = Field(True, exclude_if=lambda v: v)
     max_kld: float | None = Field(None, gt=0, exclude_if=lambda v: v is None)  # mean KL(off||on), nats
     min_same_top1: float | None = Field(None, gt=0, le=1, exclude_if=lambda v: v is None)
-    # sampled suites: a PASS must bound the per-token total variation between the sides at most this (gate/coupling.py)
+    # sampled suites: a PASS must bound the sides' total variation at most this, averaged within each position class
+    # and stage (gate/coupling.py)
     max_tv: float | None = Field(None, gt=0, lt=1, exclude_if=lambda v: v is None)
     # the reference arm (gate/reference.py): each arm's answers read again with no cache object; read unless off
     reference: bool = Field(True, exclude_if=lambda v: v)

@@ -36,12 +36,25 @@ def size(ws, *args):
 def test_the_cases_a_margin_needs_from_the_last_evaluation(ws):
     code, out = size(ws, "--flag", "half_precision")
     assert code == 0 and out["evaluation_id"] == 3 and (out["pairs"], out["cases"], out["discordance"]) == (4, 4, 0.0)
-    # no flips: the fewest pairs whose zero-discordance bound z^2/(n+z^2) reaches 0.05 at one-sided alpha 0.05
-    z2 = 1.6448536269514722 ** 2
-    assert out["needed_pairs"] == 52 and z2 / (51 + z2) > 0.05 >= z2 / (52 + z2)
+    # sized for the change's next look: its first (evaluation 3 compared exactly and spent nothing), at alpha/2
+    assert (out["look"], out["policy_alpha"], out["alpha"]) == (1, 0.05, 0.025)
+    # no flips: the fewest pairs whose zero-discordance bound z^2/(n+z^2) reaches 0.05 at one-sided alpha 0.025
+    z2 = 1.959963984540054 ** 2
+    assert out["needed_pairs"] == 73 and z2 / (72 + z2) > 0.05 >= z2 / (73 + z2)
     assert out["supported_margin"] == pytest.approx(z2 / (4 + z2), abs=1e-3)
     code, out = size(ws, "--flag", "half_precision", "--margin", "0.02")
-    assert code == 0 and out["needed_pairs"] > 52 and out["margin"] == 0.02
+    assert code == 0 and out["needed_pairs"] > 73 and out["margin"] == 0.02
+
+
+def test_a_second_look_is_sized_at_its_own_share_of_alpha(ws, monkeypatch):
+    """After one look at the change, the next spends alpha/4: more pairs for the same margin."""
+    from gatekeeper.gate import looks
+
+    code, first = size(ws, "--flag", "half_precision")
+    monkeypatch.setattr(looks, "is_look", lambda row: True)  # evaluation 3 as if judged by a bound
+    code, second = size(ws, "--flag", "half_precision")
+    assert code == 0 and (second["look"], second["alpha"]) == (2, 0.0125)
+    assert second["needed_pairs"] > first["needed_pairs"]
 
 
 def test_before_any_evaluation_the_battery_is_sized_as_it_is(ws):
@@ -53,8 +66,8 @@ def test_before_any_evaluation_the_battery_is_sized_as_it_is(ws):
     items = suites.read(Workspace(ws))
     assert code == 0 and out["evaluation_id"] is None and out["discordance"] == 0
     assert (out["cases"], out["pairs"]) == (len(items), sum(len(i.case.assert_) for i in items))
-    # several assertions per case are not independent: more pairs than 52 independent ones (design effect > 1)
-    assert out["deff"] > 1 and out["needed_pairs"] > 52
+    # several assertions per case are not independent: more pairs than 73 independent ones (design effect > 1)
+    assert out["deff"] > 1 and out["needed_pairs"] > 73
 
 
 def test_a_byte_equivalence_flag_has_no_margin_to_size(ws):

@@ -10,6 +10,7 @@ import asyncio
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -256,7 +257,7 @@ def test_the_baseline_enters_the_rule_and_its_digest_and_a_rule_without_it_reads
 C = {**A, "limit": 0, "aa_rate": 0.5, "min_comparisons": 4, "batch": 4}
 
 
-def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metrics(workspace, keys):  # noqa: F811
+def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metrics(workspace, keys, capsys):  # noqa: F811
     """Requests compared both ways, through the guard's own comparison (the proxy's path after the two flag-off
     answers): each batch's stage rows count the A/A comparisons and the discordant ones, the test is against the
     baseline, ``guard.live`` sums them, /metrics counts them; a flag that parts only where the flag-off side agrees
@@ -308,6 +309,11 @@ def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metr
     assert (evidence["aa_compared"], evidence["aa_mismatches"]) == (48, 2) and 0 < evidence["aa_bound"] < 1
     assert evidence["segments"][0]["aa_compared"] == 48 and evidence["rolled_back"]
     assert "A/A baseline: 2 of 48" in line(evidence)
+    from gatekeeper.cli.tables import print_live
+
+    print_live(evidence)  # ledger live's table: the A/A columns beside A/B per stage
+    shown = capsys.readouterr().out
+    assert "A/A compared" in shown and re.search(r"router\D+47\D+\d+\D+0\D+46\D+2\b", shown), shown
 
     metrics = guard.metrics()
     assert 'gatekeeper_guard_aa_compared_total{flag="prefix_cache"} 48' in metrics

@@ -217,6 +217,11 @@ def test_a_second_evaluation_is_look_two_and_flip_refuses_a_pass_held_only_at_th
     assert code == 0 and shown["verdict_record"]["summary"]["looks"] == second["looks"]
     code, text, _ = run_cli("--workspace", tiny_ws, "ledger", "show", str(eid))
     assert f"look 2 of this change (evaluations {first['evaluation_id']}, {eid}): alpha 0.05 of the policy's 0.2" in text, text
+    for fmt in ("md", "html"):  # and the exports
+        code, page, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(eid), "--format", fmt)
+        assert code == 0 and f"Looks: look 2 of this change" in page, page
+    code, sized = cli(run_cli, tiny_ws, "battery", "size", "--flag", "lossy")  # the next look is sized at its share
+    assert code == 0 and (sized["evaluation_id"], sized["look"], sized["alpha"]) == (eid, 3, pytest.approx(0.025)), sized
     code, flipped = flip_on(run_cli, tiny_ws, eid)
     assert code == 1 and flipped["action"] == "refused" and flipped["reasons"][0].startswith("not_passed:"), flipped
 

@@ -106,26 +106,28 @@ def size(
     evaluation: Annotated[Optional[int], typer.Option(
         help="The evaluation whose discordance to use (default: the flag's last finished one; none: assume none).")] = None,
     max_tv: Annotated[Optional[float], typer.Option(
-        "--max-tv", help="Size sampled suites for this per-token total-variation bound instead (default: the policy's "
+        "--max-tv", help="Size sampled suites for this total-variation bound (every position class and stage) instead (default: the policy's "
                          "max_tv, where it sets one): the samples per case it needs.")] = None,
     json_: Json = False,
 ) -> None:
-    """The cases the policy's margin needs at its alpha and power, and the smallest margin the battery supports now;
+    """The cases the policy's margin needs at its power and at the alpha the next look at the change spends, and the
+    smallest margin the battery supports now;
     for sampled suites with --max-tv (or the policy's max_tv), the samples per case that bound needs."""
-    from ..gate import sizing
+    from ..gate import looks, sizing
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     ws.policy(flag)  # unknown flag: exit 2
-    record = None
+    record, history = None, []
     with settings.opened_ledger(ws, create=False) as ledger:
         if ledger is not None:
             if evaluation is None:  # the newest finished one
                 evaluation = next((e["id"] for e in ledger.evaluations() if e["flag"] == flag
                                    and e["status"] in ("PASS", "FAIL", "INCONCLUSIVE")), None)
             record = ledger.evaluation(evaluation) if evaluation is not None else None
+            history = ledger.history(flag)
     if evaluation is not None and record is None:
         raise GatekeeperError(f"no evaluation {evaluation} in {settings.ledger_url(ws)}; see 'gatekeeper ledger list'")
     result = (sizing.coupled(ws, flag, max_tv, record) if max_tv is not None or ws.policy(flag).max_tv is not None
-              else sizing.size(ws, flag, margin, record))
+              else sizing.size(ws, flag, margin, record, looks.following(history, record)))
     emit(json_, result.to_dict(), lambda: typer.echo(result.line()))

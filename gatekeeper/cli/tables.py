@@ -77,9 +77,11 @@ def print_live(e: dict[str, Any]) -> None:
     console.print(f"{e['flag']}: live evidence of flip {e['flip_id']}, batches {e['batches'][0]}-{e['batches'][1]}, "
                   f"{e['since']} to {e['until']}", highlight=False)
     console.print(f"{e['requests']} requests, {e['shadowed']} shadowed: {line(e)}", highlight=False)
-    table = Table("stage", "compared", "parted", "unpaired")
+    baseline = "aa_compared" in e  # the A/A columns: the flag-off side against its own second answer
+    table = Table("stage", "compared", "parted", "unpaired", *(("A/A compared", "A/A parted") if baseline else ()))
     for stage, row in sorted(e["stages"].items()):
-        table.add_row(stage, str(row["compared"]), str(row["mismatches"]), str(row["unpaired"]))
+        aa = (str(row.get("aa_compared", 0)), str(row.get("aa_mismatches", 0))) if baseline else ()
+        table.add_row(stage, str(row["compared"]), str(row["mismatches"]), str(row["unpaired"]), *aa)
     console.print(table)
     for name in ("unpaired", "dropped", "shapes"):
         if e[name]:

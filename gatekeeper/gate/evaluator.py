@@ -86,7 +86,7 @@ class Outcome:
     distance: dict[str, Any] | None = None
     # the reference arm: each arm against a cache-free read of its answers (gate/reference.py); or {not_observable}
     reference: dict[str, Any] | None = None
-    # sampled decoding: coupled steps, mismatches and the per-token TV bound they certify (gate/coupling.py)
+    # sampled decoding: coupled steps, mismatches and the TV bounds they certify per position class and stage (gate/coupling.py)
     sampling: dict[str, Any] | None = None
     # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
     sequential: dict[str, Any] | None = None

@@ -119,6 +119,15 @@ def take(history: list[dict[str, Any]], evaluation_id: int, gate: str, margin: f
     return Look(index, [*earlier, evaluation_id], alpha, allotted(index, alpha), key)
 
 
+def following(history: list[dict[str, Any]], evaluation: dict[str, Any] | None) -> int:
+    """The index the next look at ``evaluation``'s change would take (``battery size`` sizes for it): one past every
+    look at that change in ``history`` (``Ledger.history``); 1 with no evaluation to name the change."""
+    if evaluation is None:
+        return 1
+    key = change_key(evaluation["flag"], evaluation["identity"])
+    return 1 + sum(1 for h in _same(history, key) if is_look(h))
+
+
 def _same(history: Iterable[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return [h for h in history if change_key(h["flag"], h["identity"]) == key]
 

@@ -1,5 +1,6 @@
 """The cases a margin needs (``gatekeeper battery size``): from the discordance of the flag's last evaluation (or
-one named), else assuming none, the assertion pairs and cases the policy's margin needs at its alpha and power,
+one named), else assuming none, the assertion pairs and cases the policy's margin needs at its power and at the alpha
+the next look at the change will spend (``looks.py``: alpha/2 for a first evaluation, alpha/4 after one look, ...),
 and the smallest margin the battery supports now. Before a run it sizes the battery; after one it says what the
 evidence could have detected."""
 
@@ -12,14 +13,14 @@ from typing import Any
 from ..errors import GatekeeperError
 from ..evidence import EvaluationRecord
 from ..workspace import Workspace
-from . import evaluator, paired
+from . import evaluator, looks, paired
 
 
 @dataclass
 class Sizing:
     flag: str
     margin: float
-    alpha: float
+    alpha: float  # what the next look spends: the policy's alpha at its share (``looks.allotted``)
     power: float
     evaluation_id: int | None  # whose discordance was used; None: none yet, no discordance assumed
     pairs: int  # assertion pairs it had (or the battery has, without an evaluation)
@@ -29,6 +30,8 @@ class Sizing:
     needed_pairs: int | None  # None: no number of cases can show this margin (margin at or below the loss)
     needed_cases: int | None
     supported_margin: float  # the smallest margin these pairs support at this discordance
+    look: int = 1  # the look at the change it sizes for (1: its first evaluation)
+    policy_alpha: float = 0.0  # what all looks at the change spend together
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,13 +41,17 @@ class Sizing:
                   else "no evaluation yet: no discordance assumed (the fewest cases any margin needs)")
         needs = ("no finite number of cases (the observed loss reaches the margin)" if self.needed_cases is None
                  else f"{self.needed_pairs} assertion pairs, about {self.needed_cases} cases")
-        return (f"{self.flag}: margin {self.margin:g} at alpha {self.alpha:g}, power {self.power:g} needs {needs} "
+        look = (f"alpha {self.alpha:.4g} (look {self.look} at this change, of the policy's {self.policy_alpha:g})"
+                if self.alpha != self.policy_alpha else f"alpha {self.alpha:g}")
+        return (f"{self.flag}: margin {self.margin:g} at {look}, power {self.power:g} needs {needs} "
                 f"(from {source}); the {self.cases} cases here ({self.pairs} pairs) support a margin of "
                 f"{self.supported_margin:.3f}")
 
 
-def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: EvaluationRecord | None = None) -> Sizing:
-    """``evaluation``: the flag's evaluation whose outcomes give the discordance; None sizes the battery as it is."""
+def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: EvaluationRecord | None = None,
+         look: int = 1) -> Sizing:
+    """``evaluation``: the flag's evaluation whose outcomes give the discordance; None sizes the battery as it is.
+    ``look``: the look at the change to size for (``looks.following``); it spends its share of the policy's alpha."""
     policy = ws.policy(flag)
     if policy.gate == "byte_equivalence":
         raise GatekeeperError(f"{flag} is gated by byte_equivalence: no difference is allowed, so there is no margin to "
@@ -65,12 +72,14 @@ def size(ws: Workspace, flag: str, margin: float | None = None, evaluation: Eval
     if not pairs:
         raise GatekeeperError(f"no assertions to size: the battery{' of evaluation ' + str(evaluation['id']) if evaluation else ''} "
                               "has none; add assertions to the cases in assertions/")
-    verdict = paired.decide(pairs, m, policy.alpha, policy.power)
+    alpha = looks.allotted(look, policy.alpha) if looks.judged_by_bound(policy.gate, m) else policy.alpha
+    verdict = paired.decide(pairs, m, alpha, policy.power)
     cases = len({c for c, _, _ in pairs})  # clusters: cases, unless the policy's cluster is coarser
     needed = None if math.isinf(verdict.needed) else int(verdict.needed)
-    return Sizing(flag, m, policy.alpha, policy.power, evaluation["id"] if evaluation else None, len(pairs), cases,
+    return Sizing(flag, m, alpha, policy.power, evaluation["id"] if evaluation else None, len(pairs), cases,
                   round((verdict.harmful + verdict.beneficial) / len(pairs), 6), round(verdict.deff, 4), needed,
-                  None if needed is None else math.ceil(needed * cases / len(pairs)), round(verdict.supported_margin, 6))
+                  None if needed is None else math.ceil(needed * cases / len(pairs)), round(verdict.supported_margin, 6),
+                  look, policy.alpha)
 
 
 @dataclass

@@ -91,7 +91,7 @@ def predicate(ledger, evaluation: dict[str, Any], checkpoint: dict[str, Any], si
         "strength": summary.get("strength"),
         # paired verdicts, the sequential rule, the teacher-forced distance, the reference arm and sampled decoding's
         # coupling, where the evaluation has them (older ones read as they did)
-        **{k: summary[k] for k in ("paired", "sequential", "distance", "reference", "sampling") if summary.get(k) is not None},
+        **{k: summary[k] for k in ("paired", "sequential", "looks", "distance", "reference", "sampling") if summary.get(k) is not None},
         "summary": {k: summary[k] for k in ("cases", "assertions", "differing_cases", "equal", "exercised_share")
                     if k in summary},
         "calibrations": evaluation["calibrations"],

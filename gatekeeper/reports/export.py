@@ -20,6 +20,7 @@ from typing import Any
 from ..cache.trie import common_prefix
 from ..engines.base import plus
 from ..evidence import CaseResultRow, Comparison, EvaluationRecord
+from ..gate import looks
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..identity import flatten
 from . import junit
@@ -147,6 +148,8 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         # records written before paired verdicts have none: their exports read as they did
         **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
         **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
+        # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/looks.py)
+        **({"looks": looks.line(summary["looks"])} if summary.get("looks") else {}),
         **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
         **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
         **({"sampling": _sampling_view(summary["sampling"])} if summary.get("sampling") else {}),
@@ -367,6 +370,8 @@ def markdown(v: dict[str, Any]) -> str:
         lines += ["", "## Sequential evaluation (anytime-valid)", "", "| " + " | ".join(SEQUENTIAL_HEAD) + " |",
                   "|" + "---:|" * (len(SEQUENTIAL_HEAD) - 2) + "---|---|"]
         lines += ["| " + " | ".join(_md(x) for x in row) + " |" for row in v["sequential"]]
+    if v.get("looks"):
+        lines += ["", f"Looks: {_md(v['looks'])}"]
     if v.get("distance"):
         lines += ["", "## Teacher-forced distance (KL(off‖on) per position)", ""] + _distance_md(v["distance"])
     if v.get("reference"):
@@ -648,6 +653,7 @@ def page(v: dict[str, Any]) -> str:
             *(["<h2>Sequential evaluation <small>(anytime-valid)</small></h2>",
                _table(SEQUENTIAL_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in v["sequential"]])]
               if v.get("sequential") else []),
+            *([f"<p>Looks: {_e(v['looks'])}</p>"] if v.get("looks") else []),
             *(["<h2>Teacher-forced distance <small>(KL(off‖on) per position)</small></h2>", _distance_html(v["distance"])]
               if v.get("distance") else []),
             *(["<h2>Reference arm <small>(each arm against a cache-free read of its answers)</small></h2>",

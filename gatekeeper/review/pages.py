@@ -89,7 +89,7 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> dict[str, Any]:
             **{k: v[k] for k in (
                 "flag", "gate", "status", "verdict", "reasons", "operator", "started_at", "finished_at", "aborted",
                 "config", "identity_rows", "stages", "chart", "strength", "near_ties", "calibrations", "probes")},
-            **{k: v[k] for k in ("paired", "sequential", "distance", "reference", "sampling") if k in v},
+            **{k: v[k] for k in ("paired", "sequential", "looks", "distance", "reference", "sampling") if k in v},
             "flips_by_suite": _flips_by_suite(rows),
             "cases_filter": cases, "case_counts": {f: sum(_matches(r, f) for r in rows) for f in CASE_FILTERS},
             "cases": [r for r in rows if _matches(r, cases)],
