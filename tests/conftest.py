@@ -17,9 +17,10 @@ if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and hasattr(os, "sched_seta
 
 # The longest files go to the workers first (longest first, as measured; docs/testing.md), so the two end together. The
 # Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out files by their number of tests.
-LONGEST = ("test_served_dialects.py", "test_shipped_power.py", "test_engine_http.py", "test_probes.py", "test_load.py",
+LONGEST = ("test_served_vllm.py", "test_shipped_power.py", "test_engine_http.py", "test_probes.py", "test_load.py",
            "test_default_model_verdicts.py", "test_served_sides.py", "test_real_bugs.py", "test_engine_llamacpp.py",
-           "test_serve.py", "test_ray.py", "test_examples.py", "test_aligned_gate.py")
+           "test_serve.py", "test_ray.py", "test_examples.py", "test_aligned_gate.py", "test_served_mlx.py",
+           "test_served_llama_cpp_python.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -27,6 +28,21 @@ def pytest_collection_modifyitems(items):
     slow = {item.path.name for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (LONGEST.index(item.path.name) if item.path.name in LONGEST else len(LONGEST),
                                  item.path.name not in slow))
+
+
+FILE_SECONDS: dict[str, float] = {}  # per test file, its tests' setup, call and teardown (on the controller: every worker's)
+
+
+def pytest_runtest_logreport(report):
+    FILE_SECONDS[report.nodeid.split("::")[0]] = FILE_SECONDS.get(report.nodeid.split("::")[0], 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The longest files, to keep LONGEST in the order they cost (docs/testing.md)."""
+    if FILE_SECONDS:
+        terminalreporter.section("longest files")
+        for path, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 import urllib.request
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -367,3 +368,27 @@ def faulty_front(upstream: str, mode: str, delay: float = 0.0, other: str | None
     finally:
         server.shutdown()
         server.server_close()
+
+
+def profile(off: str, on: str, *extra: str) -> str:
+    extra = extra if any(e.startswith("timeout:") for e in extra) else (*extra, "timeout: 600")
+    return "\n".join(["adapter: http", f"url: {off}", f"url_on: {on}", *extra]) + "\n"
+
+
+def started(*servers):
+    """Start servers side by side (vLLM takes minutes to come up); yields their URLs, stops them all."""
+    stack = ExitStack()
+    with ThreadPoolExecutor(len(servers)) as pool:
+        futures = [pool.submit(lambda cm: (cm, cm.__enter__()), cm) for cm in servers]
+    try:
+        urls = []
+        for f in futures:
+            cm, url = f.result()  # a server that did not start fails the fixture, naming its log
+            stack.push(cm.__exit__)
+            urls.append(url)
+    except BaseException:
+        for f in futures:
+            if f.exception() is None:
+                f.result()[0].__exit__(None, None, None)
+        raise
+    return stack, urls

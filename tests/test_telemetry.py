@@ -1,5 +1,5 @@
 """telemetry.read on the answer shapes of each server family; a figure not reported is None, never 0.
-(The real servers' answers are read in test_engine_http.py and test_served_dialects.py; ik_llama.cpp's
+(The real servers' answers are read in test_engine_http.py and the test_served_*.py modules; ik_llama.cpp's
 server is not built here, so its shape, from its source, is checked on its own.)"""
 
 from gatekeeper.engines.telemetry import Telemetry, read
