@@ -211,8 +211,25 @@ def pit_uniform(runs: int, seed: int) -> Row:
                "rejects at most alpha (docs/sampling.md)")
 
 
+def pit_serial(runs: int, seed: int) -> Row:
+    """The independence check beside it: the lag-1 serial test on 30 turns of 10 PIT values each."""
+    def rejects(reuse: float):  # a step that reuses the step before's randomness with chance ``reuse``
+        def one(rng) -> bool:
+            u = rng.random((30, 10))
+            for t in range(1, 10):
+                again = rng.random(30) < reuse
+                u[again, t] = u[again, t - 1]
+            return pit.serial([list(row) for row in u])[2] < ALPHA
+        return one
+
+    size, se = trials(runs, seed, rejects(0.0))
+    return Row("consecutive draws independent (pit.serial)", "independent uniform steps, 30 turns of 10",
+               size, se, [(f"reused {x:.0%}", *trials(runs, seed + 1, rejects(x))) for x in (0.1, 0.3)], runs,
+               "rejects at most alpha (docs/sampling.md)")
+
+
 ROWS = (paired_bound, looked_again, sequential_bound, coupled_bound, anytime_bound, guard_one_sample, guard_baseline,
-        pit_uniform)
+        pit_uniform, pit_serial)
 
 
 def main() -> None:
