@@ -394,6 +394,30 @@ def test_the_flags_page_says_what_a_flip_needs_and_what_went_stale(made, tmp_pat
         assert flag["next"]["commands"][0].endswith("evaluate --flag prefix_cache")
 
 
+def test_with_every_engine_down_the_pages_and_status_show_what_the_ledger_holds(made, tmp_path):
+    """An audit happens when the servers are down: the flags, their states and live evidence come from the ledger;
+    only whether the evidence is current needs the engine, and the page says that beside the facts (issue #61)."""
+    from served import free_port
+
+    ws, ids = tmp_path / "ws", made[1]
+    shutil.copytree(made[0], ws)
+    # the engine the PASS was made on is now a server that is not running
+    off, on = (f"http://127.0.0.1:{free_port()}" for _ in range(2))
+    (ws / "engines" / "tiny.yaml").write_text(f"adapter: http\nurl: {off}\nurl_on: {on}\ntimeout: 2\n")
+    with review(ws) as u:
+        flags = data(u, "/flags.json")
+        assert not flags.get("flags_error"), flags["flags_error"]
+        by = {f["flag"]: f for f in flags["flags"]}
+        on = by["prefix_cache"]
+        assert on["state"] == "on" and on["evaluation_id"] == ids["pass"] and not on["safely_on"]
+        assert on["evidence_current"] is None and "127.0.0.1" in on["currency_error"], on
+        assert "cannot be worked out now" in page(u, "/flags") and "ON, NOT SAFELY" in page(u, "/flags")
+        assert not data(u, "/live.json").get("flags_error")
+    code, out = cli(ws, "status")
+    (row,) = [r for r in out["flags"] if r["flag"] == "prefix_cache"]
+    assert code == 0 and row["state"] == "on" and "127.0.0.1" in row["currency_error"], row
+
+
 def test_a_workspace_with_nothing_recorded_yet(workspace):
     """No ledger yet: every page answers, nothing is created, and the flags page says a flip needs an evaluation."""
     with review(workspace) as u:

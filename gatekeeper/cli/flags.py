@@ -26,12 +26,16 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
     rows = []
     with settings.reading_ledger(ws) as ledger:
         for flag, st in flags.states(ws, ledger).items():
-            row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [], "live": guard.live(ledger, flag)}
+            row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [], "currency_error": None,
+                   "live": guard.live(ledger, flag)}
             if st["state"] == "on" and st["evaluation_id"] is not None:
                 from ..gate import current  # the battery and engines: only to check the evidence of a flag that is on
 
-                problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
-                row.update(evidence_current=not problems, evidence_problems=problems)
+                try:  # an engine that cannot be reached now: said beside the ledger's facts, never instead of them
+                    problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
+                    row.update(evidence_current=not problems, evidence_problems=problems)
+                except GatekeeperError as e:
+                    row["currency_error"] = str(e)
             rows.append(row)
     emit(json_, {"workspace": str(ws.root), "flags": rows}, lambda: tables.print_status(rows))
 

@@ -61,7 +61,10 @@ def print_status(rows: list[dict[str, Any]]) -> None:
 
     table = Table("flag", "state", "evaluation", "by", "since", "evidence", "live")
     for r in rows:
-        evidence = "-" if r["evidence_current"] is None else ("current" if r["evidence_current"] else "; ".join(r["evidence_problems"]))
+        evidence = ("-" if r["evidence_current"] is None else "current" if r["evidence_current"]
+                    else "; ".join(r["evidence_problems"]))
+        if r.get("currency_error"):
+            evidence = f"cannot be worked out now: {r['currency_error']}"
         table.add_row(r["flag"], r["state"], str(r["evaluation_id"] or "-"), r["operator"] or "-", r["since"] or "-", evidence,
                       line(r.get("live")))
     Console().print(table)

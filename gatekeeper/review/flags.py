@@ -32,13 +32,18 @@ def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[s
         policy = ws.policy(flag)
         row: dict[str, Any] = {"flag": flag, **st, "description": policy.description, "gate": policy.gate,
                                "pipeline_hash": pipeline_hash, "pipeline_hash_error": hash_error,
-                               "evidence_problems": [], "evidence_current": None}
-        if st["state"] == "on" and st["evaluation_id"] is not None:
-            problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
-            row.update(evidence_problems=problems, evidence_current=not problems)
-        row["live"] = guard.live(ledger, flag)  # what the guard compared since the flip it watched
-        row["safely_on"] = st["state"] == "on" and trusted and row["evidence_current"] is not False
-        row["next"] = _next_flip(ws, ledger, flag) if st["state"] == "off" or row["evidence_current"] is False else None
+                               "evidence_problems": [], "evidence_current": None, "currency_error": None, "next": None}
+        row["live"] = guard.live(ledger, flag)  # what the guard compared since the flip it watched: the ledger's alone
+        try:  # currency asks the engines what they are now: an engine that cannot be reached is said beside the facts
+            if st["state"] == "on" and st["evaluation_id"] is not None:
+                problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
+                row.update(evidence_problems=problems, evidence_current=not problems)
+            if st["state"] == "off" or row["evidence_current"] is False:
+                row["next"] = _next_flip(ws, ledger, flag)
+        except GatekeeperError as e:
+            row["currency_error"] = str(e)
+        row["safely_on"] = (st["state"] == "on" and trusted and row["evidence_current"] is not False
+                           and row["currency_error"] is None)
         rows.append(row)
     return rows
 
