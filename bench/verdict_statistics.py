@@ -22,7 +22,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gatekeeper.gate import coupling, guard, paired, pit, sequential  # noqa: E402
+from gatekeeper.gate import guard  # noqa: E402
+from gatekeeper.gate.stats import coupling, paired, pit, sequential  # noqa: E402
 
 ALPHA = 0.05
 

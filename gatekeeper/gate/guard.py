@@ -170,7 +170,7 @@ class Test:
         return math.log(1 / self.alpha)
 
     def to_dict(self) -> dict[str, Any]:
-        from .coupling import upper_anytime  # here: status and the review read live evidence without the battery
+        from .stats.coupling import upper_anytime  # here: status and the review read live evidence without the battery
 
         return {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
                 "mismatches": self.mismatches, "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
@@ -308,7 +308,7 @@ def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
 def live(ledger, flag: str) -> dict[str, Any] | None:
     """A flag's live evidence: the guard's batches for the newest flip to on it watched, summed; None when the
     guard never watched the flag. ``rolled_back``: the flip that ended the watch, when the guard made it."""
-    from .coupling import upper_anytime
+    from .stats.coupling import upper_anytime
 
     batches = ledger.shadows(flag) if ledger is not None else []
     if not batches:
