@@ -178,10 +178,10 @@ class EngineProfile(Strict):
                 if getattr(self, started) is not None and getattr(self, given) is not None:
                     raise ValueError(f"{started}: gatekeeper starts this server and picks its port, so '{given}' cannot "
                                      f"also name one; remove '{given}' or '{started}'")
+            # url_on or cache_switch is asked for where the prefix cache is the flag (gate/run/sides.py), not here:
+            # a profile evaluated for another flag, whose change names its own 'url', needs neither
         elif self.serve is not None or self.serve_on is not None:
             raise ValueError("serve: only a served engine (adapter http) has a server to start; remove it")
-            # url_on or cache_switch is asked for where the prefix cache is the flag (gate/planning.py), not here:
-            # a profile evaluated for another flag, whose change names its own 'url', needs neither
         return self
 
     @model_validator(mode="after")

@@ -26,7 +26,6 @@ from ..errors import GatekeeperError
 from ..workspace import Decoding, EngineProfile
 from .sampler import Draw
 
-NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
 PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabilities a position returns
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 

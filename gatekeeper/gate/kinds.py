@@ -3,7 +3,7 @@
 ``byte_equivalence``: token ids, text and assertion outcomes identical (and, for the cache flag,
 the cache exercised); ``assertion_equivalence``: assertion outcomes identical (margin 0) or equivalent
 within the margin; ``non_inferiority``: a one-sided bound on the loss in pass rate that rules out a loss
-larger than the margin (both judged on paired outcomes, ``paired.py``). Each kind is one object, looked up by the
+larger than the margin (both judged on paired outcomes, ``stats/paired.py``). Each kind is one object, looked up by the
 policy's ``gate``; the gate runs the configurations, asks the kind to compare each case, then to decide.
 """
 

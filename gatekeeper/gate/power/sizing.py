@@ -1,6 +1,6 @@
 """The cases a margin needs (``gatekeeper battery size``): from the discordance of the flag's last evaluation (or
 one named), else assuming none, the assertion pairs and cases the policy's margin needs at its power and at the alpha
-the next look at the change will spend (``looks.py``: alpha/2 for a first evaluation, alpha/4 after one look, ...),
+the next look at the change will spend (``stats/looks.py``: alpha/2 for a first evaluation, alpha/4 after one look, ...),
 and the smallest margin the battery supports now. Before a run it sizes the battery; after one it says what the
 evidence could have detected."""
 

@@ -43,7 +43,7 @@ class Plan:
     load: Load | None = None  # served engines: the production load both sides run under
     captured: list[list[int] | str] | None = None  # a capture load's prompts
     grading: graders_.Spec | None = None  # model-graded and similar assertions: what grades them (None: nothing to)
-    sequential: Budget | None = None  # evaluate --max-cases/--max-seconds: case by case until decided (sequential.py)
+    sequential: Budget | None = None  # evaluate --max-cases/--max-seconds: case by case until decided (stats/sequential.py)
 
     @property
     def schedule(self) -> list[tuple[str, int]]:

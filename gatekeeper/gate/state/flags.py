@@ -1,7 +1,7 @@
 """Flag states and the power of their evidence, derived from the ledger alone: each flag's state (its latest
 flip, else off), the parts its pipeline-version hash covers, and whether an evaluation's calibrations show
-the detection power a policy wants. The acts that change a state are ``flip.py``; whether evidence is
-current is ``current.py``.
+the detection power a policy wants. The acts that change a state are ``enable/flip.py``; whether evidence is
+current is ``enable/current.py``.
 """
 
 from __future__ import annotations
