@@ -240,3 +240,11 @@ def test_the_module_map_check_finds_a_planted_module(tmp_path):
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text("")
     assert unnamed(tmp_path) == ["planted"]
+
+
+def test_docs_layout_names_every_module():
+    """docs/layout.md's tree is the map a newcomer reads first: every module and subpackage is in it by name."""
+    tree = (ROOT.parent / "docs" / "layout.md").read_text().split("```")[1]
+    members = {p.stem for p in ROOT.rglob("*.py") if p.stem not in ("__init__", "__main__")}
+    members |= {p.parent.name for p in ROOT.rglob("__init__.py") if p.parent != ROOT}
+    assert sorted(m for m in members if not re.search(rf"(?<![\w-]){re.escape(m)}(?![\w-])", tree)) == []

@@ -33,7 +33,7 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
     """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
     the evaluated flag off, the flag-on side is that with the flag's change. ``load``: the production
     load (``load.in_force``), ``captured`` its capture's prompts. ``budget``: a sequential evaluation, case by
-    case until the rule decides or the budget is spent (``_run_sequential``)."""
+    case until the rule decides or the budget is spent (``evaluator._run_sequential``)."""
     from ..engines.registry import check_profile
 
     policy, switch = ws.policy(flag), switches.of(flag)
