@@ -1,6 +1,7 @@
-"""The gate: what decides. Grouped by concern, each group a package that imports only the groups beneath it:
+"""The gate: what decides, grouped by concern; each part below imports only parts listed before it:
 
-- ``stats/``: the statistics, a leaf layer (paired bounds, the sequential rule, looks, coupling, PIT, distance);
+- ``stats/``: the statistics, a leaf layer (paired bounds, the sequential rule, looks, coupling, PIT, distance,
+  the guard's e-values);
 - ``kinds``: the comparison and decision of each gate kind;
 - ``run/``: the plan as a record and its cases run (sessions, Ray actors, graders, sides, production load);
 - ``arms/``: the evidence beside the battery (cache probes, crashes, controls, reference arms, the forced distance);
@@ -9,7 +10,7 @@
 - ``enable/``: turning a flag on (whether evidence is current, approvals and flips, their signed records);
 - ``power/``: whether the gate can say no (calibration, a served engine's twin, mining, sizing);
 - ``evaluator``: the orchestrator, which runs a plan, compares, decides and records; no group imports it;
-- ``guard``: the guard's rule on live comparisons after a flip.
+- ``guard``: the guard's rule on live comparisons after a flip (its statistics: ``stats/evalues.py``).
 
 It is handed a ledger and never opens one.
 
