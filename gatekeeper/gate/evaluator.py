@@ -83,7 +83,6 @@ class Outcome:
         return dict(self.__dict__)
 
 
-
 KEYLESS = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys (its seeds "
            "ignored, or dependent on the batch or on call order)")
 

@@ -25,6 +25,8 @@ from .run.plans import Plan
 from .state import pipeline, switches
 from .stats import sequential
 
+SEQUENTIAL = "--sequential, --max-cases, --max-seconds"  # the options of a sequential evaluation, as errors name them
+
 
 def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
          limit: int | None = None, *, force: switches.InForce, candidate: str | Path | None = None,
@@ -66,8 +68,6 @@ def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | Non
         _check_sequential(p, budget)
     return p
 
-SEQUENTIAL = "--sequential, --max-cases, --max-seconds"
-
 
 def _check_sequential(p: Plan, budget: sequential.Budget) -> None:
     """Exit 2 before anything runs unless a sequential rule can judge this flag within this budget."""
@@ -98,6 +98,7 @@ def _check_sequential(p: Plan, budget: sequential.Budget) -> None:
         raise GatekeeperError(f"{SEQUENTIAL}: executor: ray runs each side's battery on its actors in one go; "
                               "evaluate in this process (a profile without 'executor: ray') or run without them")
 
+
 # Workspace object -> (suites, limit, skip_unsupported) -> the battery's items and digest. A workspace object
 # reads its files once (the OpenFeature resolver opens a new one per resolution), so neither can go stale.
 _batteries: WeakKeyDictionary[Workspace, dict[tuple[Any, ...], tuple[list[battery.Item], str]]] = WeakKeyDictionary()
@@ -112,6 +113,7 @@ def read_battery(ws: Workspace, suites: list[str] | None, limit: int | None,
         items = battery.read(ws, suites, limit, skip_unsupported=skip_unsupported)
         memo[key] = items, battery.battery_digest(ws, items)
     return memo[key]
+
 
 def _check_loadable(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
     """Exit 2 before anything runs unless this engine can be put under ``load``."""
