@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 from gatekeeper.gate import evaluator as gate
-from gatekeeper.gate import pipeline
+from gatekeeper.gate import planning
+from gatekeeper.gate.run import runs
+from gatekeeper.gate.state import pipeline
 from gatekeeper.ledger import Ledger
 from gatekeeper.workspace import Workspace
 
@@ -85,8 +87,8 @@ def main() -> None:
 
     ws = Workspace(ROOT)
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/evidence.db") as ledger:
-        plan = gate.plan(ws, "prefix_cache", args.engine, None, args.limit, force=pipeline.in_force(ws, ledger))
-        models = gate.open_engines(plan)  # one loaded model when both configurations share a profile
+        plan = planning.plan(ws, "prefix_cache", args.engine, None, args.limit, force=pipeline.in_force(ws, ledger))
+        models = runs.open_engines(plan)  # one loaded model when both configurations share a profile
         clock = Clock()
         wrapped = {id(m): TimedModel(m, clock) for m in models.values()}
         try:
@@ -94,7 +96,7 @@ def main() -> None:
             outcome = gate.evaluate(plan, ledger, {k: wrapped[id(m)] for k, m in models.items()}, "bench")
             wall = time.perf_counter() - t0
         finally:
-            gate.close_engines(models)
+            runs.close_engines(models)
     own = wall - clock.seconds
     print(f"cases: {outcome.cases} x {plan.policy.baseline_repeats + 1} runs   verdict: {outcome.verdict}")
     print(f"evaluation wall time:           {wall:8.2f} s")

@@ -21,8 +21,10 @@ from pathlib import Path
 import yaml
 
 from gatekeeper.gate import evaluator as gate
-from gatekeeper.gate import graders as graders_
-from gatekeeper.gate import pipeline
+from gatekeeper.gate import planning
+from gatekeeper.gate.run import graders as graders_
+from gatekeeper.gate.run import runs
+from gatekeeper.gate.state import pipeline
 from gatekeeper.ledger import Ledger
 from gatekeeper.setup.scaffold import init_workspace
 from gatekeeper.workspace import Workspace
@@ -68,14 +70,14 @@ def timed_evaluation(ws: Workspace, engine: str = ENGINE) -> tuple[float, object
     graders_.Graders.complete = counted  # counts the grader's calls; the call itself is unchanged
     try:
         with Ledger(f"sqlite:///{ws.root}/ledger/evidence.db") as ledger:
-            plan = gate.plan(ws, "prefix_cache", engine, force=pipeline.in_force(ws, ledger))
-            models = gate.open_engines(plan)
+            plan = planning.plan(ws, "prefix_cache", engine, force=pipeline.in_force(ws, ledger))
+            models = runs.open_engines(plan)
             try:
                 t0 = time.perf_counter()
                 outcome = gate.evaluate(plan, ledger, models, "bench")
                 return time.perf_counter() - t0, outcome, calls
             finally:
-                gate.close_engines(models)
+                runs.close_engines(models)
     finally:
         graders_.Graders.complete = complete
 

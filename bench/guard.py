@@ -10,7 +10,7 @@ latency per proxy and what each guard adds.
 
 Then detection: a front before the flag-on server that corrupts every k-th answer (a planted defect of rate 1/k, for
 three k) behind a proxy guarding at 100% with the policy's limit 0.02 and alpha 0.05, until the guard turns the flag
-off; printed beside the power analysis's prediction (``gate.guard.to_detect``).
+off; printed beside the power analysis's prediction (``gate.stats.evalues.to_detect``).
 
     python bench/guard.py [--requests 200]
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from hybrid_peers import Server, free_port
 
-from gatekeeper.gate.guard import to_detect
+from gatekeeper.gate.stats.evalues import to_detect
 from gatekeeper.ledger import Ledger, checkpoint
 from gatekeeper.setup import llama_build
 from gatekeeper.setup.models import find_gguf

@@ -66,7 +66,7 @@ def backend(url: str, entries: int) -> tuple[float, float]:
 def signatures(folder: Path, count: int) -> list[tuple[str, float, float]]:
     """Per key type: milliseconds to sign one flip record, and to verify it against allowed_signers."""
     from gatekeeper import signing
-    from gatekeeper.gate import attestation
+    from gatekeeper.gate.enable import attestation
 
     at = signing.parse_time("2026-12-01T00:00:00Z")
     record = attestation.flip_record("prefix_cache", "on", 1, "sha256:" + "0" * 64, "ana", "bench", attestation.iso(at))

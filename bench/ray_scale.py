@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from gatekeeper.gate import evaluator as gate  # noqa: E402
-from gatekeeper.gate import pipeline  # noqa: E402
+from gatekeeper.gate import planning  # noqa: E402
+from gatekeeper.gate.run import runs  # noqa: E402
+from gatekeeper.gate.state import pipeline  # noqa: E402
 from gatekeeper.ledger import Ledger  # noqa: E402
 from gatekeeper.workspace import Workspace  # noqa: E402
 
@@ -48,14 +50,14 @@ def workspace(tmp: Path, models: dict[str, str]) -> Workspace:
 def run(ws: Workspace, engine: str, limit: int) -> dict:
     """One evaluation on a throwaway ledger: its case throughput over the runs, and its wall time."""
     with tempfile.TemporaryDirectory() as tmp, Ledger(f"sqlite:///{tmp}/evidence.db") as ledger:
-        plan = gate.plan(ws, "prefix_cache", engine, None, limit, force=pipeline.in_force(ws, ledger))
-        models = gate.open_engines(plan)
+        plan = planning.plan(ws, "prefix_cache", engine, None, limit, force=pipeline.in_force(ws, ledger))
+        models = runs.open_engines(plan)
         try:
             t0 = time.perf_counter()
             outcome = gate.evaluate(plan, ledger, models, "bench")
             wall = time.perf_counter() - t0
         finally:
-            gate.close_engines(models)
+            runs.close_engines(models)
     repeats = plan.policy.baseline_repeats
     run_s = outcome.seconds["off"] * repeats + outcome.seconds["on"]
     return {"cases": outcome.cases, "runs": repeats + 1, "per_s": outcome.cases * (repeats + 1) / run_s,

@@ -22,7 +22,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from gatekeeper.gate import coupling, guard, paired, pit, sequential  # noqa: E402
+from gatekeeper.gate.stats import coupling, evalues, paired, pit, sequential  # noqa: E402
 
 ALPHA = 0.05
 
@@ -169,11 +169,11 @@ def guard_one_sample(runs: int, seed: int) -> Row:
     limit, watch = 0.02, 3000
 
     def rolls_back(p: float):
-        return lambda rng: ever(rng.random(watch) < p, 16, lambda k, n: guard.log_evalue(k, n, limit) >= math.log(1 / ALPHA))
+        return lambda rng: ever(rng.random(watch) < p, 16, lambda k, n: evalues.log_evalue(k, n, limit) >= math.log(1 / ALPHA))
 
     n = max(runs // 4, 50)
     size, se = trials(n, seed, rolls_back(limit))
-    return Row("guard rule, one sample (guard.log_evalue)", f"mismatch rate = limit {limit}, {watch} compared",
+    return Row("guard rule, one sample (evalues.log_evalue)", f"mismatch rate = limit {limit}, {watch} compared",
                size, se, [(f"rate {x}", *trials(n, seed + 1, rolls_back(x))) for x in (0.03, 0.04)], n,
                "false rollback at most alpha over the watch (docs/guard.md)")
 
@@ -188,14 +188,14 @@ def guard_baseline(runs: int, seed: int) -> Row:
             aa = rng.random(watch) < base
             for n in range(16, watch + 1, 16):
                 b, c = int((ab[:n] & ~aa[:n]).sum()), int((aa[:n] & ~ab[:n]).sum())
-                if guard.log_evalue_paired(b, c, n, 0.0) >= math.log(1 / ALPHA):
+                if evalues.log_evalue_paired(b, c, n, 0.0) >= math.log(1 / ALPHA):
                     return True
             return False
         return one
 
     n = max(runs // 4, 50)
     size, se = trials(n, seed, rolls_back(0.0))
-    return Row("guard rule, A/A baseline (guard.log_evalue_paired)", f"both sides part at {base}, {watch} requests",
+    return Row("guard rule, A/A baseline (evalues.log_evalue_paired)", f"both sides part at {base}, {watch} requests",
                size, se, [(f"flag adds {x}", *trials(n, seed + 1, rolls_back(x))) for x in (0.01, 0.02)], n,
                "false rollback at most alpha (docs/guard.md)")
 

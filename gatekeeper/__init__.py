@@ -1,4 +1,14 @@
-"""gatekeeper: decide, with evidence, whether an LLM inference optimization may be switched on."""
+"""gatekeeper: decide, with evidence, whether an LLM inference optimization may be switched on.
+
+The package by concern (docs/layout.md walks one evaluation through it): the command line (``cli/``), the user's
+files as typed records (``workspace``), suites as the gate runs them (``battery/``) with JavaScript's meaning as
+promptfoo gives it (``js/``), engine adapters (``engines/``), caches of model state (``cache/``), what decides
+(``gate/``), the hash-chained evidence (``ledger/``) and its records (``evidence``), what reviewers read
+(``reports/``, ``review/``), flag states for OpenFeature (``openfeature/``), live traffic (``traffic/``), third-party
+parts installed once (``setup/``), what a pipeline imports at run time (``runtime``), and the foundations: error types
+(``errors``), canonical JSON and digests (``identity``), SSH signatures (``signing``), the servers' listening socket
+(``listen``).
+"""
 
 __version__ = "0.1.0"
 

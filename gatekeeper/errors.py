@@ -30,7 +30,7 @@ class LedgerReadError(Exception):
 class EngineCrash(GatekeeperError):
     """An engine took a request and failed it: a server that closed the connection without an answer, answered
     5xx, or died after it had answered. Evidence about the side it happened on, so the gate records it with the
-    case (``gate/crashes.py``) instead of aborting; elsewhere it stops the command like any engine error."""
+    case (``gate/arms/crashes.py``) instead of aborting; elsewhere it stops the command like any engine error."""
 
     def __init__(self, message: str, *, url: str, said: str, request: dict | None = None):
         super().__init__(message)

@@ -5,7 +5,7 @@ is the plain dict the ledger stores as canonical JSON, so a typed record reads e
 old ledger's rows are these records too. A key marked ``NotRequired`` is absent from some rows (written
 only when it applies, or before it existed): read it with ``.get``.
 
-Producers: ``engines`` (a turn's generation), ``gate.evaluator.run_case`` (a case result),
+Producers: ``engines`` (a turn's generation), ``gate.run.runs.run_case`` (a case result),
 ``gate.kinds`` (comparisons), ``gate.evaluator`` (the outcome's figures). Readers: the gate's kinds,
 calibration and mining, the reports, the CLI's tables.
 

@@ -5,7 +5,7 @@
     answer = rt.complete("router", {"session": "user=ana", "query": "What is 2+2?"})
 
 The runtime reads flag states from the ledger and builds the pipeline they describe (see
-``gatekeeper.gate.pipeline``): the prefix cache on only if ``prefix_cache`` is, prompts partitioned or
+``gatekeeper.gate.state.pipeline``): the prefix cache on only if ``prefix_cache`` is, prompts partitioned or
 as written per ``static_first``, the adapter ``adapter`` approved. It pins each stage's static
 prefix and serves answers from a response cache keyed by the pipeline-version hash. A change of model or adapter identity flushes the
 answers and saved prefix states made under the old one and records the flush in the ledger.
@@ -35,7 +35,8 @@ from .cache.response import ResponseCache
 from .engines import sampler
 from .engines.base import Session, labelled
 from .errors import GatekeeperError
-from .gate import pipeline, runs
+from .gate.run import runs
+from .gate.state import pipeline
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
 from .setup.models import home

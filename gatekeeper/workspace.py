@@ -36,7 +36,7 @@ class CacheLimits(Strict):
 
 
 class RayCluster(Strict):
-    """``ray:`` where an ``executor: ray`` evaluation's actors run (``gate/ray_executor.py``)."""
+    """``ray:`` where an ``executor: ray`` evaluation's actors run (``gate/run/ray_executor.py``)."""
 
     address: str | None = None  # None: a local cluster started in this process; 'auto' or 'ray://HOST:PORT': join one
     actors: int = Field(2, ge=1)  # each loads the model once and runs a shard of the cases
@@ -120,7 +120,7 @@ class EngineProfile(Strict):
     timeout: float = Field(60, gt=0)
     concurrency: int = Field(1, ge=1)
     # the weights transformers reads for a second, independent cache-free reference beside the engine's own cold read
-    # (a model folder or a .gguf file, relative to the workspace): the two disagreeing is INCONCLUSIVE (gate/reference.py).
+    # (a model folder or a .gguf file, relative to the workspace): the two disagreeing is INCONCLUSIVE (gate/arms/reference.py).
     # It judges the evidence, not the pipeline: never dumped
     reference_model: str | None = Field(None, exclude=True)
     # where an evaluation runs its cases: in this process, or on Ray actors (in-process adapters). It moves
@@ -178,10 +178,10 @@ class EngineProfile(Strict):
                 if getattr(self, started) is not None and getattr(self, given) is not None:
                     raise ValueError(f"{started}: gatekeeper starts this server and picks its port, so '{given}' cannot "
                                      f"also name one; remove '{given}' or '{started}'")
+            # url_on or cache_switch is asked for where the prefix cache is the flag (gate/run/sides.py), not here:
+            # a profile evaluated for another flag, whose change names its own 'url', needs neither
         elif self.serve is not None or self.serve_on is not None:
             raise ValueError("serve: only a served engine (adapter http) has a server to start; remove it")
-            # url_on or cache_switch is asked for where the prefix cache is the flag (evaluator.plan), not here:
-            # a profile evaluated for another flag, whose change names its own 'url', needs neither
         return self
 
     @model_validator(mode="after")
@@ -283,7 +283,7 @@ class Assertion(Strict):
 
 
 class Provenance(Strict):
-    """Where a mined case came from and what its flag-off decode scored (``gate/mine.py``)."""
+    """Where a mined case came from and what its flag-off decode scored (``gate/power/mine.py``)."""
 
     source: str  # a suite file and case id, or a capture file and line
     score: float  # near-tie weight of its decode steps (sensitivity)
@@ -398,7 +398,7 @@ PROBES = ("repeat", "continuation", "inside", "block", "window", "split")
 
 
 class Probes(Strict):
-    """``probes:`` gatekeeper's own cases for the paths real prefix caches break on (``gate/probes.py``), run
+    """``probes:`` gatekeeper's own cases for the paths real prefix caches break on (``gate/arms/probes.py``), run
     after the battery in every run of an evaluation; ``probes: off`` runs none."""
 
     kinds: list[Literal[PROBES]] = list(PROBES)  # type: ignore[valid-type]
@@ -456,7 +456,7 @@ class Approvals(Strict):
         return data
 
 
-# The built-in flags: the one gate kind that tests each, and what it changes (gate/switches.py gives each its
+# The built-in flags: the one gate kind that tests each, and what it changes (gate/state/switches.py gives each its
 # configurations); any other flag declares its change in its policy.
 BUILTIN_FLAGS: dict[str, tuple[str, str]] = {
     "prefix_cache": ("byte_equivalence", "the engine's prefix cache"),
@@ -531,7 +531,7 @@ class Policy(Strict):
     # non_inferiority: the loss in pass rate (over assertion pairs, flag on vs off) a PASS must rule out at ``alpha``;
     # assertion_equivalence: the difference either way (0: identical outcomes, no statistics)
     margin: float = Field(0, ge=0, le=1)
-    # The statistics of the gates that are not byte equivalence (gate/paired.py). Left out of dumps at their
+    # The statistics of the gates that are not byte equivalence (gate/stats/paired.py). Left out of dumps at their
     # defaults, so the policy digest of a policy that says nothing of them is what it was.
     alpha: float = _unset(0.05, gt=0, lt=0.5)  # one-sided error of a PASS
     power: float = _unset(0.8, gt=0.5, lt=1)  # for the cases a margin needs
@@ -539,14 +539,14 @@ class Policy(Strict):
     # sharing that var's value, such as one capture session, are one cluster)
     cluster: str = _unset("case", pattern=r"^(case|suite|var:[A-Za-z_][A-Za-z0-9_.-]*)$")
     margins: dict[str, float] = Field(default_factory=dict, exclude_if=lambda v: not v)  # per suite (Bonferroni over them)
-    # the teacher-forced distance (gate/forced.py): measured unless off; bounds on it, net of the A/A floor
+    # the teacher-forced distance (gate/arms/forced.py): measured unless off; bounds on it, net of the A/A floor
     distance: bool = Field(True, exclude_if=lambda v: v)
     max_kld: float | None = Field(None, gt=0, exclude_if=lambda v: v is None)  # mean KL(off||on), nats
     min_same_top1: float | None = Field(None, gt=0, le=1, exclude_if=lambda v: v is None)
     # sampled suites: a PASS must bound the sides' total variation at most this, averaged within each position class
-    # and stage (gate/coupling.py)
+    # and stage (gate/stats/coupling.py)
     max_tv: float | None = Field(None, gt=0, lt=1, exclude_if=lambda v: v is None)
-    # the reference arm (gate/reference.py): each arm's answers read again with no cache object; read unless off
+    # the reference arm (gate/arms/reference.py): each arm's answers read again with no cache object; read unless off
     reference: bool = Field(True, exclude_if=lambda v: v)
     change: Change | None = None  # what the flag changes; built-in flags have theirs implied
     require: Literal["bit_exact"] | None = None  # byte_equivalence: a PASS must have identical top-2 logits

@@ -108,7 +108,7 @@ def forced_agreement(local, served, texts=TEXTS[:3]) -> tuple[float, float, int]
     measure in process (its read against the engine's own kernels), positions compared). Asserts the server picks
     R's token wherever R's margin is clear."""
     from gatekeeper.errors import GatekeeperError
-    from gatekeeper.gate.reference import FLIP, FLOOR
+    from gatekeeper.gate.arms.reference import FLIP, FLOOR
 
     worst, floor, compared = 0.0, FLOOR, 0
     for text in texts:

@@ -14,7 +14,7 @@ from tiny_models import tiny_llama  # noqa: F401  (fixture)
 
 from gatekeeper.cache import PrefixCache
 from gatekeeper.engines.greedy import GreedyEngine, GreedySession
-from gatekeeper.engines.plan import segments, splits
+from gatekeeper.engines.prefill import segments, splits
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.workspace import EngineProfile

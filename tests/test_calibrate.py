@@ -7,7 +7,7 @@ import pytest
 from conftest import SUITE, evaluate, ledger
 
 from gatekeeper.engines.greedy import FaultSession
-from gatekeeper.gate import flags
+from gatekeeper.gate.state import flags
 from gatekeeper.workspace import MinPower
 
 

@@ -308,7 +308,7 @@ def test_attack_c_signed_by_an_unknown_key(run_cli, backend_ws, keys, tmp_path):
     set_approvals(backend_ws, signed=True)
     on_then_off(run_cli, backend_ws, keys)
     from gatekeeper import signing
-    from gatekeeper.gate import attestation
+    from gatekeeper.gate.enable import attestation
     from gatekeeper.identity import sha256_hex
 
     with lg(backend_ws) as ledger:

@@ -134,7 +134,7 @@ def test_lossy_change_within_and_beyond_the_margin(run_cli, tiny_ws, broken, ver
     assert out["verdict"] == verdict and code == (0 if verdict == "PASS" else 1), out
     assert out["passes"]["on"] == out["passes"]["off"] - broken
     assert "regressed: wide/w0 assertion '#2 not-contains' passes without lossy, fails with lossy" in out["reasons"]
-    stats = out["paired"]  # judged at the first look's share of the policy's alpha 0.05 (gate/looks.py)
+    stats = out["paired"]  # judged at the first look's share of the policy's alpha 0.05 (gate/stats/looks.py)
     assert (stats["n"], stats["harmful"], stats["beneficial"], stats["margin"], stats["alpha"]) == (60 + broken, broken, 0, 0.2, 0.025)
     assert out["looks"]["index"] == 1 and out["looks"]["alpha"] == 0.05
     assert stats["upper"] <= 0.2 if verdict == "PASS" else stats["lower"] > 0.2, stats

@@ -9,12 +9,12 @@ import json
 import pytest
 from conftest import profile
 
-from gatekeeper.gate import paired
+from gatekeeper.gate.stats import paired
 from gatekeeper.ledger import Ledger
 
 pytestmark = pytest.mark.slow
 
-# with nothing flipping, ruling out a 0.13 loss at a first look's alpha 0.025 (gate/looks.py) takes 26 cases; 8 support
+# with nothing flipping, ruling out a 0.13 loss at a first look's alpha 0.025 (gate/stats/looks.py) takes 26 cases; 8 support
 # only 0.25 at 0.05
 MARGIN = 0.13
 CASES = 27

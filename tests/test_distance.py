@@ -1,4 +1,4 @@
-"""Teacher-forced distribution distance (gate/distance.py) and the engines' ``Session.score``."""
+"""Teacher-forced distribution distance (gate/stats/distance.py) and the engines' ``Session.score``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tiny_models import CORPUS, tiny_llama  # noqa: F401  (fixture)
 
 from gatekeeper.engines.base import Scored, Session
 from gatekeeper.engines.registry import build_engine
-from gatekeeper.gate.distance import APPROXIMATION, Bound, Summary, beyond, check, compare, distance, positions
+from gatekeeper.gate.stats.distance import APPROXIMATION, Bound, Summary, beyond, check, compare, distance, positions
 from gatekeeper.setup.models import prepare_default_model
 from gatekeeper.workspace import EngineProfile
 

@@ -245,7 +245,7 @@ def test_the_policy_margin_alpha_and_clusters_are_applied_and_recorded(lora_ws, 
         assert stats["n"] == 44 and stats["margin"] == margin and 0 < stats["harmful"] <= 4
     # a wide margin passes; one suite as the only cluster is one observation: nothing can be ruled out. The three
     # policies judge the change base_answers evaluated first, so they are its looks 2, 3 and 4, each at its share of
-    # the policy's alpha (gate/looks.py: alpha * 2^-look)
+    # the policy's alpha (gate/stats/looks.py: alpha * 2^-look)
     assert verdicts["default"] == ("PASS", 0.0125, 40)
     assert verdicts["alpha: 0.001\n"][1:] == (0.000125, 40)
     assert verdicts["cluster: suite\n"] == ("INCONCLUSIVE", 0.003125, 1)

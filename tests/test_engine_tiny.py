@@ -291,7 +291,7 @@ def test_mlx_samples_with_mlx_lms_own_sampler_keyed_per_turn(tiny_llama):
     again and through the cache; its draws follow mlx-lm's documented chain (the installed release's sampler is read
     against it: uniform transforms), and the identity names that chain."""
     from gatekeeper.engines.sampler import Draw, key
-    from gatekeeper.gate.pit import ks_uniform
+    from gatekeeper.gate.stats.pit import ks_uniform
     from gatekeeper.workspace import Decoding
 
     m = build_engine(profile(tiny_llama, "mlx", options={"sampler": "mlx_lm"}))

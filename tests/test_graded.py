@@ -14,7 +14,7 @@ import pytest
 from conftest import evaluate, ledger, profile
 
 from gatekeeper.battery import checks, graded
-from gatekeeper.gate import graders as graders_
+from gatekeeper.gate.run import graders as graders_
 from gatekeeper.workspace import Assertion, EngineProfile
 
 

@@ -28,7 +28,8 @@ from review_ledger import get, review
 from served import free_port, llama_server
 from trust import allowed_line, keys  # noqa: F401
 
-from gatekeeper.gate.guard import Count, Rule, log_evalue, to_detect
+from gatekeeper.gate.guard import Count, Rule
+from gatekeeper.gate.stats.evalues import log_evalue, to_detect
 from gatekeeper.ledger import Ledger
 
 STAGES = {"router": "You route requests. Pick one tool and say which. ",

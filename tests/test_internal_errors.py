@@ -115,7 +115,7 @@ def test_gatekeepers_own_bug_on_the_generate_path_is_exit_3_never_a_crash_of_the
 def test_a_failed_step_after_the_cases_is_recorded_and_the_verdict_still_comes(tiny_ws, run_cli, monkeypatch):
     """The teacher-forced distance, the reference arm and a cache probe that raise are named in the reasons
     (step_failed:, the probe line), and the cases' verdict stands."""
-    from gatekeeper.gate import forced, probes, reference
+    from gatekeeper.gate.arms import forced, probes, reference
 
     def raising(*args, **kwargs):
         raise RuntimeError("planted")

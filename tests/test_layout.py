@@ -1,5 +1,6 @@
-"""The package's layout: no import circle among gatekeeper's modules, and each subpackage imports only
-what its docstring's ``Imports:`` line allows (read from the code's own imports, lazy ones included)."""
+"""The package's layout: no import circle among gatekeeper's modules, each subpackage (and each group of the gate)
+imports only what its docstring's ``Imports:`` line allows (read from the code's own imports, lazy ones included),
+no group of the gate imports its orchestrator, and each package's docstring names every module it holds."""
 
 from __future__ import annotations
 
@@ -100,9 +101,10 @@ SUBPACKAGES = sorted({part(n) for n, p in MODULES.items() if p.name == "__init__
 
 
 def allowed(package: str) -> set[str]:
+    """The names a package's ``Imports:`` line declares (``package``: dotted below gatekeeper, as ``gate.stats``)."""
     doc = ast.get_docstring(ast.parse(MODULES[f"gatekeeper.{package}"].read_text())) or ""
     line = re.search(r"^Imports:(.*?)(?:\n\n|\Z)", doc, re.S | re.M)
-    assert line, f"gatekeeper/{package}/__init__.py: its docstring needs an 'Imports:' line"
+    assert line, f"gatekeeper/{package.replace('.', '/')}/__init__.py: its docstring needs an 'Imports:' line"
     return {w.strip(" .") for w in re.split(r"[,\s]+", line.group(1)) if w.strip(" .")} - {"nothing"}
 
 
@@ -158,3 +160,91 @@ def test_the_layer_checks_find_a_planted_edge():
     for below, above in (("gatekeeper.gate.kinds", "gatekeeper.reports.diff"),
                          ("gatekeeper.ledger.store", "gatekeeper.reports.export")):
         assert reports_reached(planted(below, above)) == [f"{below} imports {above}"]
+
+
+# --- the gate's groups: each imports only the groups beneath it, none the orchestrator ---------------------------
+
+GATE = "gatekeeper.gate"
+ORCHESTRATOR = f"{GATE}.evaluator"
+GROUPS = sorted(n.split(".")[2] for n, p in MODULES.items() if p.name == "__init__.py" and n.startswith(f"{GATE}."))
+
+
+def unit(name: str) -> str:
+    """What a gate group's ``Imports:`` line names: ``gate.GROUP`` or ``gate.MODULE`` inside the gate, the part outside."""
+    parts = name.split(".")
+    return f"gate.{parts[2]}" if parts[:2] == ["gatekeeper", "gate"] and len(parts) > 2 else part(name)
+
+
+def in_group(name: str) -> bool:
+    return name.startswith(f"{GATE}.") and name.split(".")[2] in GROUPS
+
+
+def group_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Each import by a module of a gate group of what its group's ``Imports:`` line leaves out (its own group aside)."""
+    return sorted(f"{name} imports {dep}, but gatekeeper/{unit(name).replace('.', '/')}/ declares "
+                  f"'Imports: {', '.join(sorted(allowed(unit(name))))}'"
+                  for name, deps in graph.items() if in_group(name)
+                  for dep in deps if unit(dep) != unit(name) and unit(dep) not in allowed(unit(name)))
+
+
+def orchestrator_imports(graph: dict[str, set[str]]) -> list[str]:
+    """The evaluator runs the groups; a group that imported it would run in a circle through it."""
+    return sorted(f"{name} imports {ORCHESTRATOR}" for name, deps in graph.items() if in_group(name) and ORCHESTRATOR in deps)
+
+
+def test_the_gate_is_grouped():
+    assert {"stats", "run", "arms", "state", "enable", "power"} <= set(GROUPS)
+
+
+def test_each_gate_group_imports_only_what_it_declares():
+    assert group_problems(GRAPH) == []
+
+
+def test_no_gate_group_imports_the_orchestrator():
+    assert orchestrator_imports(GRAPH) == []
+    assert not any(ORCHESTRATOR.removeprefix("gatekeeper.") in allowed(f"gate.{g}") for g in GROUPS)
+
+
+def test_the_statistics_are_a_leaf_of_the_gate():
+    assert {w for w in allowed("gate.stats") if w.startswith("gate")} == set()
+
+
+def test_the_group_checks_find_a_planted_edge():
+    edge = planted("gatekeeper.gate.power.sizing", ORCHESTRATOR)
+    assert orchestrator_imports(edge) == [f"gatekeeper.gate.power.sizing imports {ORCHESTRATOR}"]
+    assert group_problems(planted("gatekeeper.gate.stats.paired", "gatekeeper.gate.run.plans")) == [
+        "gatekeeper.gate.stats.paired imports gatekeeper.gate.run.plans, but gatekeeper/gate/stats/ declares "
+        f"'Imports: {', '.join(sorted(allowed('gate.stats')))}'"]
+
+
+# --- module maps: each package's docstring names every module and subpackage it holds ---------------------------
+
+
+def unnamed(package: Path) -> list[str]:
+    """The modules and subpackages of ``package`` its docstring leaves out; named is ``name``, ``name/`` or ``name.py``
+    in double backquotes (``__main__``, the ``python -m`` hook, aside)."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    members = [p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    members += [d.name for d in package.iterdir() if (d / "__init__.py").is_file()]
+    return sorted(m for m in members if not re.search(rf"``{re.escape(m)}(/|\.py)?``", doc))
+
+
+def test_each_package_names_every_module_it_holds():
+    missing = {str(init.parent.relative_to(ROOT.parent)): unnamed(init.parent) for init in ROOT.rglob("__init__.py")}
+    assert {package: names for package, names in missing.items() if names} == {}
+
+
+def test_the_module_map_check_finds_a_planted_module(tmp_path):
+    (tmp_path / "__init__.py").write_text('"""Holds ``named`` and the ``inner/`` package."""\n')
+    for path in ("named.py", "planted.py", "inner/__init__.py", "data/notes.txt"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert unnamed(tmp_path) == ["planted"]
+
+
+def test_docs_layout_names_every_module():
+    """docs/layout.md's tree is the map a newcomer reads first: every module and subpackage is in it by name."""
+    tree = (ROOT.parent / "docs" / "layout.md").read_text().split("```")[1]
+    members = {p.stem for p in ROOT.rglob("*.py") if p.stem not in ("__init__", "__main__")}
+    members |= {p.parent.name for p in ROOT.rglob("__init__.py") if p.parent != ROOT}
+    assert sorted(m for m in members if not re.search(rf"(?<![\w-]){re.escape(m)}(?![\w-])", tree)) == []

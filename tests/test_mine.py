@@ -119,7 +119,7 @@ def test_planted_faults_measure_each_candidate_and_come_first(run_cli, planted, 
 
 def test_a_case_a_fault_catches_outranks_a_better_score():
     from gatekeeper.battery.suites import Item
-    from gatekeeper.gate import mine as mining
+    from gatekeeper.gate.power import mine as mining
 
     [item] = [i for i in read(Workspace(ROOT)) if i.suite.suite == "router"][:1]
     ties = mining.Scored(mining.Candidate(item, "ties"), [[0.001] * 4], [100], (0.001, 0.01))
@@ -133,7 +133,7 @@ def test_a_case_a_fault_catches_outranks_a_better_score():
 
 def test_mining_keeps_a_single_turn_case_for_the_cache_probes():
     from gatekeeper.battery.suites import Item
-    from gatekeeper.gate import mine as mining
+    from gatekeeper.gate.power import mine as mining
 
     [item] = [i for i in read(Workspace(ROOT)) if i.suite.suite == "router"][:1]
     stream = Item(item.suite, item.case.model_copy(update={"id": "stream", "turns": [{"query": "a"}, {"query": "b"}]}))

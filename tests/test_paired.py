@@ -1,4 +1,4 @@
-"""gatekeeper.gate.paired: Tango's score interval, the design effect, and the verdicts they decide.
+"""gatekeeper.gate.stats.paired: Tango's score interval, the design effect, and the verdicts they decide.
 
 The simulations are seeded (random.Random) and sized to run in about a second each.
 """
@@ -12,8 +12,8 @@ from statistics import NormalDist
 
 import pytest
 
-from gatekeeper.gate import paired
-from gatekeeper.gate.paired import by_suite, cases_needed, decide, equivalence, supported_margin, tango_bounds
+from gatekeeper.gate.stats import paired
+from gatekeeper.gate.stats.paired import by_suite, cases_needed, decide, equivalence, supported_margin, tango_bounds
 
 Z95 = NormalDist().inv_cdf(0.95)
 

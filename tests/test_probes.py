@@ -1,4 +1,4 @@
-"""The cache probes every evaluation adds (gate/probes.py): they run on both sides in one order, pass on a
+"""The cache probes every evaluation adds (gate/arms/probes.py): they run on both sides in one order, pass on a
 correct cache, and each catches a planted fault of its kind that the battery alone never meets (a real
 llama-server behind a front that plants it on the flag-on side)."""
 

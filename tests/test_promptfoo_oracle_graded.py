@@ -13,7 +13,7 @@ import json
 import pytest
 
 from gatekeeper.battery import checks, partition, promptfoo
-from gatekeeper.gate.runs import promptfoo_prompt
+from gatekeeper.gate.run.runs import promptfoo_prompt
 from gatekeeper.setup import promptfoo as promptfoo_build
 from gatekeeper.workspace import Workspace
 

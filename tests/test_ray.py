@@ -38,7 +38,7 @@ def test_bad_executor_settings_are_exit_2_naming_file_and_field(run_cli, workspa
 
 
 def test_shards_keep_a_stage_together_and_even():
-    from gatekeeper.gate.ray_executor import shards
+    from gatekeeper.gate.run.ray_executor import shards
 
     assert shards(4, 2) == [range(0, 2), range(2, 4)]
     assert shards(5, 3) == [range(0, 2), range(2, 4), range(4, 5)]

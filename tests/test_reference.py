@@ -1,4 +1,4 @@
-"""The reference arm (gate/reference.py): each arm's answers read again with no cache object, so a defect both arms
+"""The reference arm (gate/arms/reference.py): each arm's answers read again with no cache object, so a defect both arms
 share is seen, and a flag-only defect still FAILs."""
 
 from tests.conftest import evaluate, profile
@@ -10,7 +10,7 @@ def _reference_on(ws):
 
 
 def test_a_healthy_engine_agrees_with_the_reference_and_passes(tiny_ws, run_cli):
-    from gatekeeper.gate.reference import GAP
+    from gatekeeper.gate.arms.reference import GAP
 
     _reference_on(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "tiny")
@@ -104,7 +104,7 @@ def test_mlx_reads_the_reference_torch_reads_and_an_mlx_evaluation_is_checked_by
     """mlx-lm's forward with no cache object (float32) against the torch reference (float64) on the same weights:
     the same picks, the gaps within the tolerance the arm would apply; and an evaluation on mlx reads it."""
     from gatekeeper.engines.registry import build_engine
-    from gatekeeper.gate.reference import FLOOR, GAP
+    from gatekeeper.gate.arms.reference import FLOOR, GAP
     from gatekeeper.workspace import EngineProfile
 
     torch_, mlx = (build_engine(EngineProfile(adapter=a, model=str(tiny_llama), dtype="float32")) for a in ("torch", "mlx"))

@@ -9,7 +9,7 @@ from served import F32, forced_agreement, llama_server
 
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
-from gatekeeper.gate.reference import GAP
+from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.workspace import EngineProfile
 
 pytestmark = pytest.mark.slow

@@ -83,7 +83,7 @@ def test_scripted_runs_exactly_its_declared_languages():
 
 
 def test_what_the_graders_open_agrees_with_the_registry():
-    from gatekeeper.gate import graders
+    from gatekeeper.gate.run import graders
 
     assert set(graders.NEEDS_EMBEDDING) == {t for f in types.FAMILIES.values() for t in f.embedding}
     assert set(graded.TYPES) == {t for f in types.FAMILIES.values() for t in f.engine}

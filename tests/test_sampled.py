@@ -254,8 +254,8 @@ def test_a_configuration_that_decodes_greedy_only_is_exit_2_before_anything_is_w
 
 def test_a_sequential_sampled_evaluation_bounds_the_distance_by_a_confidence_sequence(run_cli, workspace, tiny_llama):
     """A sequential run stops when its data say: its TV bound must hold at every stop, so it is the confidence
-    sequence (gate/coupling.py ``upper_anytime``), wider than Clopper-Pearson's on the same steps."""
-    from gatekeeper.gate.coupling import upper
+    sequence (gate/stats/coupling.py ``upper_anytime``), wider than Clopper-Pearson's on the same steps."""
+    from gatekeeper.gate.stats.coupling import upper
 
     ws = sampled_ws(workspace, tiny_llama)
     # an A/A change under a gate with a loss to bound, which a sequential run can stop on

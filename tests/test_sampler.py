@@ -1,4 +1,4 @@
-"""The sampler (``engines/sampler.py``) and what its coupled draws certify (``gate/coupling.py``), checked against
+"""The sampler (``engines/sampler.py``) and what its coupled draws certify (``gate/stats/coupling.py``), checked against
 distributions known in closed form: the draws follow the processed probabilities, each stage of the chain does what
 it declares, a draw depends on its key and step alone, and the coupling bound's false PASS rate is at most alpha."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gatekeeper.engines.sampler import Draw, Sampler, key
-from gatekeeper.gate.coupling import upper, upper_anytime
+from gatekeeper.gate.stats.coupling import upper, upper_anytime
 from gatekeeper.workspace import Decoding
 
 

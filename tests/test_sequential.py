@@ -1,10 +1,10 @@
-"""The sequential rule (gate/sequential.py) on planted outcome pairs of known loss, over many seeded runs.
+"""The sequential rule (gate/stats/sequential.py) on planted outcome pairs of known loss, over many seeded runs.
 
 A run draws one observation a case and feeds them to the rule one at a time, looking after every case, and stops
 at the rule's first decision or at the cap. With one assertion a case, a case is a harmful flip with probability
 p12 (d = 1), a beneficial one with p21 (d = -1), else concordant (d = 0): the true loss is p12 - p21. Error rates
 are checked against alpha within two standard errors of the simulation; the same draws show that the fixed-n
-Tango bound (gate/paired.py), looked at after every case, does not keep alpha, which is why the rule exists.
+Tango bound (gate/stats/paired.py), looked at after every case, does not keep alpha, which is why the rule exists.
 """
 
 import math
@@ -14,8 +14,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from gatekeeper.gate import paired
-from gatekeeper.gate import sequential as sq
+from gatekeeper.gate.stats import paired
+from gatekeeper.gate.stats import sequential as sq
 
 RUNS, LOOKS, ALPHA, MARGIN = 2000, 300, 0.05, 0.05
 SE = math.sqrt(ALPHA * (1 - ALPHA) / RUNS)  # of an error rate at alpha over RUNS runs

@@ -1,5 +1,5 @@
 """Sequential evaluation through the real CLI on the tiny engine: ``evaluate --max-cases/--max-seconds`` runs the
-cases in a seeded random order and stops when the anytime-valid rule (gate/sequential.py) decides or at the budget.
+cases in a seeded random order and stops when the anytime-valid rule (gate/stats/sequential.py) decides or at the budget.
 
 The planted change is ``fault_engines:Lossy`` (every answer ends with ' zebra'): a case asserting not-contains
 zebra loses that assertion with the flag on, every other assertion is kept. Margin 0.3 at alpha 0.2 lets the rule
@@ -10,7 +10,7 @@ import json
 import pytest
 from conftest import ledger, wide_suite
 
-from gatekeeper.gate import sequential
+from gatekeeper.gate.stats import sequential
 
 CASES = 24
 LOSSY = "{profile: {adapter: 'fault_engines:Lossy'}}"
@@ -56,7 +56,7 @@ def test_a_change_within_the_margin_stops_early_with_pass(run_cli, tiny_ws):
     seq = out["sequential"]
     assert seq["decision"] == "pass" and seq["stopped"] == "decided" and seq["cases"] < CASES, seq
     assert seq["upper"] <= 0.3 and (seq["rule"], seq["test"], seq["alpha"], seq["margin"], seq["seed"]) == (
-        "betting_confidence_sequence", "non_inferiority", 0.1, 0.3, 3)  # look 1 of the change: alpha 0.2 / 2 (gate/looks.py)
+        "betting_confidence_sequence", "non_inferiority", 0.1, 0.3, 3)  # look 1 of the change: alpha 0.2 / 2 (gate/stats/looks.py)
     assert out["paired"] is None  # a fixed-n bound at a stop the data chose has no level: not recorded
     reason = next(r for r in out["reasons"] if r.startswith("non_inferior: sequential:"))
     assert f"{seq['cases']} of {CASES} cases run in a random order (seed 3)" in reason and "<= margin 0.3" in reason

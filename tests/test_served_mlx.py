@@ -26,7 +26,7 @@ from served import (
 
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
-from gatekeeper.gate.reference import GAP
+from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.workspace import EngineProfile
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from served import (
 
 from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
-from gatekeeper.gate.reference import GAP
+from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.setup.models import default_model_dir
 from gatekeeper.workspace import EngineProfile
 

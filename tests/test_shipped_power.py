@@ -11,7 +11,9 @@ from conftest import ROOT
 
 from gatekeeper.battery.suites import all_suites
 from gatekeeper.engines.faults import parse
-from gatekeeper.gate import calibrate, flags, mine, pipeline, runs
+from gatekeeper.gate.power import calibrate, mine
+from gatekeeper.gate.run import runs
+from gatekeeper.gate.state import flags, pipeline
 from gatekeeper.workspace import Workspace
 
 pytestmark = pytest.mark.slow
@@ -76,10 +78,10 @@ def test_the_demo_reads_no_note_about_the_shipped_battery():
     """``make demo`` evaluates the repository's own workspace with the ``auto`` profile: the shipped suites were
     mined on the engine it runs (the default model as ``make model`` prepares it), so its verdict carries no
     ``mined_elsewhere:`` advice to re-mine the project's own files."""
-    from gatekeeper.gate import evaluator
+    from gatekeeper.gate import evaluator, planning
 
     ws = Workspace(ROOT)
-    plan = evaluator.plan(ws, "prefix_cache", "auto", force=pipeline.in_force(ws, None))
+    plan = planning.plan(ws, "prefix_cache", "auto", force=pipeline.in_force(ws, None))
     assert {i.suite.suite for i in plan.items if i.suite.mined_on} == {"router", "planner", "specialist", "synthesizer"}
     models = runs.open_engines(plan)
     try:

@@ -48,7 +48,7 @@ def test_the_cases_a_margin_needs_from_the_last_evaluation(ws):
 
 def test_a_second_look_is_sized_at_its_own_share_of_alpha(ws, monkeypatch):
     """After one look at the change, the next spends alpha/4: more pairs for the same margin."""
-    from gatekeeper.gate import looks
+    from gatekeeper.gate.stats import looks
 
     code, first = size(ws, "--flag", "half_precision")
     monkeypatch.setattr(looks, "is_look", lambda row: True)  # evaluation 3 as if judged by a bound

@@ -1,11 +1,11 @@
 """The printed bounds bound what they say (issue #60, items 7, 9 and 10).
 
-- The paired loss bound (``gate/paired.py``) is monotone in harm: one more harmful flip never lowers the upper bound on
+- The paired loss bound (``gate/stats/paired.py``) is monotone in harm: one more harmful flip never lowers the upper bound on
   the loss, so it never turns a verdict that is not a PASS into one; its size at a true loss equal to the margin and
   its power at a stated effect are shown by seeded simulations of clustered outcomes.
-- The unpaired total-variation bound (``gate/unpaired.py``, ``gate/distance.py``) is an upper bound where the KL is
+- The unpaired total-variation bound (``gate/stats/unpaired.py``, ``gate/stats/distance.py``) is an upper bound where the KL is
   read from top-k rows (a lower bound), and an unpaired PASS never rests on that lumped KL.
-- The coupled walk (``gate/coupling.py``) counts a parting with no differing token (one answer a strict prefix of the
+- The coupled walk (``gate/stats/coupling.py``) counts a parting with no differing token (one answer a strict prefix of the
   other) as one mismatched step.
 
 The simulations are seeded (random.Random) and sized to run in about a second each.
@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatekeeper.engines.base import Scored
-from gatekeeper.gate import coupling, distance, paired, unpaired
+from gatekeeper.gate.stats import coupling, distance, paired, unpaired
 
 # --- item 7: the paired bound is monotone in harm -------------------------------------------------------------------
 
@@ -210,7 +210,7 @@ def test_one_answer_a_strict_prefix_of_the_other_is_one_mismatch():
 def test_a_sampled_parting_with_equal_logits_is_the_seeds_not_the_kernels():
     """#60 item 12: two runs of a sampled case that part where both read the same top-2 logits drew twice from one
     distribution (a seed batching broke); other top-2 logits there, or a greedy case, are the numerics'."""
-    from gatekeeper.gate.production import seed_broken
+    from gatekeeper.gate.run.production import seed_broken
 
     def run(tokens, top2, draws=True):
         turn = {"tokens": tokens, "top2": top2, **({"draws": [[-1.0, -1.0, -0.5]] * len(tokens)} if draws else {})}

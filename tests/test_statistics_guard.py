@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from trust import allowed_line, keys  # noqa: F401
 
-from gatekeeper.gate.guard import ALL, Count, Rule, line, live, log_evalue, log_evalue_paired, to_detect_paired
+from gatekeeper.gate.guard import ALL, Count, Rule, line, live
+from gatekeeper.gate.stats.evalues import log_evalue, log_evalue_paired, to_detect_paired
 from gatekeeper.ledger import Ledger
 
 FLAG = "prefix_cache"

@@ -1,4 +1,4 @@
-"""Repeated evaluations of one change are repeated looks (gate/looks.py): alpha is spent across them, look j of a
+"""Repeated evaluations of one change are repeated looks (gate/stats/looks.py): alpha is spent across them, look j of a
 change at alpha * 2^-j, and ``flip`` judges the change's history, not its best run.
 
 The simulation uses the project's own paired bound (``paired.decide``) and the rule ``flip`` applies
@@ -15,7 +15,7 @@ from functools import lru_cache
 import pytest
 from conftest import ledger, wide_suite
 
-from gatekeeper.gate import looks, paired
+from gatekeeper.gate.stats import looks, paired
 
 ALPHA, MARGIN = 0.05, 0.05
 
@@ -219,7 +219,7 @@ def test_a_second_evaluation_is_look_two_and_flip_refuses_a_pass_held_only_at_th
     assert f"look 2 of this change (evaluations {first['evaluation_id']}, {eid}): alpha 0.05 of the policy's 0.2" in text, text
     for fmt in ("md", "html"):  # and the exports
         code, page, _ = run_cli("--workspace", tiny_ws, "ledger", "export", str(eid), "--format", fmt)
-        assert code == 0 and f"Looks: look 2 of this change" in page, page
+        assert code == 0 and "Looks: look 2 of this change" in page, page
     code, sized = cli(run_cli, tiny_ws, "battery", "size", "--flag", "lossy")  # the next look is sized at its share
     assert code == 0 and (sized["evaluation_id"], sized["look"], sized["alpha"]) == (eid, 3, pytest.approx(0.025)), sized
     code, flipped = flip_on(run_cli, tiny_ws, eid)

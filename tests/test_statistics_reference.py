@@ -19,8 +19,8 @@ import pytest
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
 from gatekeeper.engines.base import Referenced
-from gatekeeper.gate import reference
-from gatekeeper.gate.probes import PREFIX
+from gatekeeper.gate.arms import reference
+from gatekeeper.gate.arms.probes import PREFIX
 
 VOCAB = 64
 EXAMPLE = 0.034  # the example's gap difference (on a 0.204 nat margin), every emitted token the reference's pick

@@ -3,10 +3,10 @@
 - gatekeeper's own sampler (``engines/sampler.py``) gives each step a Philox stream of its own: the old scheme, keyed
   at counter (step, 0, 0, 0), made step s + 1's noise step s's shifted by one block (4 token ids), which a
   high-entropy toy shows as a huge excess of tokens 4 ids below the previous one; the new one shows none.
-- The PIT check (``gate/pit.py``) tests the independence of consecutive steps' transforms, not only their uniformity:
+- The PIT check (``gate/stats/pit.py``) tests the independence of consecutive steps' transforms, not only their uniformity:
   its size under correct draws and its power against the old correlated sampler by seeded simulation, and a side
   drawn by the old sampler departs through it.
-- The planted control (``gate/controls.py``) is ``undecided`` where the doubled temperature could not change the
+- The planted control (``gate/arms/controls.py``) is ``undecided`` where the doubled temperature could not change the
   processed distribution (a one-token nucleus at every step), ``seen`` where it does, and ``missed`` stays possible.
 
 Every simulation is seeded and sized to run in a few seconds.
@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from gatekeeper.engines.sampler import Sampler, key, log_softmax, transform
-from gatekeeper.gate import controls, pit
+from gatekeeper.gate.arms import controls
+from gatekeeper.gate.stats import pit
 from gatekeeper.workspace import Decoding
 
 HOT = Decoding(temperature=1.0)

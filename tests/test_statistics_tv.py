@@ -1,6 +1,6 @@
 """The coupled total-variation bound says what it bounds (issue #60, item 5).
 
-The coupled walk (``gate/coupling.py``) stops at an answer's first mismatch, so a bound on all compared steps pooled
+The coupled walk (``gate/stats/coupling.py``) stops at an answer's first mismatch, so a bound on all compared steps pooled
 is a bound on their average, weighted toward early positions: a defect late in answers or in one stage hides in it.
 The bound a verdict uses is therefore per position class (thirds of the flag-off answers' positions) and per stage,
 each a Clopper-Pearson bound at alpha/m (Bonferroni over the m classes), and ``tv_bound`` is the largest of them; the
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gatekeeper.battery.suites import Item
-from gatekeeper.gate import coupling
+from gatekeeper.gate.stats import coupling
 from gatekeeper.workspace import Case, Decoding, Segment, Suite
 
 MAX_TV = 0.1

@@ -1,10 +1,12 @@
-"""The flags as objects (gate/switches.py): each built-in flag and a declared change says its gate, its side
+"""The flags as objects (gate/state/switches.py): each built-in flag and a declared change says its gate, its side
 labels and its two configurations, and whether evidence is current reads the battery once for every flag."""
 
 import pytest
 from conftest import SUITE, profile
 
-from gatekeeper.gate import evaluator, pipeline, switches
+from gatekeeper.gate import planning
+from gatekeeper.gate.enable import current
+from gatekeeper.gate.state import pipeline, switches
 from gatekeeper.workspace import BUILTIN_FLAGS, Workspace
 
 
@@ -37,7 +39,7 @@ def test_each_flag_plans_its_own_two_configurations(ws, tmp_path):
     adapter_dir.mkdir()
     (adapter_dir / "adapter_config.json").write_text("{}")
     for flag in ("prefix_cache", "static_first", "adapter", "half"):
-        p = evaluator.plan(w, flag, "tiny", force=force, candidate=adapter_dir if flag == "adapter" else None)
+        p = planning.plan(w, flag, "tiny", force=force, candidate=adapter_dir if flag == "adapter" else None)
         configs[flag] = {k: (c.cache, c.render, c.profile.dtype, c.profile.adapter_path) for k, c in p.configs.items()}
         assert p.kind.sides == switches.of(flag).labels and p.exercises_cache == (flag == "prefix_cache")
     # static_first has a policy here and is off: the others render as written
@@ -52,9 +54,9 @@ def test_a_candidate_is_for_the_adapter_flag_only(ws, tmp_path):
 
     w = Workspace(ws)
     with pytest.raises(GatekeeperError, match="--candidate is for the adapter flag"):
-        evaluator.plan(w, "half", "tiny", force=pipeline.in_force(w, None), candidate=tmp_path)
+        planning.plan(w, "half", "tiny", force=pipeline.in_force(w, None), candidate=tmp_path)
     with pytest.raises(GatekeeperError, match="add --candidate PATH"):
-        evaluator.plan(w, "adapter", "tiny", force=pipeline.in_force(w, None))
+        planning.plan(w, "adapter", "tiny", force=pipeline.in_force(w, None))
 
 
 def test_evidence_for_every_flag_reads_the_battery_once(ws, monkeypatch):
@@ -66,8 +68,8 @@ def test_evidence_for_every_flag_reads_the_battery_once(ws, monkeypatch):
     monkeypatch.setattr(suites, "read", lambda *a, **k: reads.append(a) or real(*a, **k))
     w = Workspace(ws)
     evaluation = {"flag": "half", "config": {"engine": "tiny", "suites": None, "limit": None}}
-    first = evaluator.identity_now(w, {**evaluation}, None)
+    first = current.identity_now(w, {**evaluation}, None)
     for flag in ("prefix_cache", "static_first", "half"):
-        evaluator.identity_now(w, {**evaluation, "flag": flag}, None)
+        current.identity_now(w, {**evaluation, "flag": flag}, None)
     assert len(reads) == 1
-    assert evaluator.identity_now(Workspace(ws), evaluation, None) == first and len(reads) == 2
+    assert current.identity_now(Workspace(ws), evaluation, None) == first and len(reads) == 2

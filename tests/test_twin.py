@@ -10,7 +10,7 @@ import pytest
 from conftest import ledger
 from served import evaluate, llama_server, served_ws
 
-from gatekeeper.gate import flags
+from gatekeeper.gate.state import flags
 from gatekeeper.identity import file_digest
 from gatekeeper.setup.models import find_gguf, prepare_default_model
 from gatekeeper.workspace import MinPower

@@ -72,9 +72,9 @@ def backend_ws(backend, request, workspace, keys, monkeypatch):
 
 
 def _trusting(workspace: Path, keys, monkeypatch) -> Path:
-    from gatekeeper.gate import evaluator as gate
+    from gatekeeper.gate.enable import current
 
-    monkeypatch.setattr(gate, "identity_now", lambda ws, evaluation, ledger: evaluation["identity"]["off"])
+    monkeypatch.setattr(current, "identity_now", lambda ws, evaluation, ledger: evaluation["identity"]["off"])
     monkeypatch.delenv("GATEKEEPER_SIGNING_KEY", raising=False)
     (workspace / "policies" / "allowed_signers").write_text(
         "# who may sign gatekeeper approvals\n" + "".join(allowed_line(n, keys[n]) for n in KEYS if n != "mallory"))

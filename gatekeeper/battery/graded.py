@@ -8,7 +8,7 @@ promptfoo's processContextForTemplating. The grader's reply is read as promptfoo
 object, a closing Y/N, a category letter, ...); a reply promptfoo cannot read is what promptfoo makes of
 it: a failed assertion, and for ``not-`` forms a grader failure fails too (promptfoo's isGraderFailure).
 ``grader`` in ``Context.graders`` answers ``complete(prompt) -> str`` (and ``embed(text)`` for answer-relevance):
-gate/graders.py opens it. tests/test_promptfoo_oracle_graded.py proves the prompts against promptfoo itself.
+gate/run/graders.py opens it. tests/test_promptfoo_oracle_graded.py proves the prompts against promptfoo itself.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ A command's module is imported, and its click command built, only when that comm
 lists them all), so ``status`` never pays for ``evaluate``'s imports. Heavy imports (torch, transformers,
 mlx) happen only inside command bodies, never at start-up.
 
+The groups: ``evidence`` (evaluate, calibrate, measure, analyze), ``flags`` (status, flip, hash, pin),
+``flagserve`` (flags serve), ``battery`` (battery mine, from-capture, size), ``ledger`` (the ledger commands:
+list, show, verify, export, diff, attest ...), ``live`` (proxy, forensics), ``hybrid`` (replay), ``review``,
+``runtime`` (runtime prepare) and ``setup`` (init, models prepare); what they share (``common``: settings, errors,
+output, option types), their human-readable output (``tables``) and long work's progress (``progress``).
+
 Imports: errors, evidence, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature, review.
 """
 

@@ -65,8 +65,8 @@ def mine(
     """Run every candidate case once flag off, score its near-ties per second, and write the best subset as suites."""
     from ..battery.suites import Item, read
     from ..engines.faults import parse
-    from ..gate import mine as mining
-    from ..gate import pipeline
+    from ..gate.power import mine as mining
+    from ..gate.state import pipeline
     from ..traffic import cases as captured
     from ..workspace import Suite
 
@@ -113,7 +113,8 @@ def size(
     """The cases the policy's margin needs at its power and at the alpha the next look at the change spends, and the
     smallest margin the battery supports now;
     for sampled suites with --max-tv (or the policy's max_tv), the samples per case that bound needs."""
-    from ..gate import looks, sizing
+    from ..gate.power import sizing
+    from ..gate.stats import looks
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()

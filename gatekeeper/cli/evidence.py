@@ -64,7 +64,9 @@ def evaluate(
     """Run the battery with the flag off (repeated) and on, compare, and record a verdict."""
     import getpass
 
-    from ..gate import evaluator, pipeline, production, runs
+    from ..gate import evaluator, planning
+    from ..gate.run import production, runs
+    from ..gate.state import pipeline
     from ..traffic import capture
 
     settings: Settings = ctx.obj
@@ -76,7 +78,7 @@ def evaluate(
     # every input is checked before anything is written
     under = production.in_force(ws, flag, load, load_from)  # the production load both sides run under, if any
     replayed = production.source(ws, under) if under else None
-    plan = evaluator.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
+    plan = planning.plan(ws, flag, engine, suite, limit, force=force, candidate=candidate, skip_unsupported=skip_unsupported,
                           load=under, captured=capture.prompts(replayed) if replayed else None,
                           budget=_budget(sequential, max_cases, max_seconds, seed))
     models = runs.open_engines(plan)
@@ -101,7 +103,7 @@ def _budget(on: bool, max_cases: Optional[int], max_seconds: Optional[float], se
     """The sequential budget the options ask for (None: the whole battery, as always); a seed drawn when none is given."""
     import secrets
 
-    from ..gate.sequential import Budget
+    from ..gate.stats.sequential import Budget
 
     if not (on or max_cases is not None or max_seconds is not None):
         if seed is not None:
@@ -149,8 +151,9 @@ def calibrate(
     import getpass
 
     from ..engines.faults import parse
-    from ..gate import calibrate as calibration
-    from ..gate import pipeline, runs
+    from ..gate.power import calibrate as calibration
+    from ..gate.run import runs
+    from ..gate.state import pipeline
 
     try:
         planted = [parse(f) for f in faults.split(",")] if faults else []

@@ -13,13 +13,14 @@ from . import tables
 from .common import EngineName, Json, Settings, emit, reporting
 
 if TYPE_CHECKING:
-    from ..gate.attestation import Attestation
+    from ..gate.enable.attestation import Attestation
 
 
 @reporting
 def status(ctx: typer.Context, json_: Json = False) -> None:
     """Each flag's state as the ledger records it, and whether the evidence behind it is still current."""
-    from ..gate import flags, guard
+    from ..gate import guard
+    from ..gate.state import flags
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -29,7 +30,7 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
             row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [], "currency_error": None,
                    "live": guard.live(ledger, flag)}
             if st["state"] == "on" and st["evaluation_id"] is not None:
-                from ..gate import current  # the battery and engines: only to check the evidence of a flag that is on
+                from ..gate.enable import current  # the battery and engines: only to check the evidence of a flag that is on
 
                 try:  # an engine that cannot be reached now: said beside the ledger's facts, never instead of them
                     problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
@@ -64,8 +65,8 @@ def flip(
     from functools import partial
 
     from .. import signing
-    from ..gate import attestation
-    from ..gate import flip as flip_
+    from ..gate.enable import attestation
+    from ..gate.enable import flip as flip_
     from ..ledger import checkpoint
 
     settings: Settings = ctx.obj
@@ -103,7 +104,7 @@ def _attestation(sign: Optional[Path], signature: Optional[Path], record: Option
                  env_key: Optional[str]) -> Attestation | None:
     """What vouches for this flip: --sign KEY, --signature with --record, $GATEKEEPER_SIGNING_KEY, or nothing."""
     from .. import signing
-    from ..gate import attestation
+    from ..gate.enable import attestation
 
     if (signature is None) != (record is None):
         raise GatekeeperError("--signature and --record go together: the record (flip ... --print-record) "
@@ -143,7 +144,7 @@ def hash_(ctx: typer.Context, engine: EngineName = "auto",
           json_: Json = False) -> None:
     """Print the pipeline-version hash (it keys the response cache) and its parts."""
     from ..engines import registry
-    from ..gate import flags, pipeline
+    from ..gate.state import flags, pipeline
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()

@@ -88,7 +88,7 @@ def ledger_verify(
 ) -> None:
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
     extends every checkpoint the workspace records and each one given; exit 1 naming the first problem."""
-    from ..gate import attestation
+    from ..gate.enable import attestation
     from ..ledger.audit import audit_ledger
 
     settings: Settings = ctx.obj
@@ -163,7 +163,7 @@ def ledger_signature(
     json_: Json = False,
 ) -> None:
     """Write a signed approval's or flip's record and signature as files, to check them with ssh-keygen -Y verify."""
-    from ..gate import attestation
+    from ..gate.enable import attestation
 
     if kind not in ("approval", "flip"):
         raise GatekeeperError(f"KIND must be approval or flip, not {kind!r}")

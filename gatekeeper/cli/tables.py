@@ -195,8 +195,8 @@ def print_outcome(o) -> None:
                                           f"{q['seed']}, stopped: {q['stopped']}); {q['harmful']} harmful / "
                                           f"{q['beneficial']} beneficial flips; anytime-valid bounds [{q['lower']:.3f}, "
                                           f"{q['upper']:.3f}] at alpha {q['alpha']:g}, margin {q['margin']:g}"))
-    if o.looks:  # a gate judged from a bound: its share of alpha (gate/looks.py)
-        from ..gate.looks import line
+    if o.looks:  # a gate judged from a bound: its share of alpha (gate/stats/looks.py)
+        from ..gate.stats.looks import line
 
         rows.append(("looks", line(o.looks)))
     if o.reference and "arms" in o.reference:
@@ -333,7 +333,7 @@ def print_evaluation(ev: EvaluationRecord) -> None:
         typer.echo(f"  - {reason}")
     verdict = ev.get("verdict_record")
     if verdict and (looks := (verdict.get("summary") or {}).get("looks")):
-        from ..gate.looks import line
+        from ..gate.stats.looks import line
 
         typer.echo(f"  {line(looks)}")
     typer.echo(f"  case results: {len(ev['case_results'])}  comparisons: {len(ev['comparisons'])}")

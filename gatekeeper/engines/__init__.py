@@ -1,7 +1,13 @@
 """Engine adapters: one contract (``base``: a model loaded once, a session per configuration), built-ins
-registered by name (``registry``): ``torch``, ``mlx``, ``llamacpp``, ``http`` with its server ``dialects``
-and ``telemetry``; plugins by import path. The prefill plan (``plan``) and planted faults (``faults``)
-are session options.
+registered by name (``registry``) and plugins by import path.
+
+In process: ``torch`` (its own greedy loop over a ``DynamicCache`` whose state ops are ``torch_kv``, or transformers'
+``generate`` with a cache class: ``torch_generate``), ``mlx`` and ``llamacpp``, sharing one greedy loop
+(``greedy``), Hugging Face tokenizers (``hf_tokenizer``) and the sampler a sampled suite draws through (``sampler``);
+``sim``, the same loop over token counts with no model; transformers' cache-free read of any weights (``reader``);
+any in-process adapter in another Python environment (``worker``, its child ``worker_main``). Served: ``http`` with
+each server's ``dialects`` and ``telemetry``, and the servers gatekeeper starts (``serve``). Session options: the
+prefill plan (``prefill``: where a prompt's prefill is cut into forward passes) and planted faults (``faults``).
 
 Imports: gatekeeper (the version), errors, identity, evidence, workspace, cache, setup.
 """

@@ -26,7 +26,6 @@ from ..errors import GatekeeperError
 from ..workspace import Decoding, EngineProfile
 from .sampler import Draw
 
-NAMES = ("auto", "llamacpp", "vllm", "mlx", "openai")
 PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabilities a position returns
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
@@ -49,7 +48,7 @@ class Dialect:
     local_tokenizer: ClassVar[bool] = False  # renders and tokenizes with the profile's ``tokenizer``
     # why the server gives no teacher-forced distributions (None: ``score_request`` asks it for them)
     unscored: ClassVar[str | None] = "the server's API returns no log-probabilities for a prompt's positions"
-    # what its distributions leave out, where it gives them (gate/forced.py puts it in the record)
+    # what its distributions leave out, where it gives them (gate/arms/forced.py puts it in the record)
     score_caveat: ClassVar[str | None] = None
     # why the server gives no cache-free read for the reference arm (None: ``score_request`` or ``forced_request``
     # reads one), and what that read is, as the reference arm's record names it

@@ -21,7 +21,7 @@ from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Scored, Session, Until, accelerators, attention_limits, checked_request, top2_rows
 from .hf_tokenizer import ChatTokenizer
-from .plan import segments, splits
+from .prefill import segments, splits
 from .sampler import Draw, Sampler, transform
 
 if TYPE_CHECKING:  # numpy is imported where logits are read: checking a profile or its identity never needs it
@@ -462,7 +462,7 @@ class Chooser:
             return best
         token, weights, lp = self.sampler.pick(logits, self.prompt, answer)
         d, key = self.sampling.decoding, self.sampling.key
-        if d.sampled:  # the draw against the declared decoding (gate/pit.py): its own row, unless another sampler drew
+        if d.sampled:  # the draw against the declared decoding (gate/stats/pit.py): its own row, unless another sampler drew
             # its own row where it processes as declared (an engine's sampler reads its chain through ``processed``)
             declared = (lp if type(self.sampler).processed is Sampler.processed else
                         Sampler(d, key, self.sampler.spec).processed(logits, self.prompt, answer))

@@ -308,7 +308,7 @@ class HTTPEngine(Engine):
         ``replica``: this one rather than the least busy; ``background``: load traffic, outside the
         battery's concurrency limit; ``sampling``: the declared decoding with the draw's seed, else greedy. It
         carries the labels in force (``base.labelled``) as headers."""
-        # sampled: the server's top lists too, to read each draw against the declared decoding (gate/pit.py)
+        # sampled: the server's top lists too, to read each draw against the declared decoding (gate/stats/pit.py)
         drawn = self.dialect.sampling(sampling, len(prompt) + max_tokens) if sampling else {}
         url, answer, wall = self._send(config, {**self.dialect.request(prompt), "max_tokens": max_tokens,
                                                 "stop": list(stop), **drawn}, replica, background)

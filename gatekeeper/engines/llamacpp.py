@@ -39,7 +39,7 @@ from ..workspace import EngineProfile
 from . import faults
 from .base import Engine, Generation, Referenced, Scored, Session, Until, checked_request
 from .greedy import Chooser
-from .plan import segments, splits
+from .prefill import segments, splits
 from .sampler import Draw
 
 _INSTALL = "pip install -e '.[llamacpp]' (or: pip install llama-cpp-python)"

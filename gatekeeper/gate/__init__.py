@@ -1,13 +1,17 @@
-"""The gate: what decides. What each flag switches (``switches``), an evaluation's plan (``plans``), its cases
-run on sessions (``runs``) and the evaluation itself (``evaluator``), the cache probes every run ends with
-(``probes``), crashes as evidence (``crashes``), which server each side reaches (``sides``), the comparison and
-decision of each gate kind (``kinds``) with paired bounds for changes that are not exact (``paired``) and the
-teacher-forced distance (``distance``, ``forced``), the cases a margin needs (``sizing``), the anytime-valid rule
-of a sequential evaluation (``sequential``), the production load a
-served evaluation runs under (``production``), cases run on Ray actors (``ray_executor``), the graders of
-model-graded assertions (``graders``), planted-fault calibration (``calibrate``), the pipeline in force and its
-version hash (``pipeline``), flag states (``flags``), whether evidence is current (``current``), the looks at one
-change that spend its alpha (``looks``), approvals and flips (``flip``) and their signed records (``attestation``).
+"""The gate: what decides, grouped by concern; each part below imports only parts listed before it:
+
+- ``stats/``: the statistics, a leaf layer (paired bounds, the sequential rule, looks, coupling, PIT, distance,
+  the guard's e-values);
+- ``kinds``: the comparison and decision of each gate kind;
+- ``run/``: the plan as a record and its cases run (sessions, Ray actors, graders, sides, production load);
+- ``arms/``: the evidence beside the battery (cache probes, crashes, controls, reference arms, the forced distance);
+- ``state/``: what is in force (flag states, what each flag switches, the pipeline and its hash);
+- ``planning``: an evaluation's plan, made and checked before anything loads, and its configurations' identity;
+- ``enable/``: turning a flag on (whether evidence is current, approvals and flips, their signed records);
+- ``power/``: whether the gate can say no (calibration, a served engine's twin, mining, sizing);
+- ``evaluator``: the orchestrator, which runs a plan, compares, decides and records; no group imports it;
+- ``guard``: the guard's rule on live comparisons after a flip (its statistics: ``stats/evalues.py``).
+
 It is handed a ledger and never opens one.
 
 Imports: errors, identity, evidence, signing, workspace, battery, engines.

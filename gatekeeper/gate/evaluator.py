@@ -17,40 +17,26 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
-from weakref import WeakKeyDictionary
 
 from ..battery import partition
 from ..battery import suites as battery
 from ..engines.base import Engine, plus
-from ..errors import GatekeeperError, described
-from ..evidence import CaseResult, Comparison, EvaluationRecord, Run, StageTelemetry, SuiteCensus, Tokens
-from ..identity import digest
-from ..workspace import EngineProfile, Load, MinedOn, Workspace
-from . import controls as controls_
-from . import (
-    coupling,
-    distance,
-    forced,
-    independent,
-    kinds,
-    looks,
-    paired,
-    pipeline,
-    pit,
-    production,
-    sequential,
-    sides,
-    switches,
-    unpaired,
-)
-from . import crashes as crashes_
-from . import graders as graders_
-from . import probes as probes_
-from . import reference as reference_
-from . import runs as runs_
-from .plans import ALONE, Config, Plan
+from ..errors import described
+from ..evidence import CaseResult, Comparison, Run, StageTelemetry, SuiteCensus, Tokens
+from ..workspace import MinedOn
+from . import kinds, planning
+from .arms import controls as controls_
+from .arms import crashes as crashes_
+from .arms import forced
+from .arms import probes as probes_
+from .arms import reference as reference_
+from .run import graders as graders_
+from .run import production, sides
+from .run import runs as runs_
+from .run.plans import ALONE, Config, Plan
+from .stats import coupling, distance, looks, paired, pit, sequential, unpaired
+from .stats import pairs as pairs_
 
 
 @dataclass
@@ -80,123 +66,25 @@ class Outcome:
     probes: dict[str, str] = field(default_factory=dict)
     probe_seconds: float = 0.0
     reached: dict[str, list[str]] = field(default_factory=dict)  # served sides: the servers that answered each
-    # kinds judged on paired outcomes: flips, the bound on the loss and what the margin needs (gate/paired.py)
+    # kinds judged on paired outcomes: flips, the bound on the loss and what the margin needs (gate/stats/paired.py)
     paired: dict[str, Any] | None = None
-    # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/forced.py); or {not_observable}
+    # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/arms/forced.py); or {not_observable}
     distance: dict[str, Any] | None = None
-    # the reference arm: each arm against a cache-free read of its answers (gate/reference.py); or {not_observable}
+    # the reference arm: each arm against a cache-free read of its answers (gate/arms/reference.py); or {not_observable}
     reference: dict[str, Any] | None = None
-    # sampled decoding: coupled steps, mismatches and the TV bounds they certify per position class and stage (gate/coupling.py)
+    # sampled decoding: coupled steps, mismatches and the TV bounds they certify per position class and stage (gate/stats/coupling.py)
     sampling: dict[str, Any] | None = None
-    # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/sequential.py)
+    # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/stats/sequential.py)
     sequential: dict[str, Any] | None = None
-    # gates judged from a bound: which look at this change the evaluation is and the alpha it spent (gate/looks.py)
+    # gates judged from a bound: which look at this change the evaluation is and the alpha it spent (gate/stats/looks.py)
     looks: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def plan(ws: Workspace, flag: str, engine: str = "auto", suites: list[str] | None = None,
-         limit: int | None = None, *, force: switches.InForce, candidate: str | Path | None = None,
-         skip_unsupported: bool = False, load: Load | None = None, captured: list[list[int] | str] | None = None,
-         grading: bool = True, budget: sequential.Budget | None = None) -> Plan:
-    """``force``: the pipeline in force (flag states from the ledger); the flag-off side is it with
-    the evaluated flag off, the flag-on side is that with the flag's change. ``load``: the production
-    load (``load.in_force``), ``captured`` its capture's prompts. ``budget``: a sequential evaluation, case by
-    case until the rule decides or the budget is spent (``_run_sequential``)."""
-    from ..engines.registry import check_profile
-
-    policy, switch = ws.policy(flag), switches.of(flag)
-    rest = switch.without(force)
-    base = pipeline.engine_profile(ws, engine, rest)  # validates the profile before anything is loaded
-    cand = switch.candidate(candidate)
-    configs = switch.configs(ws, engine, rest, base, cand)
-    for c in configs.values():
-        cls = check_profile(c.profile)  # an override the adapter does not understand: exit 2 before loading
-        if load is not None:
-            _check_loadable(cls, c.profile, load)
-    items, digest_ = read_battery(ws, suites, limit, skip_unsupported)
-    # graded assertions and no grader named: exit 2 before loading (``grading`` False: the caller grades nothing)
-    grader_spec = graders_.spec(ws, policy, items) if grading else None
-    if unknown := sorted(set(policy.margins) - {i.suite.suite for i in items}):
-        raise GatekeeperError(f"policies/{flag}.yaml: field 'margins' names suites this battery does not run "
-                              f"({', '.join(unknown)}); name suites of assertions/ or drop them")
-    change = policy.change.model_dump(mode="json", exclude_none=True) if policy.change else None
-    p = Plan(ws=ws, flag=flag, policy=policy, items=items, engine_name=engine, battery_digest=digest_, configs=configs,
-             kind=kinds.KINDS[policy.gate](policy, switch.labels), exercises_cache=switch.exercises_cache,
-             candidate=cand, load=load, captured=captured, grading=grader_spec, sequential=budget,
-             config={"engine": engine, "suites": suites, "limit": limit,
-                     "render": {k: c.render for k, c in configs.items()}, "candidate": cand, "change": change,
-                     **({"skip_unsupported": True} if skip_unsupported else {}),
-                     **({"load": production.identity(ws, load, digest_)} if load else {}),
-                     **({"sequential": dataclasses.asdict(budget)} if budget else {})})
-    independent.check(p)
-    sides.check(p)  # each side reaches the server the flag says, or exit 2 before anything runs
-    if budget is not None:
-        _check_sequential(p, budget)
-    return p
-
-
-SEQUENTIAL = "--sequential, --max-cases, --max-seconds"
 KEYLESS = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys (its seeds "
            "ignored, or dependent on the batch or on call order)")
-
-
-def _check_sequential(p: Plan, budget: sequential.Budget) -> None:
-    """Exit 2 before anything runs unless a sequential rule can judge this flag within this budget."""
-    policy, where = p.policy, f"policies/{p.flag}.yaml"
-    if budget.max_cases is not None and budget.max_cases < 1:
-        raise GatekeeperError(f"--max-cases {budget.max_cases}: the budget is a number of cases, at least 1")
-    if budget.max_seconds is not None and not budget.max_seconds > 0:
-        raise GatekeeperError(f"--max-seconds {budget.max_seconds:g}: the budget is seconds of running cases, above 0")
-    if budget.seed < 0:
-        raise GatekeeperError(f"--seed {budget.seed}: a seed is a whole number, 0 or more")
-    if policy.gate == "byte_equivalence":
-        raise GatekeeperError(f"{SEQUENTIAL}: {where} gates {p.flag} by byte_equivalence, which needs every case identical, "
-                              "so there is no loss to bound and nothing to stop early on; run the whole battery without them")
-    if policy.margin == 0:
-        asks = ("identical assertion outcomes" if policy.gate == "assertion_equivalence"
-                else "improvements that outweigh every loss")
-        raise GatekeeperError(f"{SEQUENTIAL}: {where} has margin 0 ({policy.gate}), which asks for {asks}; a sequential "
-                              "rule bounds a loss against a margin above 0: set field 'margin' above 0, or run the whole "
-                              "battery without them")
-    if policy.margins:
-        raise GatekeeperError(f"{SEQUENTIAL}: {where} field 'margins' judges each suite on its own pairs (Bonferroni); "
-                              "the sequential rule judges one margin over the battery: remove 'margins' or run without them")
-    if p.load is not None:
-        raise GatekeeperError(f"{SEQUENTIAL}: under a load the flag-off battery runs alone first and each run keeps "
-                              "background traffic beside it, which a case-by-case run cannot keep apart; drop the load "
-                              "(evaluate --load, the policy's 'load') or run without them")
-    if p.ws.engine(p.engine_name).executor == "ray":
-        raise GatekeeperError(f"{SEQUENTIAL}: executor: ray runs each side's battery on its actors in one go; "
-                              "evaluate in this process (a profile without 'executor: ray') or run without them")
-
-
-# Workspace object -> (suites, limit, skip_unsupported) -> the battery's items and digest. A workspace object
-# reads its files once (the OpenFeature resolver opens a new one per resolution), so neither can go stale.
-_batteries: WeakKeyDictionary[Workspace, dict[tuple[Any, ...], tuple[list[battery.Item], str]]] = WeakKeyDictionary()
-
-
-def read_battery(ws: Workspace, suites: list[str] | None, limit: int | None,
-                 skip_unsupported: bool) -> tuple[list[battery.Item], str]:
-    """The battery's items and digest, read once per workspace object and choice of suites."""
-    key = (tuple(suites) if suites else None, limit, skip_unsupported)
-    memo = _batteries.setdefault(ws, {})
-    if key not in memo:
-        items = battery.read(ws, suites, limit, skip_unsupported=skip_unsupported)
-        memo[key] = items, battery.battery_digest(ws, items)
-    return memo[key]
-
-
-def _check_loadable(cls: type[Engine], profile: EngineProfile, load: Load) -> None:
-    """Exit 2 before anything runs unless this engine can be put under ``load``."""
-    if cls.background is Engine.background:
-        raise GatekeeperError(f"{profile.where}: the {cls.name} adapter runs the model in this process, one request at "
-                              "a time: a load (policy 'load', evaluate --load) needs a served engine (adapter http)")
-    if load.concurrency <= profile.concurrency:
-        raise GatekeeperError(f"load concurrency {load.concurrency} leaves no room for background traffic beside the "
-                              f"{profile.concurrency} cases {profile.where} runs at once; raise the load's concurrency")
 
 
 def _actors(p: Plan, models: dict[str, Engine]):
@@ -205,7 +93,7 @@ def _actors(p: Plan, models: dict[str, Engine]):
     profile = p.ws.engine(p.engine_name)
     if profile.executor != "ray":
         return None
-    from . import ray_executor
+    from .run import ray_executor
 
     return ray_executor.Actors(p, models, profile)
 
@@ -223,39 +111,9 @@ def _cacheable_share(model: Engine, p: Plan) -> dict[str, float]:
     return {m: round(s / t, 4) if t else 0.0 for m, (s, t) in totals.items()}
 
 
-def _identity(p: Plan, config: str, engine_identity: dict[str, Any], grader: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What makes one configuration's outputs what they are (and, with graded assertions, their outcomes: the grader)."""
-    c = p.configs[config]
-    out = {
-        "engine": engine_identity,
-        "profile": c.profile.model_dump(mode="json"),
-        "battery_digest": p.battery_digest,
-        "policy_digest": digest(p.policy.model_dump(mode="json")),
-        "render": c.render,
-        "decoding": {s.suite: s.decoding.model_dump(mode="json") for s in {i.suite.suite: i.suite for i in p.items}.values()},
-        "flags": {p.flag: config},
-    }
-    if sampled := [i.suite.suite for i in p.items if not i.suite.decoding.plain]:
-        from ..engines.registry import sampler_chain
-
-        out["sampler"] = {"suites": sorted(set(sampled)), **(sampler_chain(c.profile) or {})}
-    served = sides.reaches(c.profile, c.cache)
-    if served is not None:  # the server this side's requests go to
-        out["reaches"] = served
-    if p.candidate is not None:
-        out["candidate"] = p.candidate
-    if p.load is not None:
-        out["load"] = p.config["load"]
-    if p.config["change"] is not None:
-        out["change"] = p.config["change"]
-    if grader is not None:
-        out["grader"] = grader
-    return out
-
-
 def identities(models: dict[str, Engine], p: Plan, graders: graders_.Graders | None = None) -> dict[str, Any]:
     grader = graders.identity() if graders else None
-    return {config: _identity(p, config, models[config].identity(), grader) for config in ("off", "on")}
+    return {config: planning.identity(p, config, models[config].identity(), grader) for config in ("off", "on")}
 
 
 def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
@@ -274,7 +132,7 @@ def evaluate(p: Plan, ledger, models: dict[str, Engine], operator: str,
                                                  "concurrency": {k: m.concurrency for k, m in models.items()},
                                                  **(actors.config if actors else {})})
         try:
-            # a gate judged from a bound spends its look's share of alpha (gate/looks.py): its kind judges at that
+            # a gate judged from a bound spends its look's share of alpha (gate/stats/looks.py): its kind judges at that
             look = looks.take(ledger.history(p.flag), evaluation_id, p.policy.gate, p.policy.margin, p.policy.alpha)
             if look is not None:
                 p = dataclasses.replace(p, kind=type(p.kind)(p.policy.model_copy(update={"alpha": look.alpha_spent}),
@@ -310,7 +168,7 @@ class Runs:
     seconds: dict[str, float]
     model_s: float
     probes: dict[str, list[probes_.Probed]] = field(default_factory=dict)  # config -> one per repeat
-    controls: dict[str, Any] | None = None  # sampled: the flag-on run's control draws (gate/controls.py)
+    controls: dict[str, Any] | None = None  # sampled: the flag-on run's control draws (gate/arms/controls.py)
     ran: list[battery.Item] | None = None  # sequential: the cases run, in their order (None: the whole battery)
     rule: sequential.Sequential | None = None  # sequential: the rule's state where it stopped
     failed: list[str] = field(default_factory=list)  # steps after the cases that raised: each, and what it raised
@@ -362,7 +220,7 @@ def _probe(runs: Runs, session, p: Plan, ledger, evaluation_id: int, config: str
 
 def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, progress: Callable[[str], None],
                     graders: graders_.Graders | None = None) -> Runs:
-    """The battery in a seeded random order (clusters kept together), until the rule (gate/sequential.py) decides
+    """The battery in a seeded random order (clusters kept together), until the rule (gate/stats/sequential.py) decides
     or the budget is spent; each case recorded as it finishes, as in ``_run``.
 
     Every run of the schedule gets its session once and keeps it open; the cases go in rounds, each round run on
@@ -374,7 +232,7 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
     so looking after every round costs nothing, and the cases after the stop are never run."""
     budget = p.sequential
     assert budget is not None  # plan() set it
-    keys = [cluster_of(p.policy.cluster, i) for i in p.items]
+    keys = [pairs_.cluster_of(p.policy.cluster, i) for i in p.items]
     ordered = [p.items[n] for n in sequential.order(keys, budget.seed)]
     limit = min(len(ordered), budget.max_cases or len(ordered))
     size = max(m.concurrency for m in models.values())
@@ -405,10 +263,10 @@ def _run_sequential(p: Plan, ledger, models: dict[str, Engine], evaluation_id: i
                 runs.seconds[config] += time.perf_counter() - t1
             ran += chunk
             for item in chunk:
-                key = cluster_of(p.policy.cluster, item)
+                key = pairs_.cluster_of(p.policy.cluster, item)
                 done.setdefault(key, []).append(item)
                 if len(done[key]) == sizes[key]:  # the cluster is whole: one observation
-                    found = pairs_of(done[key], runs.results["off"][0], runs.results["on"][0], p.policy.cluster)
+                    found = pairs_.pairs_of(done[key], runs.results["off"][0], runs.results["on"][0], p.policy.cluster)
                     rule.observe([x for pairs in found.values() for x in pairs], cases=sizes[key])
             spent = time.perf_counter() - t0
             stopped = ("decided" if rule.decision != "continue" else "battery_exhausted" if len(ran) == len(ordered)
@@ -435,7 +293,7 @@ def _background(p: Plan, model: Engine, c: Config, config: str):
 
 def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
               progress: Callable[[str], None]) -> distance.Compared | str | None:
-    """The teacher-forced distance (gate/forced.py), or why it cannot be read; None where the policy wants none."""
+    """The teacher-forced distance (gate/arms/forced.py), or why it cannot be read; None where the policy wants none."""
     if not p.policy.distance:
         return None
     if why := next((w for w in (m.unscored() for m in models.values()) if w), None):  # nothing is sent to ask
@@ -446,7 +304,7 @@ def _distance(p: Plan, models: dict[str, Engine], runs: Runs,
 
 def _reference(p: Plan, models: dict[str, Engine], runs: Runs,
                progress: Callable[[str], None]) -> reference_.Read | str | None:
-    """The reference arm's reading (gate/reference.py), or why it cannot be read; None where the policy wants none."""
+    """The reference arm's reading (gate/arms/reference.py), or why it cannot be read; None where the policy wants none."""
     if not p.policy.reference:
         return None
     return _after_cases(runs, "reference", "the reference step",
@@ -501,7 +359,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         else:
             differing.append((cid, diff))
     # a flag-off side whose draws do not follow their keys: its sampled answers are fresh draws each time, so the
-    # sides are compared by their distributions (gate/unpaired.py), not as an unstable baseline or token by token
+    # sides are compared by their distributions (gate/stats/unpaired.py), not as an unstable baseline or token by token
     sampled = [i for i in p.items if i.suite.decoding.sampled and runs.results["off"][1:]]
     unkeyed = (unpaired.Unpaired(len(keyless), len(sampled), keyless[0])
                if keyless and not p.load and runs.rule is None else None)
@@ -516,7 +374,7 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                                bool(differing)) if p.kind.numeric and tokens_compared else None)
     census = kinds.near_ties([(i.suite.suite, reference[i.case_id]) for i in p.items])
     g = models["on"].granularity  # a server caching whole KV blocks can serve no more than whole blocks
-    pairs = pairs_of(p.items, reference, on, p.policy.cluster)
+    pairs = pairs_.pairs_of(p.items, reference, on, p.policy.cluster)
     if strength is not None:  # an exact gate's flips are figures beside its drift, never its verdict
         strength = dataclasses.replace(strength, flips=paired.flip_counts(x for suite in pairs.values() for x in suite))
     evidence = kinds.Evidence(len(p.items), differing, {"off": _passes(reference), "on": _passes(on)},
@@ -749,46 +607,5 @@ def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str
     return verdict, reasons + [moved.reason()]
 
 
-def pairs_of(items: list[battery.Item], off: Run, on: Run, cluster: str) -> dict[str, list[paired.Pair]]:
-    """Per suite, each assertion's outcome flag off and on with its cluster (``cluster``: the policy's independence
-    unit); a case missing from either run, or crashed there, has no outcomes to pair."""
-    out: dict[str, list[paired.Pair]] = {}
-    for item in items:
-        a, b = off.get(item.case_id), on.get(item.case_id)
-        if a is None or b is None or "crash" in a or "crash" in b:
-            continue
-        key = cluster_of(cluster, item)
-        out.setdefault(item.suite.suite, []).extend(
-            (key, x["pass"], y["pass"]) for x, y in zip(a["outcomes"], b["outcomes"]))
-    return out
-
-
-def cluster_of(key: str, item: battery.Item) -> str:
-    """The cluster a case belongs to: itself, its suite, or the value of one of its vars (a case without that
-    var is a cluster of its own)."""
-    if key == "suite":
-        return item.suite.suite
-    if key.startswith("var:") and (name := key[4:]) in item.case.vars:
-        return f"{name}={item.case.vars[name]}"
-    return item.case_key
-
-
 def _passes(results: Run) -> int:
     return sum(o["pass"] for r in results.values() for o in r["outcomes"])
-
-
-def identity_now(ws: Workspace, evaluation: EvaluationRecord, ledger) -> dict[str, Any]:
-    """The flag-off identity that ``evaluation``'s configuration (engine, suites, limit, candidate)
-    has today, with the pipeline in force as the ledger says, the evaluated flag taken as off. Asked for
-    every flag (``status``, ``flip``): the battery is read once per workspace object (``read_battery``)."""
-    from ..engines import registry
-
-    config = evaluation["config"]
-    force = pipeline.in_force(ws, ledger, {evaluation["flag"]: "off"})
-    candidate = (config.get("candidate") or {}).get("path")
-    # the load in force is the policy's: evidence gathered under another (evaluate --load) reads stale
-    p = plan(ws, evaluation["flag"], config["engine"], config.get("suites"), config.get("limit"),
-             force=force, candidate=candidate, skip_unsupported=config.get("skip_unsupported", False),
-             load=production.in_force(ws, evaluation["flag"]))
-    grader = graders_.identity(p.grading, ws.root) if p.grading else None  # a changed grader reads stale
-    return _identity(p, "off", registry.identity(p.configs["off"].profile, workspace_root=ws.root), grader)

@@ -3,7 +3,7 @@
 ``byte_equivalence``: token ids, text and assertion outcomes identical (and, for the cache flag,
 the cache exercised); ``assertion_equivalence``: assertion outcomes identical (margin 0) or equivalent
 within the margin; ``non_inferiority``: a one-sided bound on the loss in pass rate that rules out a loss
-larger than the margin (both judged on paired outcomes, ``paired.py``). Each kind is one object, looked up by the
+larger than the margin (both judged on paired outcomes, ``stats/paired.py``). Each kind is one object, looked up by the
 policy's ``gate``; the gate runs the configurations, asks the kind to compare each case, then to decide.
 """
 
@@ -14,8 +14,8 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
 from ..evidence import CaseResult, Change, Comparison, DivergentSide, Step, SuiteCensus, Top2
 from ..workspace import Policy
-from . import paired
-from .sequential import Sequential
+from .stats import paired
+from .stats.sequential import Sequential
 
 NEAR_TIE = 0.1  # a top-2 logit margin at or below this is a near-tie: a few ULPs can flip it
 # one side's margin a near-tie, the other's above twice NEAR_TIE (clear of bfloat16's rounding near a tie) and at
@@ -348,7 +348,7 @@ class ByteEquivalence(GateKind):
 
 
 class Paired(GateKind):
-    """A kind judged on paired assertion outcomes (gate/paired.py): a one-sided bound on the loss in pass rate
+    """A kind judged on paired assertion outcomes (gate/stats/paired.py): a one-sided bound on the loss in pass rate
     at the policy's ``alpha``, clustered by its ``cluster``, against its ``margin`` (or per-suite ``margins``,
     Bonferroni over the suites). PASS only when the bound rules the margin out, FAIL when the evidence shows a
     loss beyond it, else INCONCLUSIVE with the cases the margin needs: never a PASS on too little."""
@@ -373,7 +373,7 @@ class Paired(GateKind):
         return self.VERDICTS[result.verdict], self.flips(e) + [result.reason()]
 
     def sequential(self, e: Evidence, rule: Sequential) -> Decision:
-        """A sequential evaluation's verdict: the rule's (gate/sequential.py), INCONCLUSIVE where it stopped undecided."""
+        """A sequential evaluation's verdict: the rule's (gate/stats/sequential.py), INCONCLUSIVE where it stopped undecided."""
         return {"pass": "PASS", "fail": "FAIL"}.get(rule.decision, "INCONCLUSIVE"), self.flips(e) + [rule.reason()]
 
 

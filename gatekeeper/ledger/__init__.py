@@ -1,9 +1,11 @@
-"""The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL):
-tables, migrations, the database connections (``database``), the chain, verify, signed checkpoints, everything
-``ledger verify`` checks as one result (``audit``), and in-toto attestations in DSSE envelopes (intoto, dsse).
-What rows hold (``records``) and the SQLite reader that ``status`` and ``hash`` use (``reader``) import no
-SQLAlchemy. It stores and checks the evidence and decides nothing; the reports that read it are
-``gatekeeper.reports``.
+"""The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL). The
+one object that writes and reads it (``store``), its ``tables`` and numbered ``migrations``, the database
+connections and write lock (``database``), appending to the hash ``chain``, proving nothing was edited
+(``verify``), signed ``checkpoint`` files of its head, everything ``ledger verify`` checks as one result
+(``audit``), an evaluation's status derived from its records (``status``), a cheap ``stamp`` of its state so
+readers re-verify only on change, and in-toto attestations (``intoto``) in DSSE envelopes (``dsse``). What rows
+hold (``records``) and the SQLite reader that ``status`` and ``hash`` use (``reader``) import no SQLAlchemy. It
+stores and checks the evidence and decides nothing; the reports that read it are ``gatekeeper.reports``.
 
 Imports: errors, evidence, identity, signing.
 """

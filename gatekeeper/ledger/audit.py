@@ -1,5 +1,5 @@
 """``ledger verify`` whole: the chain and every record (``verify``), every signature (the check is handed
-in: rechecking a signed approval or flip is the gate's, ``gate.attestation.audit_signatures``), that the
+in: rechecking a signed approval or flip is the gate's, ``gate.enable.attestation.audit_signatures``), that the
 ledger still extends every checkpoint the workspace records and each one given (``checkpoint``), and a
 policy's ``checkpoint_after_flip``, merged into one typed result. What it finds is data: the command only
 prints it and exits 1 when it is not ok.
@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 class SignatureCheck(Protocol):
-    """What rechecking the ledger's signatures found (``gate.attestation.SignatureAudit``)."""
+    """What rechecking the ledger's signatures found (``gate.enable.attestation.SignatureAudit``)."""
 
     checked: int  # signatures rechecked
     problems: list[tuple[int | None, str]]  # (seq, "seq N: code: ..."), in seq order

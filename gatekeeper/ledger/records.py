@@ -93,7 +93,7 @@ def evaluation_record(rows: Rows, evaluation_id: int) -> EvaluationRecord | None
 
 def history(rows: Rows, flag: str) -> list[dict[str, Any]]:
     """Every evaluation of ``flag``, oldest first, without its case evidence: what the looks at one change are
-    judged on (``gate/looks.py``). Each holds its started record's id, flag, operator, gate, started_at, identity and
+    judged on (``gate/stats/looks.py``). Each holds its started record's id, flag, operator, gate, started_at, identity and
     config, its status, its verdict and the verdict record's reasons, summary and finished_at (None while it runs)."""
     out = []
     for started in rows("evaluation", flag=flag):

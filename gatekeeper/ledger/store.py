@@ -202,7 +202,7 @@ class Ledger:
 
     def history(self, flag: str) -> list[dict[str, Any]]:
         """Every evaluation of ``flag``, oldest first, with its status and verdict but not its case evidence
-        (``records.history``): the looks ``gate/looks.py`` counts."""
+        (``records.history``): the looks ``gate/stats/looks.py`` counts."""
         with read(self.engine) as conn:
             return history(lambda kind, **equal: _rows(conn, kind, **equal), flag)
 

@@ -31,8 +31,9 @@ from typing import Any, Iterator
 
 from ..engines.registry import identity, resolve_profile
 from ..errors import GatekeeperError
-from ..gate import attestation, pipeline
-from ..gate import flags as flag_states
+from ..gate.enable import attestation
+from ..gate.state import flags as flag_states
+from ..gate.state import pipeline
 from ..identity import digest
 from ..ledger import CURRENT_VERSION, Ledger
 from ..ledger import checkpoint as checkpoints

@@ -20,13 +20,13 @@ from typing import Any
 from ..cache.trie import common_prefix
 from ..engines.base import plus
 from ..evidence import CaseResultRow, Comparison, EvaluationRecord
-from ..gate import looks
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
+from ..gate.stats import looks
 from ..identity import flatten
 from . import junit
 from .outcomes import verdict_summary
 
-PROBE = "probe:"  # the case ids of the gate's cache probes (gate/probes.py)
+PROBE = "probe:"  # the case ids of the gate's cache probes (gate/arms/probes.py)
 
 FORMATS = ("md", "html", "json", "junit")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -148,7 +148,7 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         # records written before paired verdicts have none: their exports read as they did
         **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
         **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
-        # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/looks.py)
+        # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/stats/looks.py)
         **({"looks": looks.line(summary["looks"])} if summary.get("looks") else {}),
         **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
         **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
@@ -176,7 +176,7 @@ SEQUENTIAL_HEAD = ["cases run", "seed", "harmful", "beneficial", "loss per case"
 
 
 def _sequential_rows(s: dict[str, Any]) -> list[list[str]]:
-    """A sequential evaluation's rule where it stopped (gate/sequential.py), as one table row."""
+    """A sequential evaluation's rule where it stopped (gate/stats/sequential.py), as one table row."""
     return [[f"{s['cases']} of {s['battery_cases']}", str(s["seed"]), str(s["harmful"]), str(s["beneficial"]),
              f"{s['loss']:.3f}", f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
              s["decision"], s["stopped"]]]
@@ -201,7 +201,7 @@ REFERENCE_HEAD = ["arm", "positions", "in the probes", "control reads", "flips",
 
 
 def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
-    """The reference arm (gate/reference.py): per arm, what a cache-free read of its answers says; or why none."""
+    """The reference arm (gate/arms/reference.py): per arm, what a cache-free read of its answers says; or why none."""
     if "not_observable" in r:
         return {"not_observable": r["not_observable"]}
 
@@ -228,7 +228,7 @@ TV_HEAD = ["class", "coupled steps", "mismatched", "mean per-step TV at most"]
 
 
 def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
-    """Sampled decoding (gate/coupling.py, gate/pit.py): what the paired draws certify, per position class and stage,
+    """Sampled decoding (gate/stats/coupling.py, gate/stats/pit.py): what the paired draws certify, per position class and stage,
     and each side's draws against the declared decoding."""
     rows = [[f"flag-{side}", str(d["steps"]), f"{d['statistic']:.3g}", f"{d['p']:.2g}", str(d["impossible"]),
              d["where"][0] if d["where"] else "-"] for side, d in (s.get("declared") or {}).items()]

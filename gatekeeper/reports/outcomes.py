@@ -25,7 +25,7 @@ class CaseOutcome:
 
     @property
     def suite(self) -> str:
-        return "probes" if self.case_id.startswith("probe:") else self.case_id.split("/", 1)[0]  # gate/probes.py
+        return "probes" if self.case_id.startswith("probe:") else self.case_id.split("/", 1)[0]  # gate/arms/probes.py
 
     @property
     def name(self) -> str:

@@ -2,7 +2,8 @@
 workspace's ledger, read-only by construction (the database refuses writes; no route changes anything).
 
 ``source`` reads the ledger (one integrity check and flag view per change of the ledger or workspace, and the
-SQL that pages the evaluations list), ``pages`` turns it into each page's data (what ``PAGE.json`` returns),
+SQL that pages the evaluations list), ``pages`` turns it into each page's data (what ``PAGE.json`` returns) and
+``flags`` the flags page's (each flag's state, what is stale and what a flip still needs),
 ``charts`` draws that data as server-rendered SVG, and ``app`` serves both behind the workstation's safeguards
 (loopback, a Host allow-list, Origin checks, a strict Content-Security-Policy). Templates and the stylesheet sit
 beside them; there is no script. Only ``gatekeeper review`` imports this package.

@@ -10,9 +10,11 @@ from typing import Any
 
 from ..engines.registry import identity
 from ..errors import GatekeeperError
-from ..gate import current, guard, pipeline
-from ..gate import flags as flag_states
-from ..gate.flip import approvers_since_last_flip
+from ..gate import guard
+from ..gate.enable import current
+from ..gate.enable.flip import approvers_since_last_flip
+from ..gate.state import flags as flag_states
+from ..gate.state import pipeline
 from ..workspace import Workspace
 
 

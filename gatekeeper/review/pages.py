@@ -11,8 +11,8 @@ from urllib.parse import quote, urlencode
 from .. import signing
 from ..cache.trie import common_prefix
 from ..evidence import CaseResult, EvaluationRecord
-from ..gate import flags as flag_states
 from ..gate.kinds import drifts, margin
+from ..gate.state import flags as flag_states
 from ..identity import directory_digest
 from ..reports import export
 from ..reports.diff import diff
@@ -163,7 +163,7 @@ def _tokens(result: CaseResult | None) -> list[int]:
 
 
 def _departures(record: EvaluationRecord, case_id: str, piece: dict[str, Callable[[int], str | None]]) -> list[dict[str, Any]]:
-    """Where each arm's answers in this case part from the reference arm (gate/reference.py), among the departures the
+    """Where each arm's answers in this case part from the reference arm (gate/arms/reference.py), among the departures the
     record keeps (the first few of each arm), with the tokens' text where the tokenizer is here."""
     summary = verdict_summary(record)
     arms = (summary.get("reference") or {}).get("arms") or {}

@@ -95,7 +95,7 @@ class Source:
             return self._view
 
     def _build(self) -> View:
-        from ..gate import attestation
+        from ..gate.enable import attestation
         from ..ledger.audit import audit_ledger
         from .flags import flags_view
 

@@ -318,8 +318,8 @@ class Guarded:
                 self._roll_back(ledger, breached, batch_id)
 
     def _roll_back(self, ledger, breached: list[tuple[Segment, Test]], batch_id: int) -> None:
-        from ..gate.attestation import Attestation
-        from ..gate.flip import flip
+        from ..gate.enable.attestation import Attestation
+        from ..gate.enable.flip import flip
         from ..ledger import checkpoint
 
         self.on = False  # from here every request goes to the flag-off side (Proxy.upstream_for)
