@@ -229,7 +229,8 @@ def reply(handler: BaseHTTPRequestHandler, status: int, payload: bytes, kind: st
 def front(upstream: str, mode: str):
     """Forwards to ``upstream``; POST /v1/completions per ``mode``: ``off`` (the prompt cache off: the flag-off
     deployment), ``stale`` (every fourth request whose prefix was seen answers with that earlier request's answer,
-    as a cache restoring another request's state would), ``down`` (never answers until the front closes)."""
+    as a cache restoring another request's state would), ``down`` (never answers until the front closes), ``500``
+    and ``close`` (every fifth request answered with a server error, or its connection closed with no answer)."""
     seen: dict[str, bytes] = {}
     count = [0]
     closing = threading.Event()
@@ -247,6 +248,11 @@ def front(upstream: str, mode: str):
                 body["cache_prompt"] = False
             prefix = body.get("prompt", "")[:40]
             count[0] += 1
+            if mode in ("500", "close") and count[0] % 5 == 0:
+                if mode == "500":
+                    return reply(self, 500, b'{"error": {"message": "planted failure", "code": 500}}')
+                self.close_connection = True  # no status line: the client's connection ends with nothing
+                return
             stale = mode == "stale" and count[0] % 4 == 0 and prefix in seen and not body.get("stream")
             if stale:
                 status, payload, kind = 200, seen[prefix], "application/json"
@@ -382,6 +388,30 @@ def test_a_stale_flag_on_side_is_rolled_back_signed_and_everyone_sees_it(server,
         (shown,) = json.loads(body)["live"]
         assert status == 200 and shown["rolled_back"] and shown["compared"] == live["compared"]
         assert "ROLLED BACK" in get(u + "/live")[2] and "rolled back by the guard" in get(u + "/flags")[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["500", "close"])
+def test_a_flag_on_side_that_fails_one_request_in_five_is_rolled_back(server, workspace, keys, tmp_path, run_cli, mode):  # noqa: F811
+    """Failures are evidence (issue #61): each failed live request the flag-off side answers is a parting, counted by
+    the rule and kept with its status and error; the healthy side's test above sees none."""
+    ws = guarded_ws(workspace, keys, GUARD)
+    with front(server, mode) as on, front(server, "off") as off:
+        where, proc = start(ws, keys, on, off, log=tmp_path / "proxy.log")
+        statuses, predicted = [], to_detect(0.2, GUARD["limit"], GUARD["alpha"] / 2)  # a first rule's alpha/2
+        while metrics(where)['gatekeeper_guard_flag_on{flag="prefix_cache"}'] == 1:
+            assert len(statuses) < 2 * predicted + GUARD["min_comparisons"], f"no rollback after {len(statuses)} requests"
+            statuses.append(ask(where, len(statuses))[0])
+            if len(statuses) % GUARD["batch"] == 0:
+                time.sleep(0.3)
+        assert stop(proc) == 1
+    assert statuses.count(200) >= 4 * statuses.count(500 if mode == "500" else 502) > 0, statuses
+    code, out, _ = run_cli("--workspace", ws, "ledger", "live", "prefix_cache", "--json")
+    live = json.loads(out)
+    assert live["rolled_back"] and live["flag_on_failed"] >= 1 and live["mismatches"] >= live["flag_on_failed"], live
+    failed = [i for i in live["mismatched"] if i.get("reason") == "flag_on_failed"]
+    assert failed and failed[0]["answers"][0] is None and failed[0]["answers"][1], failed
+    assert failed[0]["status"] == (500 if mode == "500" else 0) and failed[0]["error"], failed[0]
 
 
 @pytest.mark.slow

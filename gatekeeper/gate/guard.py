@@ -38,6 +38,7 @@ from .stats.evalues import log_evalue, log_evalue_paired
 ALL = "*"  # the test over every stage without a limit of its own
 KEPT = 20  # mismatched requests a summary shows (the counts hold them all)
 AA = ("aa_compared", "aa_mismatches", "ab_only", "aa_only")  # a stage's A/A counts in a batch summary
+FAILED = "flag_on_failed"  # a stage's count of live requests the flag-on side failed and the flag-off side answered
 
 
 @dataclass
@@ -234,7 +235,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
             totals[name] += s.get(name, 0)
         for stage, row in s["stages"].items():
             mine = stages.setdefault(stage, {"compared": 0, "mismatches": 0, "unpaired": 0})
-            for name in dict.fromkeys((*mine, *AA)):  # the A/A counts where some batch has them (a baseline)
+            for name in dict.fromkeys((*mine, *AA, FAILED)):  # the A/A and failure counts where some batch has them
                 if name in mine or name in row:
                     mine[name] = mine.get(name, 0) + row.get(name, 0)
         for into, key in ((unpaired, "unpaired"), (dropped, "dropped"), (shapes, "shapes")):
@@ -242,6 +243,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
                 into[reason] = into.get(reason, 0) + n
     compared = sum(r["compared"] for r in stages.values())
     mismatches = sum(r["mismatches"] for r in stages.values())
+    failed = sum(r.get(FAILED, 0) for r in stages.values())  # of the mismatches
     last = batches[-1]["summary"]
     alpha = last.get("rule", {}).get("alpha", 0.05)
     baseline: dict[str, Any] = {}
@@ -251,7 +253,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
-            "until": batches[-1]["at"], **totals, "compared": compared, "mismatches": mismatches,
+            "until": batches[-1]["at"], **totals, "compared": compared, "mismatches": mismatches, FAILED: failed,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
@@ -266,5 +268,6 @@ def line(evidence: dict[str, Any] | None) -> str:
     ended = " (rolled back)" if evidence["rolled_back"] else ""
     aa = (f"; A/A baseline: {evidence['aa_mismatches']} of {evidence['aa_compared']} flag-off answers parted from "
           "the flag-off side's own" if "aa_compared" in evidence else "")
-    return (f"{evidence['compared']} compared, {evidence['mismatches']} parted, TV <= {evidence['tv_bound']:.3g} "
+    failed = f" ({evidence[FAILED]} of them failed on the flag-on side)" if evidence.get(FAILED) else ""
+    return (f"{evidence['compared']} compared, {evidence['mismatches']} parted{failed}, TV <= {evidence['tv_bound']:.3g} "
             f"at alpha {evidence['alpha']:g}{aa}{ended}")

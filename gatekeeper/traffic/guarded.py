@@ -17,6 +17,11 @@ time (or to a second flag-off replica, ``baseline``), one after the other on one
 flag-off answers are compared too; each stage's row of a batch then counts ``aa_compared``, ``aa_mismatches`` and
 the discordant requests (``ab_only``: only flag-on vs flag-off parted; ``aa_only``: only flag-off vs flag-off),
 which the rule's baseline-aware test reads. A second answer that does not come back drops the A/A comparison only.
+
+Failures are evidence: a live request the flag-on side failed (an error status, a dropped connection, an answer cut
+off mid-stream, a timeout) is shadowed like any other, and where the flag-off side answers it, it is a parting
+(``flag_on_failed``, counted by the rule, kept with its status and error). The flag-off side failing is no fault of
+the flag: that shadow is dropped, and counted by its reason.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import GatekeeperError
-from ..gate.guard import AA, ALL, KEPT, Count, Rule, Segment, Test, segments
+from ..gate.guard import AA, ALL, FAILED, KEPT, Count, Rule, Segment, Test, segments
 from . import shadow
 from .capture import metadata
 
@@ -46,6 +51,19 @@ if TYPE_CHECKING:
 
 CLOSING_S = 5  # at shutdown, shadows still running get this long to finish
 LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)  # histogram buckets of a shadow request, seconds
+
+
+@dataclass
+class Failed:
+    """A live request the flag-on side did not answer: its status (0: no response at all) and what broke it."""
+
+    status: int
+    error: str
+
+    def cost(self, request: dict) -> int:
+        """The tokens its shadow may cost: the request's own cap, else a short answer's."""
+        cap = request.get("max_tokens") or request.get("max_completion_tokens")
+        return cap if isinstance(cap, int) and cap > 0 else 16
 
 
 @dataclass
@@ -99,7 +117,7 @@ class Guarded:
         self.tasks: set[asyncio.Task] = set()
         self.on = True
         self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
-        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0, **dict.fromkeys(AA, 0)}
+        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0, FAILED: 0, **dict.fromkeys(AA, 0)}
         self.unpaired: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.latency = [0] * (len(LATENCY) + 1)
@@ -144,12 +162,15 @@ class Guarded:
 
     # --- on the request path (after the answer) --------------------------------------------------
     def offer(self, session: aiohttp.ClientSession, path: str, stage: str, headers: dict[str, str], body: bytes,
-              status: int, answer: bytes | None, sse: bool) -> None:
-        """A live call whose answer has gone out in full: maybe shadow it. Never raises, never waits."""
+              status: int, answer: bytes | None, sse: bool, error: str | None = None) -> None:
+        """A live call whose answer has gone out in full, or failed (an error status, or ``error``: what broke it):
+        maybe shadow it. Never raises, never waits."""
         self.batch.requests += 1
         self.totals["requests"] += 1
-        if not self.on or status != 200 or not self.sampler.pick(stage):
+        if not self.on or not self.sampler.pick(stage):
             return
+        if error is None and status != 200:
+            error = f"answered {status}"
         request = shadow.document(body)
         if request is None:
             return
@@ -158,13 +179,17 @@ class Guarded:
             self.batch.stage(stage)["unpaired"] += 1
             self._count(self.batch.unpaired, self.unpaired, reason)
             return
-        live = shadow.read(answer or b"", sse)
-        if live is None:
+        live: shadow.Answer | Failed
+        if error is not None:  # no answer to compare: whether the flag-off side answers it is the evidence
+            live = Failed(status, error)
+        elif (read := shadow.read(answer or b"", sse)) is None:
             return self._drop("live answer unreadable")
+        else:
+            live = read
         if self.in_flight >= self.policy.in_flight:
             return self._drop("too many in flight")
-        twice = self.sampler.twice()  # an A/A comparison too: the flag-off side's answer costs twice
-        if not self.sampler.afford((1 + twice) * (live.tokens if live.tokens is not None else max(1, len(live.text) // 4))):
+        twice = isinstance(live, shadow.Answer) and self.sampler.twice()  # an A/A comparison too: it costs twice
+        if not self.sampler.afford((1 + twice) * live.cost(request)):
             return self._drop("token budget")
         self.in_flight += 1
         self.batch.shadowed += 1
@@ -181,7 +206,7 @@ class Guarded:
         self._count(self.batch.dropped, self.dropped, reason)
 
     async def _shadow(self, session, path: str, stage: str, headers: dict[str, str], request: dict,
-                      live: shadow.Answer, twice: bool = False) -> None:
+                      live: shadow.Answer | Failed, twice: bool = False) -> None:
         """The flag-off answer, and with ``twice`` a second one (from the replica at once, else after the first)."""
         again: shadow.Answer | str | None = None
         try:
@@ -201,6 +226,8 @@ class Guarded:
             again = None
         if not self.on:
             return
+        if isinstance(live, Failed):
+            return self._failed(stage, request, live, other)
         self._compare(stage, request, live, other, again)
 
     async def _ask(self, session, base: str, path: str, headers: dict[str, str], request: dict) -> shadow.Answer | str:
@@ -249,6 +276,22 @@ class Guarded:
             if len(self.batch.mismatches) < KEPT:
                 item = self._item(stage, prompt, live, other, at)
                 self.batch.mismatches.append(item if again is None else {**item, "aa_parting_char": aa_at})
+        if self.batch.compared() >= self.policy.batch:
+            self.flush()
+
+    def _failed(self, stage: str, request: dict, live: Failed, other: shadow.Answer) -> None:
+        """The flag-on side failed a request the flag-off side answered: a parting, kept with its status and error."""
+        row = self.batch.stage(stage)
+        for name in ("compared", "mismatches", FAILED):
+            row[name] = row.get(name, 0) + 1
+            self.totals[name] += 1
+        if len(self.batch.mismatches) < KEPT:
+            prompt = json.dumps(request.get("messages", request.get("prompt")), sort_keys=True)
+            item = {"stage": stage, "reason": FAILED, "status": live.status, "error": live.error, "parting_char": 0,
+                    "finish": [None, other.finish]}
+            self.batch.mismatches.append({**item, "prompt": metadata(prompt, self.salt),
+                                          "answers": [None, metadata(other.text, self.salt)["digest"]]} if self.no_text
+                                         else {**item, "prompt": prompt, "answers": [None, other.text]})
         if self.batch.compared() >= self.policy.batch:
             self.flush()
 
@@ -364,6 +407,8 @@ class Guarded:
         metric("shadowed_total", "counter", "Requests sent again to the flag-off side.", [("", self.totals["shadowed"])])
         metric("compared_total", "counter", "Shadowed requests whose two answers were compared.", [("", self.totals["compared"])])
         metric("mismatches_total", "counter", "Compared requests whose answers differ.", [("", self.totals["mismatches"])])
+        metric("flag_on_failed_total", "counter", "Compared requests the flag-on side failed (an error status, a dropped "
+               "connection, a timeout) and the flag-off side answered: partings.", [("", self.totals[FAILED])])
         metric("aa_compared_total", "counter", "Compared requests whose flag-off answer was also compared with a second "
                "flag-off answer (the A/A baseline).", [("", self.totals["aa_compared"])])
         metric("aa_mismatches_total", "counter", "A/A comparisons whose two flag-off answers differ.",

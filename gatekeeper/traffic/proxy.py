@@ -207,15 +207,25 @@ class Proxy:
         guard = self.guard if call is not None else None
         # after a rollback every request goes to the flag-off side
         url = (self.upstream if self.guard is None or self.guard.on else self.guard.other) + request.raw_path
+        auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+
+        def offer(status: int, answer: bytes | None, sse: bool, error: str | None = None) -> None:
+            """The guard sees every completion call once it has ended, failed ones too (a failure is evidence)."""
+            if guard is not None and call is not None:
+                guard.offer(self.session, request.path, call.stage, {"Content-Type": "application/json", **auth}, body,
+                            status, answer, sse, error)
+
         try:
             upstream = await self.session.request(request.method, url, headers=headers, data=body or None,
                                                   allow_redirects=False)
         except asyncio.TimeoutError:
             self._record(call, 504, Telemetry(), "upstream timeout")
+            offer(0, None, False, f"no answer within {self.timeout:g} s")
             return _error(504, "upstream_timeout", f"{url} did not answer within {self.timeout:g} s; "
                           "the server is busy or stuck (raise --timeout if it is just slow)")
         except aiohttp.ClientError as e:
             self._record(call, 502, Telemetry(), "upstream unreachable")
+            offer(0, None, False, f"unreachable ({type(e).__name__})")
             return _error(502, "upstream_unreachable", f"cannot reach {self.upstream} ({e}); start the server "
                           "or fix --upstream")
         async with upstream:
@@ -248,13 +258,11 @@ class Proxy:
                     await response.write(b"data: " + json.dumps(message).encode() + b"\n\n")
                 if request.transport is not None:
                     request.transport.close()  # no end of body: the client sees an incomplete answer
+                offer(upstream.status, None, sse, f"failed mid-answer ({type(e).__name__})")
                 return response
             await response.write_eof()
         self._record(call, upstream.status, tap.telemetry() if tap else Telemetry(), None)
-        if guard is not None and call is not None:  # the client has its whole answer: only now is it shadowed
-            auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
-            guard.offer(self.session, request.path, call.stage, {"Content-Type": "application/json", **auth}, body,
-                        upstream.status, bytes(answer) if answer is not None else None, sse)
+        offer(upstream.status, bytes(answer) if answer is not None else None, sse)  # the client has its whole answer
         return response
 
     # --- the capture -----------------------------------------------------------------------------

@@ -24,6 +24,10 @@ class Answer:
     finish: str | None
     tokens: int | None  # completion tokens, where the server counted them
 
+    def cost(self, request: dict) -> int:
+        """The tokens its shadow costs: as the server counted them, else about a token per four characters."""
+        return self.tokens if self.tokens is not None else max(1, len(self.text) // 4)
+
 
 def _choice(d: dict) -> tuple[str, str | None]:
     """(text, finish) of one JSON completion or one SSE chunk: chat, completions or llama.cpp's /completion."""
