@@ -11,7 +11,7 @@ planted on every matrix (``noise`` times the matrix's standard deviation). Every
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -70,5 +70,7 @@ def ladder(src: Path, into: Path, noise: float = 0.05) -> dict[str, Path]:
 if __name__ == "__main__":
     from gatekeeper.setup.models import find_gguf
 
-    for name, path in ladder(find_gguf(), Path(sys.argv[1])).items():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir", type=Path, help="folder for the rewritten GGUFs")
+    for name, path in ladder(find_gguf(), parser.parse_args().out_dir).items():
         print(name, path, f"{path.stat().st_size / 2**20:.0f} MiB")
