@@ -425,6 +425,10 @@ class Guard(Strict):
     min_comparisons: int = Field(20, ge=1)  # no rollback before this many comparisons (per test)
     aa_rate: float = Field(0.1, ge=0, le=1)  # share of shadowed requests also sent to the flag-off side a second time
     # (an A/A baseline: the rule tests flag-on mismatches against the flag-off side's own); 0: against the limit alone
+    # the live side's own health, as a canary analysis judges it (Flagger's request-success-rate and request-duration):
+    min_success_rate: float | None = Field(None, gt=0, lt=1)  # the share of live requests the flag-on side must answer
+    max_latency_s: float | None = Field(None, gt=0)  # with latency_share: at most that share of live requests slower
+    latency_share: float = Field(0.01, gt=0, lt=1)  # (0.01: the 99th percentile under max_latency_s)
     batch: int = Field(16, ge=1)  # comparisons per ledger record
     flush_s: float = Field(10, gt=0)  # a batch is written at least this often while it holds anything
     timeout_s: float = Field(30, gt=0)  # a shadow request unanswered this long is dropped

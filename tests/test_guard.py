@@ -277,7 +277,8 @@ def server(tiny_gguf, tmp_path_factory):
 
 # --- bad input ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("guard,field", [({"rate": 1.5}, "rate"), ({"alpha": 0.7}, "alpha"), ({"stages": {"router": 2}}, "stages"),
-                                         ({"min_comparisons": 0}, "min_comparisons"), ({"window": 3}, "window")])
+                                         ({"min_comparisons": 0}, "min_comparisons"), ({"window": 3}, "window"),
+                                         ({"min_success_rate": 1.5}, "min_success_rate"), ({"max_latency_s": 0}, "max_latency_s")])
 def test_bad_guard_values_are_exit_2_naming_the_file_and_field(run_cli, workspace, keys, guard, field):  # noqa: F811
     ws = guarded_ws(workspace, keys, guard)
     before = lg(ws).entries()
@@ -391,23 +392,31 @@ def test_a_stale_flag_on_side_is_rolled_back_signed_and_everyone_sees_it(server,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["500", "close"])
+@pytest.mark.parametrize("mode", ["500", "close", "500 unshadowed"])
 def test_a_flag_on_side_that_fails_one_request_in_five_is_rolled_back(server, workspace, keys, tmp_path, run_cli, mode):  # noqa: F811
     """Failures are evidence (issue #61): each failed live request the flag-off side answers is a parting, counted by
-    the rule and kept with its status and error; the healthy side's test above sees none."""
-    ws = guarded_ws(workspace, keys, GUARD)
-    with front(server, mode) as on, front(server, "off") as off:
+    the rule and kept with its status and error; the healthy side's test above sees none. With no shadows at all,
+    a success-rate floor counts every live request the proxy serves and rolls the same side back."""
+    unshadowed = mode == "500 unshadowed"
+    guard = {**GUARD, "stages": dict.fromkeys(STAGES, 0), "min_success_rate": 0.95} if unshadowed else GUARD
+    ws = guarded_ws(workspace, keys, guard)
+    with front(server, mode.split()[0]) as on, front(server, "off") as off:
         where, proc = start(ws, keys, on, off, log=tmp_path / "proxy.log")
-        statuses, predicted = [], to_detect(0.2, GUARD["limit"], GUARD["alpha"] / 2)  # a first rule's alpha/2
+        statuses = []  # a first rule's alpha/2, split between two tests where there is a floor
+        predicted = to_detect(0.2, 0.05, GUARD["alpha"] / 4) if unshadowed else to_detect(0.2, GUARD["limit"], GUARD["alpha"] / 2)
         while metrics(where)['gatekeeper_guard_flag_on{flag="prefix_cache"}'] == 1:
             assert len(statuses) < 2 * predicted + GUARD["min_comparisons"], f"no rollback after {len(statuses)} requests"
             statuses.append(ask(where, len(statuses))[0])
             if len(statuses) % GUARD["batch"] == 0:
                 time.sleep(0.3)
         assert stop(proc) == 1
-    assert statuses.count(200) >= 4 * statuses.count(500 if mode == "500" else 502) > 0, statuses
+    assert statuses.count(200) >= 4 * statuses.count(500 if mode != "close" else 502) > 0, statuses
     code, out, _ = run_cli("--workspace", ws, "ledger", "live", "prefix_cache", "--json")
     live = json.loads(out)
+    if unshadowed:
+        assert live["rolled_back"] and live["shadowed"] == 0 and live["served"]["failed"] >= 2, live
+        assert "the live side's success rate:" in live["ended_by"]["reason"], live["ended_by"]
+        return
     assert live["rolled_back"] and live["flag_on_failed"] >= 1 and live["mismatches"] >= live["flag_on_failed"], live
     failed = [i for i in live["mismatched"] if i.get("reason") == "flag_on_failed"]
     assert failed and failed[0]["answers"][0] is None and failed[0]["answers"][1], failed

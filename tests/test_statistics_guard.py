@@ -320,3 +320,78 @@ def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metr
     assert 'gatekeeper_guard_aa_compared_total{flag="prefix_cache"} 48' in metrics
     assert 'gatekeeper_guard_aa_mismatches_total{flag="prefix_cache"} 2' in metrics
     assert 'gatekeeper_guard_discordant_total{flag="prefix_cache",only="aa"} 1' in metrics
+
+
+# --- the live side's own health (issue #61) ------------------------------------------------------
+def test_a_success_rate_floor_and_a_latency_ceiling_are_one_sample_tests_in_the_rules_split():
+    from gatekeeper.gate.guard import SLOW, SUCCESS, Served
+
+    rule = Rule(limit=0, alpha=0.05, min_comparisons=20, min_success_rate=0.9, max_latency_s=2.0, latency_share=0.01)
+    tests = {t.scope: t for t in rule.tests({"router": Count(50, 0)}, served=Served(200, 40, 1))}
+    assert set(tests) == {ALL, SUCCESS, SLOW} and all(math.isclose(t.alpha, 0.05 / 3) for t in tests.values())
+    assert tests[SUCCESS].breached and not tests[SLOW].breached and not tests[ALL].breached  # 20% failed against 10%
+    assert (tests[SUCCESS].compared, tests[SUCCESS].mismatches, tests[SUCCESS].limit) == (200, 40, pytest.approx(0.1))
+    assert not any(t.breached for t in rule.tests({}, served=Served(200, 10, 1)))  # 5% failed, 0.5% slow: healthy
+    assert [t.scope for t in rule.tests({}, served=Served(200, 0, 10)) if t.breached] == [SLOW]  # 5% over the ceiling
+    assert not any(t.breached for t in rule.tests({}, served=Served(15, 15, 15)))  # min_comparisons counts requests
+    assert "tv_bound" not in tests[SUCCESS].to_dict() and "tv_bound" in tests[ALL].to_dict()  # no answers compared
+    plain = Rule(limit=0, alpha=0.05, min_comparisons=20)
+    assert "min_success_rate" not in plain.to_dict() and Rule.from_dict(rule.to_dict()) == rule
+    assert rule.digest() != plain.digest() and len(plain.tests({}, served=Served(200, 200, 200))) == 1
+
+
+def test_false_rollbacks_on_the_live_sides_tests_at_their_floor_stay_under_alpha():
+    """Failures at exactly the floor's rate and slow requests at exactly the allowed share (the worst case the null
+    allows), a look after every batch of 16 requests, 2,000 requests per watch: the share of watches rolled back is
+    at most alpha (within three standard errors of the simulation)."""
+    from gatekeeper.gate.guard import Served
+
+    alpha, runs = 0.1, 200
+    rule = Rule(limit=0, alpha=alpha, min_comparisons=20, min_success_rate=0.95, max_latency_s=1.0, latency_share=0.05)
+    rng = random.Random(61)
+
+    def rolled_back() -> bool:
+        served = Served()
+        for _ in range(125):
+            served.add(Served(16, sum(rng.random() < 0.05 for _ in range(16)), sum(rng.random() < 0.05 for _ in range(16))))
+            if any(t.breached for t in rule.tests({}, served=served)):
+                return True
+        return False
+
+    false = sum(rolled_back() for _ in range(runs))
+    assert false / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), false
+
+
+D = {**A, "stages": {"router": 0}, "min_comparisons": 20, "min_success_rate": 0.9, "max_latency_s": 2.0}  # no shadows
+
+
+@pytest.mark.parametrize("fault", ["none", "500 in 4", "slow in 10"])
+def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(workspace, keys, fault):  # noqa: F811
+    """Through the guard's own entry for a finished live request (what the proxy calls): nothing is shadowed, yet a
+    flag-on side that fails one request in four, or answers one in ten past the ceiling, is rolled back, naming the
+    test; one that fails only client errors (4xx) and one request in twenty is not."""
+    ws = _ws(workspace, keys, D)
+    guard = _start(ws, keys)
+
+    async def go():
+        for i in range(400):
+            status = 500 if fault == "500 in 4" and i % 4 == 0 else 503 if i % 20 == 0 else 404 if i % 7 == 0 else 200
+            seconds = 3.0 if fault == "slow in 10" and i % 10 == 0 else 0.2
+            guard.offer(None, "/v1/chat/completions", "router", {}, b"{}", status, None, False, seconds=seconds)
+            if i % 16 == 15 and (f := guard.flush()) is not None:
+                await f
+        await guard.close()
+
+    asyncio.run(go())
+    state = _ledger(ws).flag_states()[FLAG]
+    assert guard.totals["shadowed"] == 0
+    if fault == "none":
+        assert state["state"] == "on" and guard.rollback is None
+        evidence = live(_ledger(ws), FLAG)
+        assert evidence is not None and evidence["served"] == {"failed": 20, "slow": 0}, evidence
+        assert "live requests 20 failed and 0 were slower than the ceiling" in line(evidence)  # (a quiet tail waits)
+        assert 'gatekeeper_guard_failed_total{flag="prefix_cache"} 20' in guard.metrics()
+        return
+    assert state["state"] == "off" and guard.rollback is not None
+    named = "success rate" if fault == "500 in 4" else "latency"
+    assert f"the live side's {named}:" in state["reason"] and "live requests" in state["reason"], state["reason"]

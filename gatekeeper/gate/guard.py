@@ -24,6 +24,12 @@ With limit 0 the uniform average is the one-sample mixture at 1/2 on the discord
 A/A parted), the existing ``log_evalue``; with limit > 0 it is a midpoint grid over lam, itself an average of
 supermartingales, so valid exactly and not an approximation of one. Both statistics, and the requests a rate
 needs to breach them (the power analysis a watch is sized with), are arithmetic in ``stats/evalues.py``.
+
+The live side's own health (``min_success_rate``, ``max_latency_s``): every live request the flag-on side serves,
+shadowed or not, is a trial of two more one-sample tests of the same kind, H0 "the failure rate is at most
+1 - min_success_rate" and H0 "the share slower than max_latency_s is at most latency_share"; each is one more test
+in the segment's Bonferroni split. They judge the flag-on side alone, as a canary analysis does, and need no
+flag-off answer.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ ALL = "*"  # the test over every stage without a limit of its own
 KEPT = 20  # mismatched requests a summary shows (the counts hold them all)
 AA = ("aa_compared", "aa_mismatches", "ab_only", "aa_only")  # a stage's A/A counts in a batch summary
 FAILED = "flag_on_failed"  # a stage's count of live requests the flag-on side failed and the flag-off side answered
+SUCCESS, SLOW = "success rate", "latency"  # the scopes of the live side's own tests
 
 
 @dataclass
@@ -59,6 +66,24 @@ class Count:
         """A stage's row of a batch summary (the A/A fields absent where the watch had no baseline)."""
         return cls(row.get("compared", 0), row.get("mismatches", 0), row.get("aa_compared", 0),
                    row.get("aa_mismatches", 0), row.get("ab_only", 0), row.get("aa_only", 0))
+
+
+@dataclass
+class Served:
+    """The live requests the flag-on side served: how many, how many it failed, how many took too long."""
+
+    requests: int = 0
+    failed: int = 0
+    slow: int = 0
+
+    def add(self, other: "Served") -> None:
+        self.requests, self.failed, self.slow = self.requests + other.requests, self.failed + other.failed, self.slow + other.slow
+
+    @classmethod
+    def of(cls, summary: dict[str, Any]) -> "Served":
+        """A batch summary's (``served`` absent where the rule has no live-side test)."""
+        served = summary.get("served", {})
+        return cls(summary.get("requests", 0), served.get("failed", 0), served.get("slow", 0))
 
 
 @dataclass
@@ -84,7 +109,8 @@ class Test:
         return {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
                 "mismatches": self.mismatches, "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
                 "log_threshold": round(self.threshold, 6), "breached": self.breached,
-                "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6),
+                **({} if self.scope in (SUCCESS, SLOW) else {  # a live-side test compares no answers: no TV
+                    "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6)}),
                 **({} if self.baseline is None else {
                     "against": "baseline", "aa_compared": self.baseline.paired, "aa_mismatches": self.baseline.aa_mismatches,
                     "ab_only": self.baseline.ab_only, "aa_only": self.baseline.aa_only})}
@@ -100,40 +126,56 @@ class Rule:
     min_comparisons: int
     stage_limits: dict[str, float] = field(default_factory=dict)
     aa_rate: float = 0.0  # share of shadowed requests also compared A/A; 0: the one-sample rule against the limit alone
+    min_success_rate: float | None = None  # the live side's floor; None: not tested
+    max_latency_s: float | None = None  # the live side's ceiling, with the share of requests allowed over it
+    latency_share: float = 0.01
 
     @classmethod
     def of(cls, guard) -> "Rule":
-        return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits), guard.aa_rate)
+        return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits), guard.aa_rate,
+                   guard.min_success_rate, guard.max_latency_s, guard.latency_share)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Rule":
-        return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}), d.get("aa_rate", 0.0))
+        return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}), d.get("aa_rate", 0.0),
+                   d.get("min_success_rate"), d.get("max_latency_s"), d.get("latency_share", 0.01))
 
     @property
     def baseline(self) -> bool:
         return self.aa_rate > 0
 
+    @property
+    def live(self) -> bool:
+        """Whether the rule tests the live side's own health (its batches then count failed and slow requests)."""
+        return self.min_success_rate is not None or self.max_latency_s is not None
+
     def to_dict(self) -> dict[str, Any]:
         # floats and ints normalised: the YAML's ``limit: 0`` and the ledger's ``0.0`` are one rule, one digest;
-        # aa_rate left out while 0, so a rule written before the baseline existed reads back with its digest
+        # aa_rate and the live side's tests left out while off, so a rule written before they existed keeps its digest
         return {"limit": float(self.limit), "alpha": float(self.alpha), "min_comparisons": int(self.min_comparisons),
                 "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())},
-                **({"aa_rate": float(self.aa_rate)} if self.aa_rate else {})}
+                **({"aa_rate": float(self.aa_rate)} if self.aa_rate else {}),
+                **({"min_success_rate": float(self.min_success_rate)} if self.min_success_rate is not None else {}),
+                **({"max_latency_s": float(self.max_latency_s), "latency_share": float(self.latency_share)}
+                   if self.max_latency_s is not None else {})}
 
     def digest(self) -> str:
         return content_digest(self.to_dict())
 
-    def tests(self, counts: dict[str, Count], alpha: float | None = None) -> list[Test]:
+    def tests(self, counts: dict[str, Count], alpha: float | None = None, served: Served | None = None) -> list[Test]:
         """Every test on ``counts`` (stage -> comparisons): one per stage with a limit of its own, and ALL on the other
-        stages, so no comparison is tested twice; each at ``alpha/m`` (``alpha``: a segment's share, else the rule's).
-        With a baseline each tests p_AB <= p_AA + its limit on the requests compared both ways, and
-        ``min_comparisons`` counts those."""
+        stages, so no comparison is tested twice, and the live side's own tests on ``served``; each at ``alpha/m``
+        (``alpha``: a segment's share, else the rule's). With a baseline each comparison test tests
+        p_AB <= p_AA + its limit on the requests compared both ways, and ``min_comparisons`` counts those."""
         rest = Count()
         for stage, c in counts.items():
             if stage not in self.stage_limits:
                 rest.add(c)
         scopes = [(ALL, self.limit, rest)] + [(s, lim, counts.get(s, Count())) for s, lim in sorted(self.stage_limits.items())]
-        share = (self.alpha if alpha is None else alpha) / len(scopes)
+        served = served or Served()
+        health = [(SUCCESS, 1 - self.min_success_rate, served.failed)] if self.min_success_rate is not None else []
+        health += [(SLOW, self.latency_share, served.slow)] if self.max_latency_s is not None else []
+        share = (self.alpha if alpha is None else alpha) / (len(scopes) + len(health))
         out = []
         for scope, limit, c in scopes:
             if self.baseline:
@@ -142,6 +184,10 @@ class Rule:
                 log_e, n = log_evalue(c.mismatches, c.compared, limit), c.compared
             out.append(Test(scope, limit, share, c.compared, c.mismatches, log_e,
                             n >= self.min_comparisons and log_e >= math.log(1 / share), c if self.baseline else None))
+        for scope, limit, bad in health:
+            log_e = log_evalue(bad, served.requests, limit)
+            out.append(Test(scope, limit, share, served.requests, bad, log_e,
+                            served.requests >= self.min_comparisons and log_e >= math.log(1 / share)))
         return out
 
 
@@ -155,10 +201,11 @@ class Segment:
     alpha: float  # half of what the segments before it left (a later rule's lower alpha lowers it further)
     left: float  # the watch's alpha left when the segment began
     counts: dict[str, Count] = field(default_factory=dict)
+    served: Served = field(default_factory=Served)
     batches: list[int] = field(default_factory=list)
 
     def tests(self) -> list[Test]:
-        return self.rule.tests(self.counts, self.alpha)
+        return self.rule.tests(self.counts, self.alpha, self.served)
 
     def record(self) -> dict[str, Any]:
         """What a batch says of its segment; ``new_test``: this batch starts it, no earlier batch is tested under it."""
@@ -174,6 +221,7 @@ class Segment:
                 "alpha_left": self.left, "batches": self.batches[:1] + self.batches[-1:],
                 "compared": total.compared, "mismatches": total.mismatches,
                 **({"aa_compared": total.paired, "aa_mismatches": total.aa_mismatches} if self.rule.baseline else {}),
+                **({"served": vars(self.served).copy()} if self.rule.live else {}),
                 "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
 
 
@@ -198,6 +246,7 @@ def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> lis
             continue
         seg = of(Rule.from_dict(b["summary"]["rule"]))
         seg.batches.append(b["id"])
+        seg.served.add(Served.of(b["summary"]))
         for stage, c in tally([b]).items():
             seg.counts.setdefault(stage, Count()).add(c)
     if rule is not None:
@@ -229,10 +278,13 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     unpaired: dict[str, int] = {}
     dropped: dict[str, int] = {}
     shapes: dict[str, int] = {}
+    served: dict[str, int] = {}  # the live side's failed and slow requests, where the rule tests them
     for b in batches:
         s = b["summary"]
         for name in totals:
             totals[name] += s.get(name, 0)
+        for name, n in s.get("served", {}).items():
+            served[name] = served.get(name, 0) + n
         for stage, row in s["stages"].items():
             mine = stages.setdefault(stage, {"compared": 0, "mismatches": 0, "unpaired": 0})
             for name in dict.fromkeys((*mine, *AA, FAILED)):  # the A/A and failure counts where some batch has them
@@ -253,7 +305,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
-            "until": batches[-1]["at"], **totals, "compared": compared, "mismatches": mismatches, FAILED: failed,
+            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}), "compared": compared, "mismatches": mismatches, FAILED: failed,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
@@ -269,5 +321,9 @@ def line(evidence: dict[str, Any] | None) -> str:
     aa = (f"; A/A baseline: {evidence['aa_mismatches']} of {evidence['aa_compared']} flag-off answers parted from "
           "the flag-off side's own" if "aa_compared" in evidence else "")
     failed = f" ({evidence[FAILED]} of them failed on the flag-on side)" if evidence.get(FAILED) else ""
+    served = evidence.get("served")
+    said = {"failed": "failed", "slow": "were slower than the ceiling"}
+    health = (f"; of {evidence['requests']} live requests " + " and ".join(f"{n} {said[k]}" for k, n in served.items())
+              if served else "")
     return (f"{evidence['compared']} compared, {evidence['mismatches']} parted{failed}, TV <= {evidence['tv_bound']:.3g} "
-            f"at alpha {evidence['alpha']:g}{aa}{ended}")
+            f"at alpha {evidence['alpha']:g}{aa}{health}{ended}")

@@ -22,6 +22,10 @@ Failures are evidence: a live request the flag-on side failed (an error status, 
 off mid-stream, a timeout) is shadowed like any other, and where the flag-off side answers it, it is a parting
 (``flag_on_failed``, counted by the rule, kept with its status and error). The flag-off side failing is no fault of
 the flag: that shadow is dropped, and counted by its reason.
+
+The live side's health (the policy's ``min_success_rate``, ``max_latency_s``): every live request is counted before
+any is picked for a shadow, as failed (a 5xx, no response, a cut answer; a 4xx is the client's) and as slow (over
+``max_latency_s`` from the request to its last byte), in the batch's ``served``, which the rule's one-sample tests read.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import GatekeeperError
-from ..gate.guard import AA, ALL, FAILED, KEPT, Count, Rule, Segment, Test, segments
+from ..gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, segments
 from . import shadow
 from .capture import metadata
 
@@ -71,6 +75,8 @@ class Batch:
     """What the guard saw since the last record: every request, what was compared and what was not."""
 
     requests: int = 0
+    failed: int = 0  # live requests the flag-on side failed (shadowed or not)
+    slow: int = 0  # live requests slower than the rule's max_latency_s
     shadowed: int = 0
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> compared, mismatches, unpaired (+ AA)
     unpaired: dict[str, int] = field(default_factory=dict)  # reason -> requests
@@ -82,7 +88,7 @@ class Batch:
         return sum(s.get("compared", 0) for s in self.stages.values())
 
     def eventful(self) -> bool:
-        return bool(self.stages or self.unpaired or self.dropped)
+        return bool(self.stages or self.unpaired or self.dropped or self.failed or self.slow)
 
     def stage(self, name: str) -> dict[str, int]:
         return self.stages.setdefault(name, {"compared": 0, "mismatches": 0, "unpaired": 0})
@@ -117,7 +123,8 @@ class Guarded:
         self.tasks: set[asyncio.Task] = set()
         self.on = True
         self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
-        self.totals = {"requests": 0, "shadowed": 0, "compared": 0, "mismatches": 0, FAILED: 0, **dict.fromkeys(AA, 0)}
+        self.totals = {"requests": 0, "failed": 0, "slow": 0, "shadowed": 0, "compared": 0, "mismatches": 0, FAILED: 0,
+                       **dict.fromkeys(AA, 0)}
         self.unpaired: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.latency = [0] * (len(LATENCY) + 1)
@@ -162,12 +169,18 @@ class Guarded:
 
     # --- on the request path (after the answer) --------------------------------------------------
     def offer(self, session: aiohttp.ClientSession, path: str, stage: str, headers: dict[str, str], body: bytes,
-              status: int, answer: bytes | None, sse: bool, error: str | None = None) -> None:
-        """A live call whose answer has gone out in full, or failed (an error status, or ``error``: what broke it):
-        maybe shadow it. Never raises, never waits."""
+              status: int, answer: bytes | None, sse: bool, error: str | None = None, seconds: float = 0.0) -> None:
+        """A live call whose answer has gone out in full, or failed (an error status, or ``error``: what broke it),
+        ``seconds`` after it came in: count it, and maybe shadow it. Never raises, never waits."""
         self.batch.requests += 1
         self.totals["requests"] += 1
-        if not self.on or not self.sampler.pick(stage):
+        if not self.on:
+            return
+        for name, counts in (("failed", error is not None or status >= 500 or status == 0),
+                             ("slow", self.rule.max_latency_s is not None and seconds > self.rule.max_latency_s)):
+            setattr(self.batch, name, getattr(self.batch, name) + counts)
+            self.totals[name] += counts
+        if not self.sampler.pick(stage):
             return
         if error is None and status != 200:
             error = f"answered {status}"
@@ -344,9 +357,11 @@ class Guarded:
                 self._segment(segments(ledger.shadows(self.flag, self.flip_id), self.rule))
             for stage, row in batch.stages.items():
                 self.counts.setdefault(stage, Count()).add(Count.of(row))
+            self.segment.served.add(Served(batch.requests, batch.failed, batch.slow))
             tests = self.segment.tests()
             summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self.rule.to_dict(),
-                       "segment": self.segment.record()}
+                       "segment": self.segment.record(),
+                       **({"served": self._served(batch)} if self.rule.live else {})}
             batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
             self.segment.batches.append(batch_id)
             self.tests = tests
@@ -359,6 +374,11 @@ class Guarded:
             breached = self.before + [(self.segment, t) for t in tests if t.breached]
             if breached and self.on:
                 self._roll_back(ledger, breached, batch_id)
+
+    def _served(self, batch: Batch) -> dict[str, int]:
+        """The live side's counts the rule tests: failed requests under a success-rate floor, slow ones under a ceiling."""
+        return {**({"failed": batch.failed} if self.rule.min_success_rate is not None else {}),
+                **({"slow": batch.slow} if self.rule.max_latency_s is not None else {})}
 
     def _roll_back(self, ledger, breached: list[tuple[Segment, Test]], batch_id: int) -> None:
         from ..gate.enable.attestation import Attestation
@@ -404,6 +424,10 @@ class Guarded:
                 out.append(f"gatekeeper_guard_{name}{{{flag}{labels}}} {_number(value)}")
 
         metric("requests_total", "counter", "Completion requests served since start.", [("", self.totals["requests"])])
+        metric("failed_total", "counter", "Completion requests the flag-on side failed (a 5xx, no response, a cut "
+               "answer), shadowed or not.", [("", self.totals["failed"])])
+        metric("slow_total", "counter", "Completion requests slower than the rule's max_latency_s (0 without one).",
+               [("", self.totals["slow"])])
         metric("shadowed_total", "counter", "Requests sent again to the flag-off side.", [("", self.totals["shadowed"])])
         metric("compared_total", "counter", "Shadowed requests whose two answers were compared.", [("", self.totals["compared"])])
         metric("mismatches_total", "counter", "Compared requests whose answers differ.", [("", self.totals["mismatches"])])
@@ -439,6 +463,12 @@ class Guarded:
 
 def _evidence(t: Test) -> str:
     """What a breached test rejected, on which counts."""
+    if t.scope == SUCCESS:
+        return (f"{t.mismatches} of {t.compared} live requests failed on the flag-on side (success rate >= "
+                f"{1 - t.limit:g} rejected at alpha {t.alpha:.3g})")
+    if t.scope == SLOW:
+        return (f"{t.mismatches} of {t.compared} live requests were slower than the rule's ceiling (a share <= "
+                f"{t.limit:g} rejected at alpha {t.alpha:.3g})")
     if t.baseline is None:
         return (f"{t.mismatches} of {t.compared} live requests parted from the flag-off side (rate <= {t.limit:g} "
                 f"rejected at alpha {t.alpha:.3g})")
@@ -450,7 +480,8 @@ def _evidence(t: Test) -> str:
 
 def _scope(seg: Segment, t: Test) -> str:
     """A test as a rollback's reason names it: its stages, and its rule segment when the rule changed in the watch."""
-    where = "stage " + t.scope if t.scope != ALL else "other stages" if seg.rule.stage_limits else "all stages"
+    where = ("the live side's " + t.scope if t.scope in (SUCCESS, SLOW) else "stage " + t.scope if t.scope != ALL
+             else "other stages" if seg.rule.stage_limits else "all stages")
     return where if seg.index == 1 else f"{where} (rule segment {seg.index}, rule {seg.rule.digest()[:12]})"
 
 

@@ -200,7 +200,7 @@ class Proxy:
         import aiohttp
         from aiohttp import web
 
-        t = self.now()
+        t, began = self.now(), time.monotonic()
         body = await request.read()
         call = Call.of(t, request.path, request.headers, body) if request.method == "POST" and request.path in COMPLETIONS else None
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
@@ -213,7 +213,7 @@ class Proxy:
             """The guard sees every completion call once it has ended, failed ones too (a failure is evidence)."""
             if guard is not None and call is not None:
                 guard.offer(self.session, request.path, call.stage, {"Content-Type": "application/json", **auth}, body,
-                            status, answer, sse, error)
+                            status, answer, sse, error, seconds=time.monotonic() - began)
 
         try:
             upstream = await self.session.request(request.method, url, headers=headers, data=body or None,
