@@ -15,6 +15,7 @@ Imports: the standard library only.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 if sys.version_info >= (3, 11):
@@ -213,3 +214,26 @@ class EvaluationRecord(TypedDict):
     comparisons: list[ComparisonRow]
     approvals: list[dict[str, Any]]
     calibrations: list[dict[str, Any]]
+
+
+UNDECIDED = (None,)  # no verdict yet: what the judges that decide whether there is a comparison at all overrule
+ANY: tuple[str | None, ...] = (None, "PASS", "FAIL", "INCONCLUSIVE")
+NOT_FAIL: tuple[str | None, ...] = (None, "PASS", "INCONCLUSIVE")  # a FAIL already said: its reasons lead
+
+
+@dataclass
+class Ruling:
+    """One judge's word on an evaluation (``gate/decide.py`` folds the judges' rulings in order): the verdict it
+    forces, if any, over which verdicts so far (``over``; None: none yet), the reasons that explain it, which lead the
+    reasons so far where it forces its verdict and follow them where it does not, and ``notes`` after them either way."""
+
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    over: tuple[str | None, ...] = ANY
+
+    def on(self, verdict: str | None, reasons: list[str]) -> tuple[str | None, list[str]]:
+        """The verdict and reasons once this ruling is heard after ``verdict`` and ``reasons``."""
+        if self.verdict is not None and verdict in self.over:
+            return self.verdict, [*self.reasons, *reasons, *self.notes]
+        return verdict, [*reasons, *self.reasons, *self.notes]

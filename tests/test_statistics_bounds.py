@@ -151,8 +151,8 @@ def test_a_tail_moved_outside_the_top_k_is_not_reported_below_its_total_variatio
     assert d.approximation and d.kld.max < 1e-6  # the lumped KL sees nothing
     assert d.tv_max is not None and d.tv_max >= tv - 1e-6, (d.tv_max, tv)
     u = unpaired.Unpaired(1, 1, "case0")
-    verdict, reasons = u.judge("PASS", ["equal: placeholder"], True, distance.Compared(d, distance.distance(a, a)),
-                               True, None)
+    verdict, reasons = u.judge(True, distance.Compared(d, distance.distance(a, a)), True, None).on(
+        "PASS", ["equal: placeholder"])
     assert verdict != "PASS", reasons
     assert u.tv_max is not None and u.tv_max >= tv - 1e-6, u
     assert any("lower bound" in r for r in reasons), reasons
@@ -176,14 +176,14 @@ def test_full_rows_keep_pinsker_and_a_peaked_top_k_may_still_pass():
     rows = np.log(np.full((2, VOCAB), 1.0 / VOCAB))
     same = Scored.from_logprobs(rows, [0, 1])
     u = unpaired.Unpaired(1, 1, "case0")
-    verdict, _ = u.judge("PASS", [], True, distance.Compared(distance.distance(same, same), None), True, None)
+    verdict, _ = u.judge(True, distance.Compared(distance.distance(same, same), None), True, None).on("PASS", [])
     assert verdict == "PASS" and u.tv_max == 0.0
     # identical, sharply peaked top-3 rows (all but 1e-9 of the mass shown): the TV bound is tiny, a PASS stands
     peak = np.full(VOCAB, 1e-9 / (VOCAB - 3))
     peak[:3] = [0.5, 0.3, 0.2 - 1e-9]
     top = Scored.from_logprobs(np.log(np.stack([peak, peak])), [0, 1], top_k=K)
     u = unpaired.Unpaired(1, 1, "case0")
-    verdict, reasons = u.judge("PASS", [], True, distance.Compared(distance.distance(top, top), None), True, None)
+    verdict, reasons = u.judge(True, distance.Compared(distance.distance(top, top), None), True, None).on("PASS", [])
     assert verdict == "PASS", reasons
     assert u.tv_max is not None and u.tv_max < 1e-5
 

@@ -101,7 +101,10 @@ def read(R, decode, probed):
 
 
 def verdict(found):
-    return reference.judge(found, "PASS", ["equal: all answers identical"], "the shared cache path", str)
+    from gatekeeper.gate.arms import independent
+
+    said = reference.judge(found, "the shared cache path", str).on("PASS", ["equal: all answers identical"])
+    return independent.judge(found.second, str).on(*said)
 
 
 # --- the example: a smooth decode-vs-scan difference on every position ---------------------------------------------

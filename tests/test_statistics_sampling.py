@@ -152,11 +152,11 @@ def test_a_side_drawn_by_the_old_sampler_departs_through_the_independence_test()
     sides = pit.read(*_side(old))
     assert sides is not None and sides["off"].pairs == 40 * 24 and sides["off"].serial_p < 0.0125, sides
     assert sides["off"].p > 0.0125  # its transforms are uniform one by one: Kolmogorov-Smirnov alone passes it
-    verdict, reasons = pit.judge(sides, 0.05, "PASS", [])
+    verdict, reasons = pit.judge(sides, 0.05).on("PASS", [])
     assert verdict == "INCONCLUSIVE" and reasons[0].startswith("base_defect:") and "consecutive" in reasons[0], reasons
     new = [answer(Sampler, key(0, "wired", a, 0), r)[1] for a, r in enumerate(rows)]
     sides = pit.read(*_side(new))
-    assert sides is not None and pit.judge(sides, 0.05, "PASS", []) == ("PASS", []), sides
+    assert sides is not None and pit.judge(sides, 0.05).on("PASS", []) == ("PASS", []), sides
     recorded = pit.to_dict(sides)["on"]
     assert {"steps", "statistic", "p", "pairs", "serial", "serial_p"} <= recorded.keys()
 
@@ -213,7 +213,7 @@ def test_a_confident_case_leaves_the_planted_control_undecided():
                for r in rows for d in (DECLARED, hotter))
     c = judge(rows, DECLARED)
     assert c is not None and (c.unpaired, c.planted) == ("undecided", "undecided"), c
-    verdict, reasons = c.judge("PASS", [])
+    verdict, reasons = c.judge().on("PASS", [])
     assert verdict == "PASS" and reasons[-1].startswith("controls:"), reasons
 
 
@@ -225,7 +225,7 @@ def test_the_planted_control_is_seen_where_the_temperature_matters_and_missed_wh
     # an engine that ignores the temperature draws and weighs the planted draw as the declared one: missed
     c = judge(rows, DECLARED, planted=DECLARED)
     assert c is not None and c.planted == "missed", c
-    assert c.judge("PASS", [])[0] == "INCONCLUSIVE"
+    assert c.judge().on("PASS", [])[0] == "INCONCLUSIVE"
     # and on a confident case the same engine had no chance to show it
     c = judge(confident(), DECLARED, planted=DECLARED)
     assert c is not None and c.planted == "undecided", c

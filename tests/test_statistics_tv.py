@@ -84,7 +84,7 @@ def test_a_defect_late_in_answers_is_bounded_where_it_lives():
     assert classes["position 43+"]["bound"] >= 0.3  # the class wholly inside the defect covers its TV
     for k in c.classes:  # each class: Clopper-Pearson at alpha over the 3 classes
         assert k["bound"] == pytest.approx(coupling.upper(k["mismatches"], k["steps"], ALPHA / 3))
-    verdict, reasons = c.judge("PASS", [], [], MAX_TV)
+    verdict, reasons = c.judge("PASS", [], MAX_TV).on("PASS", [])
     assert verdict == "INCONCLUSIVE" and reasons[0].startswith("tv_bound: "), reasons
     worst = max(c.classes, key=lambda k: k["bound"])["class"]
     assert worst in reasons[0], reasons[0]
@@ -105,7 +105,7 @@ def test_a_defect_in_one_stage_is_bounded_in_that_stage():
     assert classes["stage writer"]["bound"] >= 0.2 and c.tv_bound == classes["stage writer"]["bound"]
     assert classes["stage writer"]["bound"] == pytest.approx(
         coupling.upper(classes["stage writer"]["mismatches"], classes["stage writer"]["steps"], ALPHA / 5))
-    verdict, reasons = c.judge("PASS", [], [], MAX_TV)
+    verdict, reasons = c.judge("PASS", [], MAX_TV).on("PASS", [])
     assert verdict == "INCONCLUSIVE" and reasons[0].startswith("tv_bound: ") and "stage writer" in reasons[0], reasons
     line = c.line()
     assert "stage writer" in line and "averaged over all compared steps" in line and "per-token" not in line, line
@@ -118,11 +118,11 @@ def test_a_clean_run_still_passes_max_tv():
     assert len(c.classes) == 5 and c.mismatches == 0
     for k in c.classes:
         assert k["mismatches"] == 0 and k["bound"] == pytest.approx(1 - (ALPHA / 5) ** (1 / k["steps"]))
-    assert c.judge("PASS", [], [], MAX_TV)[0] == "PASS"
+    assert c.judge("PASS", [], MAX_TV).on("PASS", [])[0] == "PASS"
     small = coupled(battery({"tiny": 4}, samples=3, max_tokens=12), lambda item, j: 0.0, length=12)
     assert [k["class"] for k in small.classes] == ["position 0-3", "position 4-7", "position 8+"]
     assert small.tv_bound == pytest.approx(1 - (ALPHA / 3) ** (1 / 48)) and small.tv_bound < MAX_TV
-    assert small.judge("PASS", [], [], MAX_TV)[0] == "PASS"
+    assert small.judge("PASS", [], MAX_TV).on("PASS", [])[0] == "PASS"
     # the pooled figure is the old bound on all compared steps, at alpha
     assert small.tv_mean_bound == pytest.approx(coupling.upper(0, 144, ALPHA))
 
@@ -163,7 +163,7 @@ def test_size_at_max_tv_in_every_class(anytime):
     for seed in range(runs):
         c = coupled(items, lambda item, j: MAX_TV, length=30, seed=seed, anytime=anytime)
         below += any(k["bound"] < MAX_TV for k in c.classes)
-        passed += c.judge("PASS", [], [], MAX_TV)[0] == "PASS"
+        passed += c.judge("PASS", [], MAX_TV).on("PASS", [])[0] == "PASS"
         for k in c.classes:
             per_class[k["class"]] = per_class.get(k["class"], 0) + (k["bound"] < MAX_TV)
     assert len(per_class) == 5
@@ -181,7 +181,7 @@ def test_power_at_a_late_defect():
     caught = pooled = 0
     for seed in range(runs):
         c = coupled(items, lambda item, j: 0.2 if j >= 40 else 0.0, length=60, seed=seed)
-        caught += c.judge("PASS", [], [], MAX_TV)[0] != "PASS"
+        caught += c.judge("PASS", [], MAX_TV).on("PASS", [])[0] != "PASS"
         pooled += c.tv_mean_bound > MAX_TV
     assert caught / runs >= 0.95, caught
     assert pooled / runs <= 0.05, pooled

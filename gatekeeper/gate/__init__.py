@@ -9,7 +9,9 @@
 - ``planning``: an evaluation's plan, made and checked before anything loads, and its configurations' identity;
 - ``enable/``: turning a flag on (whether evidence is current, approvals and flips, their signed records);
 - ``power/``: whether the gate can say no (calibration, a served engine's twin, mining, sizing);
-- ``evaluator``: the orchestrator, which runs a plan, compares, decides and records; no group imports it;
+- ``decide``: the decision, an ordered list of judges folded by a precedence stated in one place;
+- ``evaluator``: the orchestrator, which runs a plan, compares and records, and has ``decide`` decide; no group
+  imports it;
 - ``guard``: the guard's rule on live comparisons after a flip (its statistics: ``stats/evalues.py``).
 
 It is handed a ledger and never opens one.

@@ -24,8 +24,7 @@ from ..battery import suites as battery
 from ..engines.base import Engine, plus
 from ..errors import described
 from ..evidence import CaseResult, Comparison, Run, StageTelemetry, SuiteCensus, Tokens
-from ..workspace import MinedOn
-from . import kinds, planning
+from . import decide, kinds, planning
 from .arms import controls as controls_
 from .arms import crashes as crashes_
 from .arms import forced
@@ -331,7 +330,8 @@ def _after_cases(runs: Runs, name: str, what: str, step: Callable[[], Found | st
 def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs,
             shares: dict[str, float], wall: float, moved: distance.Compared | str | None = None,
             read: reference_.Read | str | None = None) -> Outcome:
-    """Compare every case (baseline repeats with each other, off with on) and let the kind decide."""
+    """Compare every case (baseline repeats with each other, off with on), each comparison recorded, and let the
+    judges decide (``decide.py``)."""
     detok = models["off"].detokenize
     reference, on = runs.results["off"][0], runs.results["on"][0]
     crashed = crashes_.found(runs.results) + crashes_.found({k: [r.results for r in v] for k, v in runs.probes.items()})
@@ -386,63 +386,14 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
                             lambda pid, same, detail: ledger.add_comparison(evaluation_id, pid, same, detail),
                             unpaired=unkeyed is not None)
               if runs.probes.get("on") else None)
-    forced = crashes_.decide(crashed)
-    if forced:
-        verdict, reasons = forced
-    elif variant or (unstable and p.load):
-        assert p.load is not None  # variant is found only under a load
-        verdict = "INCONCLUSIVE"
-        reasons = variant + [f"batch_variant: {cid} gave different outputs on repeated flag-off runs under load "
-                             f"(concurrency {p.load.concurrency}); {production.fix(models['off'].dialect_name)}"
-                             for cid in unstable if not any(r.startswith((f"batch_variant: {cid} ", f"seed_batched: {cid} ")) for r in variant)]
-    elif unstable or (judged and judged.unstable):
-        verdict = "INCONCLUSIVE"
-        stale = [r for r in (judged.unstable if judged else []) if r.startswith("stale_state:")]  # the cause, first
-        reasons = stale + list(unstable.values()) + [r for r in (judged.unstable if judged else []) if r not in stale]
-    elif baseline_cached:
-        verdict = "INCONCLUSIVE"
-        reasons = [f"baseline_cached: the flag-off side ({p.configs['off'].profile.where}) reports {baseline_cached} prompt "
-                   "tokens served from a cache, so it is no cold baseline; point 'url' at a deployment with its prefix "
-                   "cache off (vLLM --no-enable-prefix-caching, mlx_lm.server --prompt-cache-size 0) or set 'cache_switch'"]
-    else:  # sequential: the rule decides, never a fixed-n bound at a stop the data chose
-        verdict, reasons = p.kind.decide(evidence) if runs.rule is None else p.kind.sequential(evidence, runs.rule)
-        if judged and judged.differs:  # a cache path the battery never takes answered differently with the flag on
-            verdict, reasons = "FAIL", judged.differs + reasons
-        verdict, reasons = _bound_distance(p, moved, verdict, reasons)
     coupled = coupling.couple(p.items, reference, on, p.policy.alpha, models["on"].sampler(), runs.rule is not None)
     declared = pit.read(p.items, runs.results, read.reread if isinstance(read, reference_.Read) else None) if coupled else None
     checked = controls_.judge(runs.controls, reference, p.policy.alpha) if coupled else None
-    if coupled and not forced:
-        if unkeyed:  # no coupled steps and no control a shared key can make: the distributions decide
-            if not tokens_compared:  # the comparison's line would call answers identical that were not compared
-                reasons = [_uncompared(r) if r.startswith("equal:") else r for r in reasons]
-            verdict, reasons = unkeyed.judge(verdict, reasons, p.kind.numeric, moved, declared is not None, p.policy.max_kld)
-        else:
-            verdict, reasons = coupled.judge(verdict, reasons, coupling.ignored(p.items, runs.results, p.policy.alpha),
-                                             p.policy.max_tv)
-        if declared:
-            verdict, reasons = pit.judge(declared, p.policy.alpha, verdict, reasons)
-        if checked and not unkeyed:
-            verdict, reasons = checked.judge(verdict, reasons)
-    verdict, reasons = reference_.judge(read, verdict, reasons, _shared(p, models["off"]), detok, p.kind.numeric)
-    if judged and judged.base:  # a probe both sides fail: the base is broken, the flag's verdict void
-        verdict, reasons = "INCONCLUSIVE", judged.base + reasons
-    reasons += judged.notes if judged else []
-    why_no_probes = probes_.why_not(p) if p.policy.probes.kinds else None  # probes: off says so in the policy
-    reasons += [judged.line()] if judged else [f"probes: none ran ({why_no_probes})"] if why_no_probes else []
+    verdict, reasons = decide.decide(decide.Compared(
+        p, models, evidence, crashes_.decide(crashed), variant, unstable, judged, baseline_cached, runs.rule, moved, read,
+        coupled, lambda: coupling.ignored(p.items, runs.results, p.policy.alpha), declared, checked, unkeyed,
+        bool(tokens_compared), strength, census, runs.failed))
     reached = {cfg: sides.reached(runs.results[cfg][0]) for cfg in ("off", "on")}
-    if p.exercises_cache and baseline_cached is None:
-        reasons.append(f"not_observable: the flag-off side ({p.configs['off'].profile.where}) reports no cached-token "
-                       "figure, so that it ran cold cannot be shown")
-    reasons += list(dict.fromkeys(n for m in models.values() for n in m.notices))  # telemetry_suspect:, not_observable:
-    reasons += _blind(p, models) + battery.skipped(p.items)
-    # advice, not a failure: a battery far from every tie is blind to numeric drift in its outputs; not where the
-    # top-2 logits matched exactly at every step (bit_exact): there was no drift for an output to show
-    if p.kind.numeric and (strength is None or strength.grade != "bit_exact"):
-        reasons += kinds.insensitive(census)
-    reasons += _mined_elsewhere(p, models["off"])
-    reasons += [f"step_failed: {f}; the verdict stands on the cases (a bug in gatekeeper where the error is in its "
-                "code: please report it)" for f in runs.failed]
     model_s = runs.model_s
     return Outcome(
         evaluation_id=evaluation_id, flag=p.flag, verdict=verdict, reasons=reasons,
@@ -467,19 +418,6 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
                   if moved is not None else None),
     )
-
-
-def _uncompared(line: str) -> str:
-    """The comparison's ``equal:`` line where no answer was compared token by token (unpaired draws): what it says of
-    the cache stays."""
-    return "; ".join(["equal: no answer compared token by token (the draws are unpaired)",
-                      *(part for part in line.split("; ") if part.startswith("cache served"))])
-
-
-def _shared(p: Plan, model: Engine) -> str:
-    """The cache path a base defect is in: the flag-off side's engine, and its cache class where the profile names one."""
-    impl = p.configs["off"].profile.options.get("cache_implementation")
-    return f"the {model.name} engine of {p.configs['off'].profile.where}" + (f" (cache_implementation: {impl})" if impl else "")
 
 
 def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> str:
@@ -537,16 +475,6 @@ def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: in
     return out
 
 
-def _mined_elsewhere(p: Plan, model: Engine) -> list[str]:
-    """Advice for each mined suite scored on another engine than this one: its power was measured there."""
-    here = MinedOn.of(model.identity())
-    mined = {i.suite.suite: i.suite.mined_on for i in p.items if i.suite.mined_on is not None}
-    return [f"mined_elsewhere: suite {name} was mined on {m.engine} (identity {m.identity[:12]}), "
-            f"this evaluation runs {p.engine_name} (identity {here[:12]}): the sensitivity mining measured may not "
-            f"carry over; re-mine here with gatekeeper battery mine --engine {p.engine_name}"
-            for name, m in mined.items() if m.identity != here]
-
-
 def _telemetry(p: Plan, results: Run) -> dict[str, StageTelemetry]:
     """Per stage, what one side's calls cost, as its engine reports it."""
     out: dict[str, StageTelemetry] = {}
@@ -565,46 +493,12 @@ def _telemetry(p: Plan, results: Run) -> dict[str, StageTelemetry]:
     return out
 
 
-def _blind(p: Plan, models: dict[str, Engine]) -> list[str]:
-    """An engine that does not report prompt or cached tokens hides the very cost caching refunds."""
-    out = []
-    for config, model in models.items():
-        missing = [f for f in ("prompt_tokens", "cached_tokens") if f not in model.observes]
-        if missing:
-            out.append(f"telemetry_blind: the flag-{config} engine ({model.name}, {p.configs[config].profile.where}) "
-                       f"reports no {' or '.join(m.replace('_', '-') for m in missing)} figures: a meter that reads "
-                       "zero hides the prefill tax the cache refunds")
-    return out
-
-
 def _sum(values: Iterator[int | None]) -> int | None:
     """A total, or None when any part was not reported."""
     total: int | None = 0
     for v in values:
         total = plus(total, v)
     return total
-
-
-def _bound_distance(p: Plan, moved: distance.Compared | str | None, verdict: str,
-                    reasons: list[str]) -> tuple[str, list[str]]:
-    """The distance as a reason; a PASS whose distance exceeds the policy's max_kld or min_same_top1 (net of the
-    A/A floor) is a FAIL, and one whose distance cannot be read under such a bound is INCONCLUSIVE. An
-    INCONCLUSIVE whose distance exceeds a bound beyond doubt (``Compared.beyond``, at the policy's alpha) is a
-    FAIL: a change that moved the model that far is refused on a battery too small to count its flips."""
-    bound = distance.Bound(max_kld=p.policy.max_kld, min_same_top1=p.policy.min_same_top1)
-    bounded = bound.max_kld is not None or bound.min_same_top1 is not None
-    if moved is None:
-        return verdict, reasons
-    if isinstance(moved, str):  # unbounded, the record alone says so (every served evaluation would repeat it)
-        if bounded and verdict == "PASS":
-            return "INCONCLUSIVE", [f"not_observable: distance: {moved}, so the policy's bound on it cannot be checked",
-                                    *reasons]
-        return verdict, reasons
-    if bounded and verdict == "PASS" and not (check := moved.within_floor(bound)).met:
-        return "FAIL", [f"distance: {line}" for line in check.lines] + reasons + [moved.reason()]
-    if bounded and verdict == "INCONCLUSIVE" and (far := moved.beyond(bound, p.policy.alpha)):
-        return "FAIL", [f"distance: {line}" for line in far] + reasons + [moved.reason()]
-    return verdict, reasons + [moved.reason()]
 
 
 def _passes(results: Run) -> int:

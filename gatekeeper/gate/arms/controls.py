@@ -25,7 +25,7 @@ from typing import Any
 from ...battery import partition
 from ...engines import sampler
 from ...engines.base import Session, labelled
-from ...evidence import Run
+from ...evidence import Ruling, Run
 from ..run import runs
 from ..run.plans import Plan
 from ..stats.coupling import PROCESSED
@@ -47,12 +47,13 @@ class Controls:
         return {"seen": "parted, as it must", "missed": "did NOT part",
                 "undecided": "could not tell"}[outcome]
 
-    def judge(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
+    def judge(self) -> Ruling:
+        """A control that missed makes a PASS INCONCLUSIVE (agreement proves nothing), and is said beside any other."""
         if "missed" not in (self.unpaired, self.planted):
-            return verdict, reasons + [self.line()]
-        line = (f"control_missed: {self.line().removeprefix('controls: ')}: the pairing cannot show a sampled change on "
-                "this engine, so agreement proves nothing; check that it honours per-request seeds and records its draws")
-        return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+            return Ruling(notes=[self.line()])
+        return Ruling("INCONCLUSIVE", [f"control_missed: {self.line().removeprefix('controls: ')}: the pairing cannot "
+                                       "show a sampled change on this engine, so agreement proves nothing; check that it "
+                                       "honours per-request seeds and records its draws"], over=("PASS",))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from ...engines import sampler
 from ...engines.base import Engine, Referenced
 from ...errors import GatekeeperError
+from ...evidence import Ruling
 from ..run.plans import Plan
 
 KEPT = 5  # disagreements kept in the record (the count holds them all)
@@ -121,22 +122,21 @@ def reread(p: Plan, models: dict[str, Engine], pending: dict[str, list[tuple]], 
     return out
 
 
-def judge(second: Second | None, verdict: str, reasons: list[str],
-          detok: Callable[[list[int]], str]) -> tuple[str, list[str]]:
+def judge(second: Second | None, detok: Callable[[list[int]], str]) -> Ruling:
     """Two references that disagree make a PASS ``references_disagree:`` (INCONCLUSIVE) and add the line to any other
     verdict; agreeing, a ``second_reference:`` line."""
     if second is None:
-        return verdict, reasons
+        return Ruling()
     if not second.disagreed:
-        return verdict, reasons + [f"second_reference: transformers reading {second.weights} in {second.dtype} picks what "
-                                   f"the engine's own cache-free read picks at all {second.positions} positions it read"]
+        return Ruling(notes=[f"second_reference: transformers reading {second.weights} in {second.dtype} picks what "
+                                   f"the engine's own cache-free read picks at all {second.positions} positions it read"])
     first = second.where[0]
     line = (f"references_disagree: the engine's own cache-free read and transformers reading {second.weights} pick "
             f"different tokens at {second.disagreed} of {second.positions} positions (first {first.case} turn "
             f"{first.turn} token {first.position}: the engine's read picks {detok([first.engine])!r}, transformers "
             f"{detok([first.transformers])!r} by {first.margin:.3g} nats): one of the two forwards does not compute the "
             "model, so no reading of the arms can be trusted; a person must look (the positions are in the record)")
-    return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+    return Ruling("INCONCLUSIVE", [line], over=("PASS",))
 
 
 def _weights(p: Plan, spec: str) -> Path:

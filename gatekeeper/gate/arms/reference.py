@@ -26,7 +26,7 @@ from ...battery import partition
 from ...engines.base import Engine, Referenced
 from ...engines.sampler import Draw
 from ...errors import GatekeeperError
-from ...evidence import Run, Turn
+from ...evidence import NOT_FAIL, Ruling, Run, Turn
 from ...identity import sha256_hex
 from ..run import runs
 from ..run.plans import Plan
@@ -372,21 +372,14 @@ def _repeat_floor(off: list[Run]) -> float:
     return worst
 
 
-def judge(found: Read | str | None, verdict: str, reasons: list[str], shared: str,
-          detok: Callable[[list[int]], str], exact: bool = True) -> tuple[str, list[str]]:
-    """R's word on a verdict: both arms depart: ``base_defect:``, INCONCLUSIVE (the flag's verdict is void); the
-    flag-on arm alone: FAIL where the change should be ``exact`` (a change that is not exact moves that arm by
-    design, and its own gate judges it: reported); the flag-off arm alone: reported (the flag repairs the base);
-    neither: a line of what was read. ``shared``: the cache path both sides run, named in a base_defect. A second,
-    independent reference that disagrees with the first makes a PASS ``references_disagree:``, INCONCLUSIVE."""
+def judge(found: Read | str | None, shared: str, detok: Callable[[list[int]], str], exact: bool = True) -> Ruling:
+    """R's word: both arms depart: ``base_defect:``, INCONCLUSIVE (the flag's verdict is void); the flag-on arm alone:
+    FAIL where the change should be ``exact`` (a change that is not exact moves that arm by design, and its own gate
+    judges it: reported); the flag-off arm alone: reported (the flag repairs the base); neither: a line of what was
+    read. ``shared``: the cache path both sides run, named in a base_defect. (A second, independent reference is
+    ``independent.judge``'s.)"""
     if found is None or isinstance(found, str):
-        return verdict, reasons
-    verdict, reasons = _by_arms(found, verdict, reasons, shared, detok, exact)
-    return independent.judge(found.second, verdict, reasons, detok)
-
-
-def _by_arms(found: Read, verdict: str, reasons: list[str], shared: str, detok: Callable[[list[int]], str],
-             exact: bool) -> tuple[str, list[str]]:
+        return Ruling()
     off, on = found.arms["off"], found.arms["on"]
 
     def where(arm: Arm) -> str:
@@ -394,31 +387,32 @@ def _by_arms(found: Read, verdict: str, reasons: list[str], shared: str, detok: 
                 if arm.departures else "nowhere")
 
     if found.departs("off") and found.departs("on"):
-        return "INCONCLUSIVE", [f"base_defect: both arms depart from a cache-free read of their own answers (flag-off "
-                                f"{where(off)}; flag-on {where(on)}): the pipeline's base is broken in {shared}, so "
-                                "this flag's verdict is void; fix or change the base, then evaluate again", *reasons]
+        return Ruling("INCONCLUSIVE", [f"base_defect: both arms depart from a cache-free read of their own answers "
+                                       f"(flag-off {where(off)}; flag-on {where(on)}): the pipeline's base is broken in "
+                                       f"{shared}, so this flag's verdict is void; fix or change the base, then evaluate "
+                                       "again"])
     if found.departs("on"):
         line = (f"departs_from_reference: the flag-on arm departs from a cache-free read of its own answers "
                 f"{where(on)}; the flag-off arm agrees with it")
         if not exact:
-            return verdict, reasons + [line + " (a change that is not exact: reported, its gate decides)"]
+            return Ruling(notes=[line + " (a change that is not exact: reported, its gate decides)"])
         if not on.flipped:  # its tokens are the reference's picks: a numeric move, which the drift grades
-            return verdict, reasons + [line + " (in its top-2 gaps only, never a token the reference would not "
-                                              "pick: drift, which the policy's require and max_drift decide)"]
-        return "FAIL", ([line] + reasons if verdict != "FAIL" else reasons + [line])
+            return Ruling(notes=[line + " (in its top-2 gaps only, never a token the reference would not pick: drift, "
+                                        "which the policy's require and max_drift decide)"])
+        return Ruling("FAIL", [line], over=NOT_FAIL)
     if found.departs("off"):
-        return verdict, reasons + [f"repairs_base: the flag-off arm departs from a cache-free read of its own answers "
-                                   f"{where(off)} and the flag-on arm does not: the flag repairs a defect of the base"]
+        return Ruling(notes=[f"repairs_base: the flag-off arm departs from a cache-free read of its own answers "
+                             f"{where(off)} and the flag-on arm does not: the flag repairs a defect of the base"])
     if not off.positions or not on.positions:
         unread = (off.unread + on.unread)[:1]
-        return verdict, reasons + [f"reference: nothing read of the flag-{'off' if not off.positions else 'on'} arm's "
-                                   f"answers{': ' + unread[0] if unread else ''}"]
+        return Ruling(notes=[f"reference: nothing read of the flag-{'off' if not off.positions else 'on'} arm's "
+                             f"answers{': ' + unread[0] if unread else ''}"])
     t, c = found.tolerance, found.calibration
     probed = f", {off.probed} and {on.probed} of them in the cache probes" if off.probed or on.probed else ""
-    return verdict, reasons + [f"reference: both arms agree with a cache-free {found.dtype} read of their answers at "
-                               f"{off.positions} flag-off and {on.positions} flag-on answer positions{probed} (flips counted "
-                               f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: {FLIP:g} and {GAP:g} "
-                               f"times the floor {max(found.floor.values()):.2g}, {floor_line(c)}; {count_line(off, on)})"]
+    return Ruling(notes=[f"reference: both arms agree with a cache-free {found.dtype} read of their answers at "
+                         f"{off.positions} flag-off and {on.positions} flag-on answer positions{probed} (flips counted "
+                         f"above a margin of {t['flip_margin']:.2g}, gaps above {t['gap']:.2g}: {FLIP:g} and {GAP:g} "
+                         f"times the floor {max(found.floor.values()):.2g}, {floor_line(c)}; {count_line(off, on)})"])
 
 
 def count_line(off: Arm, on: Arm) -> str:

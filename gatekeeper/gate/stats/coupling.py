@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 from ...battery.suites import Item
 from ...engines import sampler
-from ...evidence import Run
+from ...evidence import Ruling, Run
 
 KEPT = 5  # sampler-state positions kept in the record (the count holds them all)
 PROCESSED = 1e-6  # processed log-probabilities further apart than this, from equal raw ones, part
@@ -110,18 +110,17 @@ class Coupled:
                 f"and their samplers weighed it differently ({', '.join(self.where)}): the flag-on sampler reads other "
                 "state (a penalty's history, a filter), though the model computed the same"]
 
-    def judge(self, verdict: str, reasons: list[str], ignored: list[str],
-              max_tv: float | None = None) -> tuple[str, list[str]]:
-        """The verdict with what the draws show: draws that do not follow their keys void the pairing
-        (INCONCLUSIVE); a sampler-state defect is a FAIL; a PASS whose bound (the largest class bound) exceeds
-        ``max_tv`` (the policy's) is INCONCLUSIVE with the steps it needs; either way the coupling line."""
+    def judge(self, verdict: str | None, ignored: list[str], max_tv: float | None = None) -> Ruling:
+        """What the draws show: draws that do not follow their keys void the pairing (INCONCLUSIVE); a sampler-state
+        defect is a FAIL; a PASS whose bound (the largest class bound) exceeds ``max_tv`` (the policy's) is
+        INCONCLUSIVE with the steps it needs; either way the coupling line."""
         if ignored:
-            return "INCONCLUSIVE", ignored + reasons + [self.line()]
+            return Ruling("INCONCLUSIVE", ignored, [self.line()])
         if self.sampler_state:
-            return "FAIL", self.reasons() + reasons + [self.line()]
+            return Ruling("FAIL", self.reasons(), [self.line()])
         if verdict == "PASS" and max_tv is not None and self.tv_bound > max_tv:
-            return "INCONCLUSIVE", [self.short_of(max_tv)] + reasons + [self.line()]
-        return verdict, reasons + [self.line()]
+            return Ruling("INCONCLUSIVE", [self.short_of(max_tv)], [self.line()])
+        return Ruling(notes=[self.line()])
 
     def short_of(self, max_tv: float) -> str:
         """``tv_bound:`` why the coupled steps cannot yet show a distance within ``max_tv`` in every class, and what

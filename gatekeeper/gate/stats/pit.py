@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ...battery.suites import Item
-from ...evidence import Run
+from ...evidence import Ruling, Run
 
 KEPT = 5  # impossible draws kept in the record per side (the count holds them all)
 SERIAL_SHARE = 0.1  # of a side's alpha, the serial test's: it is there for gross defects (a reused stream)
@@ -95,16 +95,16 @@ def read(items: Iterable[Item], results: dict[str, list[Run]], reread: dict[str,
     return sides
 
 
-def judge(sides: dict[str, Side], alpha: float, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
-    """The verdict with what each side's draws show (each side tested at alpha / 2, shared by its two tests)."""
+def judge(sides: dict[str, Side], alpha: float) -> Ruling:
+    """What each side's draws show (each side tested at alpha / 2, shared by its two tests)."""
     off, on = (sides[c].departs(alpha / 2) for c in ("off", "on"))
     if off:
         both = " and " + sides["on"].line("on", alpha / 2) if on else ""
-        return "INCONCLUSIVE", [f"base_defect: {sides['off'].line('off', alpha / 2)}{both}: the pipeline's sampler is "
-                                "broken before the flag, so the flag's verdict is void"] + reasons
+        return Ruling("INCONCLUSIVE", [f"base_defect: {sides['off'].line('off', alpha / 2)}{both}: the pipeline's sampler "
+                                       "is broken before the flag, so the flag's verdict is void"])
     if on:
-        return "FAIL", [f"sampler_mismatch: {sides['on'].line('on', alpha / 2)}, while the flag-off side's do"] + reasons
-    return verdict, reasons
+        return Ruling("FAIL", [f"sampler_mismatch: {sides['on'].line('on', alpha / 2)}, while the flag-off side's do"])
+    return Ruling()
 
 
 def to_dict(sides: dict[str, Side]) -> dict[str, Any]:

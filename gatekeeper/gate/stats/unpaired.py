@@ -26,6 +26,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ...evidence import Ruling
 from . import distance
 
 EXACT_KLD = 1e-4  # nats: an exact change's largest teacher-forced KL above the A/A floor, where the policy sets none
@@ -60,10 +61,9 @@ class Unpaired:
         return (f"{head}: at {self.positions} teacher-forced positions KL(off||on) at least {self.kld_max:.3g} (top-k "
                 f"rows, the rest lumped: a lower bound), {tv}, {tail}")
 
-    def judge(self, verdict: str, reasons: list[str], exact: bool, moved: distance.Compared | str | None,
-              declared: bool, max_kld: float | None) -> tuple[str, list[str]]:
-        """The verdict once the tokens cannot be compared: an exact change needs the distance within its floor and
-        both sides' draws read (``declared``); a change that is not exact keeps its gate."""
+    def judge(self, exact: bool, moved: distance.Compared | str | None, declared: bool, max_kld: float | None) -> Ruling:
+        """The ruling once the tokens cannot be compared: an exact change needs the distance within its floor and
+        both sides' draws read (``declared``), else a PASS is INCONCLUSIVE; a change that is not exact keeps its gate."""
         lumped = False
         if isinstance(moved, distance.Compared) and moved.distance.positions:
             d = moved.distance
@@ -71,19 +71,19 @@ class Unpaired:
             # Pinsker needs the true KL; from a lumped one (a lower bound) it would bound nothing
             self.tv_max, self.tv_from = (d.tv_max, "top-k") if lumped else (math.sqrt(self.kld_max / 2), "Pinsker")
         if not exact:
-            return verdict, reasons + [self.line()]
+            return Ruling(notes=[self.line()])
         missing = ("the teacher-forced distance " + (f"cannot be read ({moved})" if isinstance(moved, str) else
                                                      "is off in the policy" if moved is None else "read no position")
                    if self.kld_max is None else
                    None if declared else "the draws cannot be read against the declared decoding")
         if missing:
-            line = f"{self.line()}; {missing}, so that they sample one distribution cannot be shown"
-            return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
+            return Ruling("INCONCLUSIVE", [f"{self.line()}; {missing}, so that they sample one distribution cannot be "
+                                           "shown"], over=("PASS",))
         assert isinstance(moved, distance.Compared)
         limit = max_kld or EXACT_KLD
         check = moved.within_floor(distance.Bound(max_kld=limit, kld_stat="max"))
         if not check.met:
-            return "FAIL", [f"distance: {line}" for line in check.lines] + reasons + [self.line()]
+            return Ruling("FAIL", [f"distance: {line}" for line in check.lines], [self.line()])
         # a lumped KL within the limit is a lower bound within it, which shows nothing: the TV bound must show what
         # an exact KL within the limit would (Pinsker: sqrt(limit / 2))
         if lumped and (self.tv_max is None or self.tv_max > math.sqrt(limit / 2)):
@@ -92,8 +92,8 @@ class Unpaired:
                      f"within {limit:g} would show")
             line = (f"{self.line()}; the KL read from top-k rows is a lower bound and {shown}, so that they sample one "
                     "distribution cannot be shown")
-            return ("INCONCLUSIVE", [line, *reasons]) if verdict == "PASS" else (verdict, [*reasons, line])
-        return verdict, reasons + [self.line()]
+            return Ruling("INCONCLUSIVE", [line], over=("PASS",))
+        return Ruling(notes=[self.line()])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
