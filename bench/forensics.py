@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from gatekeeper.traffic import advice, forensics  # noqa: E402
+from gatekeeper.traffic.logs import advice, forensics  # noqa: E402
 
 
 def make_log(out: Path) -> Path:

@@ -39,7 +39,7 @@ from gatekeeper.ledger import Ledger, checkpoint
 from gatekeeper.setup import llama_build
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.setup.scaffold import init_workspace
-from gatekeeper.traffic.analyze import percentile
+from gatekeeper.traffic.captures.analyze import percentile
 from gatekeeper.workspace import Workspace
 
 GUARD = {"limit": 0.02, "alpha": 0.05, "min_comparisons": 10, "batch": 8, "flush_s": 1, "aa_rate": 0}  # one-sample rule

@@ -31,7 +31,7 @@ sys.path[:0] = [str(ROOT)]
 
 from gatekeeper.identity import child_env  # noqa: E402
 from gatekeeper.setup.tiny_hybrid import CORPUS, build  # noqa: E402
-from gatekeeper.traffic import replay  # noqa: E402
+from gatekeeper.traffic.captures import replay  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 WORDS = " ".join(CORPUS).split()

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from gatekeeper.setup.tiny_hybrid import build  # noqa: E402
-from gatekeeper.traffic import replay  # noqa: E402
+from gatekeeper.traffic.captures import replay  # noqa: E402
 from gatekeeper.workspace import EngineProfile  # noqa: E402
 
 POLICIES = list(replay.DEFAULT_POLICIES)

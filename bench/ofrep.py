@@ -112,7 +112,7 @@ def measure(server: Served, requests: int) -> list[tuple[str, list[float]]]:
 
 
 def row(entries: int, name: str, ordered: list[float]) -> str:
-    from gatekeeper.traffic.analyze import percentile
+    from gatekeeper.traffic.captures.analyze import percentile
 
     mean = sum(ordered) / len(ordered)
     flags = FLAGS if name.startswith("bulk, 200") else (0 if "304" in name else 1)

@@ -26,7 +26,7 @@ from hybrid_peers import Server, free_port
 
 from gatekeeper.setup import llama_build
 from gatekeeper.setup.models import find_gguf
-from gatekeeper.traffic.analyze import percentile
+from gatekeeper.traffic.captures.analyze import percentile
 
 MESSAGES = [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "What is 2+2?"}]
 

@@ -16,7 +16,7 @@ layer on this machine if their keys match, and are computed and saved there if n
 Measurement options: ``flags={"prefix_cache": "on"}`` forces flag states over the ledger's,
 ``response_cache=False`` answers every call with the engine (a served answer costs nothing, so it
 would measure nothing), ``capture="prompts.jsonl"`` writes each rendered prompt to a local
-JSONL file (see ``gatekeeper.traffic.capture``; off unless asked for), and ``persist=True`` uses the
+JSONL file (see ``gatekeeper.traffic.captures.capture``; off unless asked for), and ``persist=True`` uses the
 result layer whatever the recipe says (``gatekeeper pin``, which then rewrites the recipe).
 """
 
@@ -40,7 +40,7 @@ from .gate.state import pipeline
 from .identity import digest, sha256_hex
 from .ledger import open_ledger
 from .setup.models import home
-from .traffic import capture as captures
+from .traffic.captures import capture as captures
 from .workspace import Suite, Workspace
 
 

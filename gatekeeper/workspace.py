@@ -51,7 +51,7 @@ class RayCluster(Strict):
 
 
 class Serve(Strict):
-    """``serve:`` a server gatekeeper starts for a run (``engines/serve.py``): on a free loopback port, waited for,
+    """``serve:`` a server gatekeeper starts for a run (``engines/served/serve.py``): on a free loopback port, waited for,
     stopped after the run. ``command`` is argv (a string is split as a shell would); ``{port}`` and ``{host}`` in it
     become the port and address chosen, ``${VAR}`` an environment variable. Ready: ``GET ready`` answers 200."""
 
@@ -113,7 +113,7 @@ class EngineProfile(Strict):
     serve_on: Serve | None = Field(None, exclude_if=lambda v: v is None)
     cache_switch: str | None = None
     warm_up: bool = Field(True, exclude_if=lambda v: v)  # send each stage's static prefix before its first case
-    # how the server is spoken to (engines/dialects.py); servers without a tokenize endpoint need
+    # how the server is spoken to (engines/served/dialects.py); servers without a tokenize endpoint need
     # ``tokenizer``: the served model's folder (or 'default'), rendered and tokenized locally
     dialect: Literal["auto", "llamacpp", "vllm", "mlx", "openai"] = "auto"
     tokenizer: str | None = None

@@ -11,8 +11,8 @@ from dataclasses import replace
 from near_tie import NoisyHit, NoisyHitSession
 
 from gatekeeper.engines.greedy import GreedySession
-from gatekeeper.engines.http import HTTPEngine
 from gatekeeper.engines.sampler import Draw, Sampler
+from gatekeeper.engines.served.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.engines.torch_generate import GenerateSession
 

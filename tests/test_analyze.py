@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gatekeeper.traffic.analyze import percentile
+from gatekeeper.traffic.captures.analyze import percentile
 
 P = list(range(5000))  # a shared run of token ids; X(i, n) are n ids no other request has
 

@@ -333,8 +333,8 @@ def test_statistics_match_llama_perplexity(llama_perplexity, tmp_path):
 def test_vllm_prompt_logprobs_become_top_k_rows_with_the_own_token_wherever_it_ranks():
     """vLLM's ``prompt_logprobs`` rows (``{id: {logprob, rank}}``: its top 20, and the position's own token at its
     rank) read as top-20 rows, best first with the lowest id first on a tie, the own token's log-probability kept."""
-    from gatekeeper.engines.dialects import PROMPT_TOP_K
-    from gatekeeper.engines.http import _top_k
+    from gatekeeper.engines.served.dialects import PROMPT_TOP_K
+    from gatekeeper.engines.served.http import _top_k
 
     def row(own: int, own_rank: int):
         r = {str(100 + j): {"logprob": -0.1 * j - (0.05 if j == 3 else 0), "rank": j + 1} for j in range(PROMPT_TOP_K)}

@@ -20,7 +20,7 @@ from served import (
     served_ws,
 )
 
-from gatekeeper.engines.http import scored_at
+from gatekeeper.engines.served.http import scored_at
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.setup.models import find_gguf
 from gatekeeper.workspace import EngineProfile, Workspace
@@ -66,7 +66,7 @@ def test_answers_that_the_servers_own_cold_read_disowns_are_a_base_defect(server
 
 def engine(url: str, **fields):
     """The http adapter's model on ``url``; its sessions send the requests."""
-    from gatekeeper.engines.http import HTTPEngine
+    from gatekeeper.engines.served.http import HTTPEngine
 
     return HTTPEngine(EngineProfile(name="t", adapter="http", url=url, cache_switch="cache_prompt", **fields))
 

@@ -18,7 +18,8 @@ from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
 from gatekeeper.cache.trie import common_prefix as lcp
 from gatekeeper.errors import GatekeeperError
-from gatekeeper.traffic import forensics, proxy
+from gatekeeper.traffic.live import proxy
+from gatekeeper.traffic.logs import forensics
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 

@@ -511,8 +511,8 @@ def test_batch_noise_on_both_sides_is_no_rollback_with_a_baseline_and_a_rollback
     With every shadowed request compared A/A too the flag stays on, and /metrics and ``ledger live --json`` count the
     A/A comparisons; the same traffic under ``aa_rate: 0`` (the rule against zero) is rolled back."""
     from gatekeeper.signing import load_key
-    from gatekeeper.traffic.guarded import Guarded
-    from gatekeeper.traffic.proxy import running
+    from gatekeeper.traffic.live.guarded import Guarded
+    from gatekeeper.traffic.live.proxy import running
     from gatekeeper.workspace import Workspace
 
     n = 40

@@ -15,7 +15,7 @@ from gatekeeper.engines.greedy import GreedySession
 from gatekeeper.engines.registry import build_engine
 from gatekeeper.engines.sim import Count, CountOps
 from gatekeeper.engines.torch import TorchEngine
-from gatekeeper.traffic import replay
+from gatekeeper.traffic.captures import replay
 from gatekeeper.workspace import EngineProfile
 
 

@@ -1,6 +1,7 @@
-"""The package's layout: no import circle among gatekeeper's modules, each subpackage (and each group of the gate)
-imports only what its docstring's ``Imports:`` line allows (read from the code's own imports, lazy ones included),
-no group of the gate imports its orchestrator, and each package's docstring names every module it holds."""
+"""The package's layout: no import circle among gatekeeper's modules, each subpackage (and each group of the gate, the
+engines and traffic) imports only what its docstring's ``Imports:`` line allows (read from the code's own imports, lazy
+ones included), no group of the gate imports its orchestrator, only traffic's live group imports the gate and the
+ledger, and each package's docstring names every module it holds."""
 
 from __future__ import annotations
 
@@ -162,41 +163,56 @@ def test_the_layer_checks_find_a_planted_edge():
         assert reports_reached(planted(below, above)) == [f"{below} imports {above}"]
 
 
-# --- the gate's groups: each imports only the groups beneath it, none the orchestrator ---------------------------
+# --- groups: the gate, the engines and traffic are grouped by concern; each group imports what its line declares ---
 
+GROUPED = ("gate", "engines", "traffic")
+GROUPS_OF = {package: sorted(n.split(".")[2] for n, p in MODULES.items()
+                             if p.name == "__init__.py" and n.startswith(f"gatekeeper.{package}.")) for package in GROUPED}
 GATE = "gatekeeper.gate"
 ORCHESTRATOR = f"{GATE}.evaluator"
-GROUPS = sorted(n.split(".")[2] for n, p in MODULES.items() if p.name == "__init__.py" and n.startswith(f"{GATE}."))
+GROUPS = GROUPS_OF["gate"]
 
 
 def unit(name: str) -> str:
-    """What a gate group's ``Imports:`` line names: ``gate.GROUP`` or ``gate.MODULE`` inside the gate, the part outside."""
+    """What a group's ``Imports:`` line names: ``PACKAGE.GROUP`` or ``PACKAGE.MODULE`` inside a grouped package (as
+    ``gate.stats``, ``engines.sampler``), the part outside."""
     parts = name.split(".")
-    return f"gate.{parts[2]}" if parts[:2] == ["gatekeeper", "gate"] and len(parts) > 2 else part(name)
+    return f"{parts[1]}.{parts[2]}" if len(parts) > 2 and parts[1] in GROUPED else part(name)
+
+
+def seen_from(dep: str, name: str) -> str:
+    """``dep`` as ``name``'s group names it: by its unit inside their package, by its part outside (``gate``, not
+    ``gate.guard``, from traffic)."""
+    return unit(dep) if part(dep) == part(name) else part(dep)
 
 
 def in_group(name: str) -> bool:
-    return name.startswith(f"{GATE}.") and name.split(".")[2] in GROUPS
+    parts = name.split(".")
+    return len(parts) > 2 and parts[1] in GROUPED and parts[2] in GROUPS_OF[parts[1]]
 
 
 def group_problems(graph: dict[str, set[str]]) -> list[str]:
-    """Each import by a module of a gate group of what its group's ``Imports:`` line leaves out (its own group aside)."""
+    """Each import by a module of a group of what its group's ``Imports:`` line leaves out (its own group aside)."""
     return sorted(f"{name} imports {dep}, but gatekeeper/{unit(name).replace('.', '/')}/ declares "
                   f"'Imports: {', '.join(sorted(allowed(unit(name))))}'"
                   for name, deps in graph.items() if in_group(name)
-                  for dep in deps if unit(dep) != unit(name) and unit(dep) not in allowed(unit(name)))
+                  for dep in deps if seen_from(dep, name) != unit(name) and seen_from(dep, name) not in allowed(unit(name)))
 
 
 def orchestrator_imports(graph: dict[str, set[str]]) -> list[str]:
     """The evaluator runs the groups; a group that imported it would run in a circle through it."""
-    return sorted(f"{name} imports {ORCHESTRATOR}" for name, deps in graph.items() if in_group(name) and ORCHESTRATOR in deps)
+    return sorted(f"{name} imports {ORCHESTRATOR}" for name, deps in graph.items()
+                  if in_group(name) and part(name) == "gate" and ORCHESTRATOR in deps)
 
 
-def test_the_gate_is_grouped():
+def test_the_gate_engines_and_traffic_are_grouped():
     assert {"stats", "run", "arms", "state", "enable", "power"} <= set(GROUPS)
+    assert GROUPS_OF["engines"] == ["served"]
+    assert GROUPS_OF["traffic"] == ["captures", "live", "logs"]
+    assert [p.name for p in (ROOT / "traffic").glob("*.py")] == ["__init__.py"]  # every traffic module is in a group
 
 
-def test_each_gate_group_imports_only_what_it_declares():
+def test_each_group_imports_only_what_it_declares():
     assert group_problems(GRAPH) == []
 
 
@@ -215,6 +231,39 @@ def test_the_group_checks_find_a_planted_edge():
     assert group_problems(planted("gatekeeper.gate.stats.paired", "gatekeeper.gate.run.plans")) == [
         "gatekeeper.gate.stats.paired imports gatekeeper.gate.run.plans, but gatekeeper/gate/stats/ declares "
         f"'Imports: {', '.join(sorted(allowed('gate.stats')))}'"]
+    assert group_problems(planted("gatekeeper.traffic.captures.load", "gatekeeper.traffic.logs.reuse")) == [
+        "gatekeeper.traffic.captures.load imports gatekeeper.traffic.logs.reuse, but gatekeeper/traffic/captures/ "
+        f"declares 'Imports: {', '.join(sorted(allowed('traffic.captures')))}'"]
+    assert group_problems(planted("gatekeeper.engines.served.telemetry", "gatekeeper.engines.registry")) == [
+        "gatekeeper.engines.served.telemetry imports gatekeeper.engines.registry, but gatekeeper/engines/served/ "
+        f"declares 'Imports: {', '.join(sorted(allowed('engines.served')))}'"]
+
+
+# --- traffic: only the live group reaches the gate and the ledger ---------------------------------------------------
+
+LIVE = "traffic.live"
+
+
+def traffic_reaches_the_gate(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of the gate or the ledger by a traffic module outside ``traffic/live/``."""
+    return sorted(f"{name} imports {dep}" for name, deps in graph.items()
+                  if part(name) == "traffic" and unit(name) != LIVE
+                  for dep in deps if part(dep) in ("gate", "ledger"))
+
+
+def test_only_the_live_group_of_traffic_imports_the_gate_or_the_ledger():
+    assert traffic_reaches_the_gate(GRAPH) == []
+    for group in GROUPS_OF["traffic"]:
+        declared = allowed(f"traffic.{group}") & {"gate", "ledger"}
+        assert declared == ({"gate", "ledger"} if f"traffic.{group}" == LIVE else set()), group
+    assert any(part(dep) == "gate" for n, deps in GRAPH.items() if unit(n) == LIVE for dep in deps)
+
+
+def test_the_traffic_check_finds_a_planted_edge():
+    assert traffic_reaches_the_gate(planted("gatekeeper.traffic.logs.advice", "gatekeeper.ledger.store")) == [
+        "gatekeeper.traffic.logs.advice imports gatekeeper.ledger.store"]
+    assert traffic_reaches_the_gate(planted("gatekeeper.traffic.captures.measure", "gatekeeper.gate.kinds")) == [
+        "gatekeeper.traffic.captures.measure imports gatekeeper.gate.kinds"]
 
 
 # --- module maps: each package's docstring names every module and subpackage it holds ---------------------------

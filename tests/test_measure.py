@@ -164,7 +164,7 @@ class ChatML:
 
 def test_segments_follow_the_prompt_pieces():
     from gatekeeper.battery.partition import Piece, order, render
-    from gatekeeper.traffic.capture import Segment, segments
+    from gatekeeper.traffic.captures.capture import Segment, segments
 
     pieces = [Piece("system", False, "Session: 7"), Piece("system", True, "RULES"), Piece("system", True, "TOOLS"),
               Piece("user", False, "question")]

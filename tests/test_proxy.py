@@ -454,7 +454,7 @@ def test_bad_telemetry_is_exit_2_naming_the_line_and_field(run_cli, tmp_path, fi
 
 def test_a_metadata_only_capture_feeds_analyze_but_not_replay(tmp_path):
     from gatekeeper.errors import GatekeeperError
-    from gatekeeper.traffic import capture
+    from gatekeeper.traffic.captures import capture
 
     salt = b"s" * 16
     texts = ["S" * 200 + "query one", "S" * 200 + "another query"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from served import F32, forced_agreement, llama_server
 
-from gatekeeper.engines.http import HTTPEngine
+from gatekeeper.engines.served.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.workspace import EngineProfile

@@ -9,7 +9,7 @@ import pytest
 from tiny_models import tiny_hybrid  # noqa: F401  (fixture)
 
 from gatekeeper.engines.sim import SimEngine
-from gatekeeper.traffic import replay
+from gatekeeper.traffic.captures import replay
 from gatekeeper.workspace import EngineProfile
 
 # Scaled down tenfold for the real model: A 450 tokens, C sharing its first 252, B 10; chunk 32.

@@ -420,7 +420,7 @@ def test_recipe_through_the_cli(run_cli, tiny_ws, tmp_path, monkeypatch, body):
 
 
 def test_an_internal_error_is_exit_3_with_one_line(run_cli, tmp_path, monkeypatch):
-    from gatekeeper.traffic import capture
+    from gatekeeper.traffic.captures import capture
 
     def broken(path, **options):
         raise ZeroDivisionError("division by zero")

@@ -24,7 +24,7 @@ from served import (
     started,
 )
 
-from gatekeeper.engines.http import HTTPEngine
+from gatekeeper.engines.served.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.workspace import EngineProfile

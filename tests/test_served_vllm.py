@@ -22,7 +22,7 @@ from served import (
     vllm_server,
 )
 
-from gatekeeper.engines.http import HTTPEngine
+from gatekeeper.engines.served.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
 from gatekeeper.gate.arms.reference import GAP
 from gatekeeper.setup.models import default_model_dir

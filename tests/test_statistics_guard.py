@@ -88,7 +88,7 @@ def _ledger(ws: Path) -> Ledger:
 def _start(ws: Path, keys):  # noqa: F811
     """The guard a (re)started ``gatekeeper proxy --guard`` runs: it resumes from the ledger."""
     from gatekeeper.signing import load_key
-    from gatekeeper.traffic.guarded import Guarded
+    from gatekeeper.traffic.live.guarded import Guarded
     from gatekeeper.workspace import Workspace
 
     return Guarded(Workspace(ws), f"sqlite:///{ws / 'ledger' / 'evidence.db'}", FLAG, "http://127.0.0.1:9", load_key(keys["ci"]))
@@ -96,7 +96,7 @@ def _start(ws: Path, keys):  # noqa: F811
 
 def _feed(guard, *batches: tuple[int, int]) -> None:
     """Batches of (compared, mismatches) of the router stage, written as the proxy writes them; then a stop."""
-    from gatekeeper.traffic.guarded import Batch
+    from gatekeeper.traffic.live.guarded import Batch
 
     async def go():
         for compared, mismatches in batches:
@@ -263,8 +263,8 @@ def test_a_a_counts_are_recorded_per_stage_and_read_back_by_ledger_live_and_metr
     answers): each batch's stage rows count the A/A comparisons and the discordant ones, the test is against the
     baseline, ``guard.live`` sums them, /metrics counts them; a flag that parts only where the flag-off side agrees
     with itself is rolled back, naming both counts."""
-    from gatekeeper.traffic.guarded import Guarded
-    from gatekeeper.traffic.shadow import Answer
+    from gatekeeper.traffic.live.guarded import Guarded
+    from gatekeeper.traffic.live.shadow import Answer
 
     ws = _ws(workspace, keys, C)
     guard = _start(ws, keys)

@@ -2,7 +2,7 @@
 (The real servers' answers are read in test_engine_http.py and the test_served_*.py modules; ik_llama.cpp's
 server is not built here, so its shape, from its source, is checked on its own.)"""
 
-from gatekeeper.engines.telemetry import Telemetry, read
+from gatekeeper.engines.served.telemetry import Telemetry, read
 
 
 def test_llama_cpp_timings():

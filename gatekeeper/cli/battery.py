@@ -31,7 +31,7 @@ def from_capture(
     json_: Json = False,
 ) -> None:
     """Turn captured calls into candidate cases per stage: the shared prefix static, each call's rest a case."""
-    from ..traffic import cases
+    from ..traffic.captures import cases
 
     if max_tokens < 1:
         raise GatekeeperError("--max-tokens must be at least 1")
@@ -67,7 +67,7 @@ def mine(
     from ..engines.faults import parse
     from ..gate.power import mine as mining
     from ..gate.state import pipeline
-    from ..traffic import cases as captured
+    from ..traffic.captures import cases as captured
     from ..workspace import Suite
 
     if max_tokens is not None and max_tokens < 1:

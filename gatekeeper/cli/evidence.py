@@ -67,7 +67,7 @@ def evaluate(
     from ..gate import evaluator, planning
     from ..gate.run import production, runs
     from ..gate.state import pipeline
-    from ..traffic import capture
+    from ..traffic.captures import capture
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -208,8 +208,8 @@ def measure(
     """Run the battery's cases through the runtime and print the prefill tax per stage."""
     import getpass
 
-    from ..traffic import measure as measuring
-    from ..traffic.capture import check_path
+    from ..traffic.captures import measure as measuring
+    from ..traffic.captures.capture import check_path
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
@@ -227,8 +227,8 @@ def measure(
 def analyze(file: Annotated[Path, typer.Argument(help="A capture: JSONL, one request a line.")],
             json_: Json = False) -> None:
     """Read captured prompts and print the cacheable prefix share per stage and between consecutive requests."""
-    from ..traffic import analyze as analysis
-    from ..traffic import capture
+    from ..traffic.captures import analyze as analysis
+    from ..traffic.captures import capture
 
     report = analysis.analyze(capture.read(file, content=False))
     emit(json_, {"file": str(file), **report}, lambda: tables.print_analysis(report))

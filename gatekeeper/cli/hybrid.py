@@ -30,7 +30,7 @@ def replay(
     json_: Json = False,
 ) -> None:
     """Replay a trace under snapshot placement policies: restores, reuse against the bound, snapshot bytes, parity."""
-    from ..traffic import replay as replaying
+    from ..traffic.captures import replay as replaying
 
     if (trace is None) == (scenario is None):
         raise GatekeeperError("give a trace file or --scenario interleave|synthetic (one of them)")

@@ -35,7 +35,7 @@ def proxy(
     """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its
     telemetry; with --guard, compare a share of live calls with the flag-off side and roll the flag back on a breach
     (exit 1 when it stops after a rollback)."""
-    from ..traffic.proxy import serve
+    from ..traffic.live.proxy import serve
 
     if timeout <= 0:
         raise GatekeeperError("--timeout must be above 0 seconds")
@@ -69,7 +69,7 @@ def proxy(
     try:
         serve(upstream, listen, capture, no_text=no_text, timeout=timeout, ready=ready, guard=watch)
     finally:
-        from ..engines import serve as servers_
+        from ..engines.served import serve as servers_
 
         servers_.stop(servers)
     if watch is not None and watch.rollback is not None:
@@ -79,7 +79,7 @@ def proxy(
 def _other_side(ws, shadow: Optional[str], engine: Optional[str]) -> tuple[Optional[str], dict]:
     """The flag-off deployment's URL: --shadow, or the flag-off side of an http engine profile (its server started
     here when the profile says ``serve:``), with the servers started."""
-    from ..engines import serve as servers_
+    from ..engines.served import serve as servers_
 
     if engine is None:
         return shadow, {}
@@ -101,9 +101,9 @@ def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign
     import os
 
     from .. import signing
-    from ..engines import serve as servers_
-    from ..traffic.guarded import Guarded
-    from ..traffic.proxy import check_upstream
+    from ..engines.served import serve as servers_
+    from ..traffic.live.guarded import Guarded
+    from ..traffic.live.proxy import check_upstream
 
     try:
         if not flag or not shadow:
@@ -140,8 +140,8 @@ def forensics(
 ) -> None:
     """Reconstruct a llama.cpp-family server's prompt reuse and checkpoint life cycle from its log; with a capture,
     reuse across requests and what each server setting would have re-used."""
-    from ..traffic import advice
-    from ..traffic import forensics as reading
+    from ..traffic.logs import advice
+    from ..traffic.logs import forensics as reading
 
     if cache_ram and any(m < 1 for m in cache_ram):
         raise GatekeeperError("--cache-ram sizes must be at least 1 MiB")

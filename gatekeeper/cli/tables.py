@@ -254,7 +254,7 @@ def print_analysis(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..traffic.analyze import LONG, SHORT
+    from ..traffic.captures.analyze import LONG, SHORT
 
     console = Console()
     table = Table("stage", "calls", "mean bytes", "stable bytes", "stable share", "cacheable written", "partitioned",

@@ -116,7 +116,7 @@ class MlxLmSampler(Sampler):
     mlx-lm's documented chain (``SPEC``), whatever the installed release actually does."""
 
     # mlx_lm.sample_utils (0.26.4 to 0.32): the penalty over every token seen, then top-p, min-p and top-k on the
-    # log-probabilities, then the temperature (the same chain mlx_lm.server runs, engines/dialects.py)
+    # log-probabilities, then the temperature (the same chain mlx_lm.server runs, engines/served/dialects.py)
     SPEC = {"sampler": "mlx_lm", "chain": ["penalties", "top_p", "min_p", "top_k", "temperature"],
             "window": {"repetition_penalty": "prompt+answer"}, "draw": "mlx's generator, reseeded from the key each turn"}
 

@@ -21,7 +21,7 @@ BUILTINS = {
     "torch": "gatekeeper.engines.torch:TorchEngine",
     "mlx": "gatekeeper.engines.mlx:MLXEngine",
     "llamacpp": "gatekeeper.engines.llamacpp:LlamaCppEngine",
-    "http": "gatekeeper.engines.http:HTTPEngine",
+    "http": "gatekeeper.engines.served.http:HTTPEngine",
 }
 
 

@@ -161,7 +161,7 @@ class Ledger:
         return self._append("calibration", values, evaluation_id)
 
     def add_shadow(self, flag: str, flip_id: int | None, operator: str, summary: dict, items: list) -> int:
-        """A batch of the guard's live comparisons (``traffic/guarded.py``)."""
+        """A batch of the guard's live comparisons (``traffic/live/guarded.py``)."""
         values = dict(flag=flag, flip_id=flip_id, operator=operator, summary=summary, items=list(items))
         return self._append("shadow", values)
 

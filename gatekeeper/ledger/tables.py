@@ -164,7 +164,7 @@ class Calibration(SQLModel, table=True):
 
 
 class Shadow(SQLModel, table=True):
-    """A batch of live requests the guard sent again to the flag-off side (``traffic/guarded.py``): what was
+    """A batch of live requests the guard sent again to the flag-off side (``traffic/live/guarded.py``): what was
     compared and what was not, per stage, the mismatches (digests only under --no-text) and the guard's tests."""
 
     __tablename__ = "shadow"

@@ -1,10 +1,13 @@
-"""Live traffic and measurement: the capture format (``capture``), the prefill tax per stage (``measure``),
-what captured prompts could cache (``analyze``), the load they put on a server (``load``) and the candidate
-suites they make (``cases``), a
-pass-through proxy that captures calls with their telemetry (``proxy``), llama.cpp-family server logs
-(``forensics``), with reuse across requests (``reuse``) and advice on server settings (``advice``),
-replaying a trace under snapshot policies (``replay``), and the guard after a flip: live requests seen twice
-(``shadow``) and compared, recorded and acted on in the proxy (``guarded``).
+"""Live traffic and measurement, grouped by concern; each group imports only the groups listed before it:
+
+- ``captures/``: prompt captures and what they show before anything is built: the capture format, the prefill tax per
+  stage, what captured prompts could cache, the load they put on a server, the candidate suites they make, and a
+  trace replayed under snapshot policies;
+- ``logs/``: llama.cpp-family server logs (forensics), with reuse across requests and advice on server settings from
+  a capture of the same traffic;
+- ``live/``: in front of a running server: the pass-through proxy that captures calls with their telemetry, and the
+  guard after a flip (one request seen twice, compared, recorded and acted on); the only group that imports the gate
+  and the ledger.
 
 Imports: errors, listen, workspace, cache, battery, engines, runtime, gate, ledger, signing.
 """

@@ -4,7 +4,7 @@ flag-on side's next-token distributions are compared with the flag-off side's at
 answers. A second flag-off session gives the A/A floor: what the engine's own nondeterminism moves.
 
 It costs one prefill per turn and side, no decoding (a server with no prompt log-probabilities: three forced
-requests per turn and side, ``engines/http.py``). Where an engine gives no distributions (llama-cpp-python's
+requests per turn and side, ``engines/served/http.py``). Where an engine gives no distributions (llama-cpp-python's
 server) nothing is measured and the record says ``not_observable``, as it does where the two
 sides read different vocabularies or tokenizers.
 """

@@ -64,7 +64,7 @@ def prompts(ws: Workspace, load: Load, model, items: Sequence[Item], mode: parti
             captured: Sequence[list[int] | str] | None) -> list[tuple[list[int], int, Decoding | None]]:
     """The background requests (token ids, max tokens, the suite's sampled decoding, which they draw with no seed):
     each case's first turn, or each captured call, greedy (``captured``: the capture's prompts, ids or text, as
-    ``traffic.capture.prompts`` reads them)."""
+    ``traffic.captures.capture.prompts`` reads them)."""
     if source(ws, load) is None:
         out = []
         for item in items:

@@ -26,9 +26,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
-from ..cache.trie import TokenTrie, packed
-from ..errors import GatekeeperError
-from . import capture
+from ...cache.trie import TokenTrie, packed
+from ...errors import GatekeeperError
+from ..captures import capture
 
 UNIT = 256  # tokens: the granularity reuse is counted in, and the advice's checkpoint spacing
 WINDOW = 256  # capture lines looked ahead for a request's match (concurrent requests finish out of order)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeGuard
 
-from ..battery.partition import Piece, Rendered
-from ..engines.telemetry import Telemetry
-from ..errors import GatekeeperError
+from ...battery.partition import Piece, Rendered
+from ...engines.served.telemetry import Telemetry
+from ...errors import GatekeeperError
 
 BLOCK = 64  # bytes per prefix digest on metadata-only lines
 TELEMETRY = ("prompt_tokens", "cached_tokens", "prefill_s", "decode_s")

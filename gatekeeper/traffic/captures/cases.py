@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from ..cache.trie import common_prefix
-from ..errors import GatekeeperError
-from ..workspace import Assertion, Suite, read_yaml
+from ...cache.trie import common_prefix
+from ...errors import GatekeeperError
+from ...workspace import Assertion, Suite, read_yaml
 from . import capture
 
 REST = "rest"  # the var holding each case's dynamic text

@@ -42,16 +42,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import GatekeeperError
-from ..gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, segments
+from ...errors import GatekeeperError
+from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, segments
+from ..captures.capture import metadata
 from . import shadow
-from .capture import metadata
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from ..signing import SigningKey
-    from ..workspace import Workspace
+    from ...signing import SigningKey
+    from ...workspace import Workspace
 
 CLOSING_S = 5  # at shutdown, shadows still running get this long to finish
 LATENCY = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)  # histogram buckets of a shadow request, seconds
@@ -138,7 +138,7 @@ class Guarded:
         """The rollback must be signable: the service key is in allowed_signers now."""
         from datetime import datetime, timezone
 
-        from ..signing import fingerprint
+        from ...signing import fingerprint
 
         allowed = self.ws.allowed_signers
         if allowed is None or allowed.principal(self.key.blob, datetime.now(timezone.utc)) is None:
@@ -148,7 +148,7 @@ class Guarded:
 
     def _resume(self) -> tuple[int, list[Segment]]:
         """The flip to on being watched, and its segments as the ledger holds them (a restart resumes its rule's)."""
-        from ..ledger import Ledger
+        from ...ledger import Ledger
 
         with Ledger(self.url) as ledger:
             if not ledger.verify().ok:
@@ -350,7 +350,7 @@ class Guarded:
                      f"{e}); the live side is unaffected; 'gatekeeper ledger verify' checks the ledger")
 
     def _write(self, batch: Batch) -> None:
-        from ..ledger import Ledger
+        from ...ledger import Ledger
 
         with Ledger(self.url) as ledger:
             if not self.segment.batches:  # its first batch: its share follows the ledger's order, whoever wrote since
@@ -381,9 +381,9 @@ class Guarded:
                 **({"slow": batch.slow} if self.rule.max_latency_s is not None else {})}
 
     def _roll_back(self, ledger, breached: list[tuple[Segment, Test]], batch_id: int) -> None:
-        from ..gate.enable.attestation import Attestation
-        from ..gate.enable.flip import flip
-        from ..ledger import checkpoint
+        from ...gate.enable.attestation import Attestation
+        from ...gate.enable.flip import flip
+        from ...ledger import checkpoint
 
         self.on = False  # from here every request goes to the flag-off side (Proxy.upstream_for)
         first = min(b["id"] for b in ledger.shadows(self.flag, self.flip_id))

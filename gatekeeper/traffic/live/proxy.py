@@ -3,9 +3,9 @@
 A team that already runs a pipeline against llama-server, ik_llama.cpp, vLLM, mlx_lm.server or
 Ollama's OpenAI API points its client here instead: every request and response goes through
 unchanged (bodies byte for byte, server-sent events passed on as they arrive, never buffered), and
-each completion call adds one line to a local capture (``capture.py``): ``stage``, ``stream``,
+each completion call adds one line to a local capture (``captures/capture.py``): ``stage``, ``stream``,
 ``t``, the rendered prompt (text, and token ids where the upstream tokenizes), and the call's
-telemetry as the upstream reported it (``telemetry.py``; absent figures left out, never 0).
+telemetry as the upstream reported it (``engines/served/telemetry.py``; absent figures left out, never 0).
 ``analyze`` on that file gives the per-stage prefill tax and the byte-stable prefix share, from
 live traffic, before anything is built.
 
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit
 
-from ..engines.telemetry import Telemetry
-from ..engines.telemetry import read as read_telemetry
-from ..errors import GatekeeperError
-from ..listen import bind, parse_listen
-from .capture import CaptureWriter, check_path, metadata
+from ...engines.served.telemetry import Telemetry
+from ...engines.served.telemetry import read as read_telemetry
+from ...errors import GatekeeperError
+from ...listen import bind, parse_listen
+from ..captures.capture import CaptureWriter, check_path, metadata
 
 if TYPE_CHECKING:
     import aiohttp

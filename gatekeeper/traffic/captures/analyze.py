@@ -25,7 +25,7 @@ import math
 from collections import defaultdict
 from typing import Any, Sequence, TypeVar
 
-from ..cache.trie import common_prefix
+from ...cache.trie import common_prefix
 from .capture import BLOCK, TELEMETRY, Request
 from .load import load
 

@@ -31,12 +31,12 @@ import urllib.request
 from time import perf_counter
 from typing import Any, Sequence
 
-from .. import __version__
-from ..errors import EngineCrash, GatekeeperError
-from ..identity import digest, flatten
-from ..workspace import Decoding, EngineProfile
-from . import sampler, serve, telemetry
-from .base import (
+from ... import __version__
+from ...errors import EngineCrash, GatekeeperError
+from ...identity import digest, flatten
+from ...workspace import Decoding, EngineProfile
+from .. import sampler
+from ..base import (
     Engine,
     Generation,
     Referenced,
@@ -48,8 +48,9 @@ from .base import (
     labelled,
     request_labels,
 )
+from ..sampler import Draw, fresh
+from . import serve, telemetry
 from .dialects import DIALECTS, PROMPT_TOP_K, detect
-from .sampler import Draw, fresh
 
 # A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
 # last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose

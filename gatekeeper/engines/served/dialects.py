@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
-from ..errors import GatekeeperError
-from ..workspace import Decoding, EngineProfile
-from .sampler import Draw
+from ...errors import GatekeeperError
+from ...workspace import Decoding, EngineProfile
+from ..sampler import Draw
 
 PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabilities a position returns
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
@@ -298,8 +298,8 @@ def detect(described: dict[str, Any]) -> tuple[str, str]:
 
 
 def _local_tokenizer(engine: Server):
-    from ..setup.models import resolve_model
-    from .hf_tokenizer import ChatTokenizer, load_tokenizer
+    from ...setup.models import resolve_model
+    from ..hf_tokenizer import ChatTokenizer, load_tokenizer
 
     spec = engine.profile.tokenizer
     if not spec:

@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 from string import Template
 
-from ..errors import GatekeeperError
-from ..workspace import EngineProfile, Serve
+from ...errors import GatekeeperError
+from ...workspace import EngineProfile, Serve
 
 HOST = "127.0.0.1"
 _LINES = 12  # of the server's output, quoted when it never became ready

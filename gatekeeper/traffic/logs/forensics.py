@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from ..errors import GatekeeperError
+from ...errors import GatekeeperError
+from ..captures.analyze import distribution
 from . import advice, reuse
-from .analyze import distribution
 
 MAX_LINE = 1 << 20  # a "line" longer than this (binary garbage, no newline) is read in pieces
 EXAMPLES = 20  # unparsed lines quoted in the report

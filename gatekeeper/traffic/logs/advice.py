@@ -29,8 +29,8 @@ from contextlib import ExitStack
 from statistics import median
 from typing import Any, Sequence
 
-from ..engines.sim import SimEngine
-from ..workspace import CacheLimits, EngineProfile
+from ...engines.sim import SimEngine
+from ...workspace import CacheLimits, EngineProfile
 from .reuse import UNIT, lcp
 
 CACHE_RAM = (1024, 8192, 32768)  # MiB

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..cache.snapshots import parse
-from ..cache.trie import TokenTrie, common_prefix
-from ..errors import GatekeeperError
+from ...cache.snapshots import parse
+from ...cache.trie import TokenTrie, common_prefix
+from ...errors import GatekeeperError
 from . import capture
 
 SCENARIOS = ("interleave", "synthetic")
@@ -278,10 +278,10 @@ def maker(profile: Any, root: Path | None, *, simulate: bool, state_bytes: tuple
     def make(spec: str) -> Any:
         p = profile.model_copy(update={"snapshots": spec})
         if simulate:
-            from ..engines.sim import SimEngine
+            from ...engines.sim import SimEngine
 
             return SimEngine(p, state_bytes=state_bytes)
-        from ..engines.registry import build_engine
+        from ...engines.registry import build_engine
 
         return build_engine(p, workspace_root=root)
 

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..battery import suites as battery
-from ..engines.base import plus
-from ..errors import GatekeeperError
-from ..workspace import Workspace
+from ...battery import suites as battery
+from ...engines.base import plus
+from ...errors import GatekeeperError
+from ...workspace import Workspace
 
 STATES = ("current", "off", "on")
 
@@ -122,7 +122,7 @@ def _warm_up(model) -> None:
 def run(p: Plan, state: str, ledger_url: str | None, capture: Path | None = None,
         progress: Callable[[str], None] = lambda label: None) -> Run:
     """One pass over the plan's cases; each case is one stream whose turns extend its transcript."""
-    from ..runtime import Runtime
+    from ...runtime import Runtime
 
     forced = None if state == "current" else {p.flag: state}
     t0 = time.perf_counter()
