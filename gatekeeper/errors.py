@@ -18,6 +18,11 @@ class LedgerIntegrityError(GatekeeperError):
     """The ledger's chain or rows do not match: someone edited it."""
 
 
+class Superseded(GatekeeperError):
+    """A flip made on the last flip of its flag (``add_flip(after=...)``) found that another one came after it: a
+    fleet's other proxy rolled the flag back first, or a person flipped it."""
+
+
 class LedgerReadError(Exception):
     """The database failed while the ledger was read without SQLAlchemy (``ledger.reader``); ``orig`` holds the
     driver's error, as SQLAlchemy's DBAPIError does, so a damaged file is reported the same either way."""

@@ -32,6 +32,8 @@ from gatekeeper.gate.guard import Count, Rule
 from gatekeeper.gate.stats.evalues import log_evalue, to_detect
 from gatekeeper.ledger import Ledger
 
+pytest_plugins = ["postgres"]
+
 STAGES = {"router": "You route requests. Pick one tool and say which. ",
           "writer": "You write short answers for the support desk, politely. "}
 USERS = ["Book a table for four at eight.", "What is the capital of Portugal?", "Summarise: the team ships Friday.",
@@ -131,12 +133,13 @@ def _no_proxy_outlives_its_test():
             stop(proc)  # SIGTERM first: a server the proxy started is stopped with it
 
 
-def start(ws: Path, keys, upstream: str, other: str | None, *extra: str, log: Path):  # noqa: F811
+def start(ws: Path, keys, upstream: str, other: str | None, *extra: str, log: Path, ledger: str | None = None):  # noqa: F811
     """``gatekeeper proxy --guard`` as its own process, once it listens: (host:port, process). ``other`` None: the
-    flag-off side is in ``extra`` (--shadow-engine)."""
+    flag-off side is in ``extra`` (--shadow-engine); ``ledger``: a ledger URL other than the workspace's."""
     port = free_port()
     out = open(log, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "proxy", "--upstream", upstream,
+    proc = subprocess.Popen([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws),
+                             *(["--ledger", ledger] if ledger else []), "proxy", "--upstream", upstream,
                              "--listen", f"127.0.0.1:{port}", "--guard", "prefix_cache", *(["--shadow", other] if other else []),
                              "--sign", str(keys["ci"]), *extra], stdout=out, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -576,3 +579,52 @@ def test_the_proxy_says_at_start_when_the_guard_has_no_baseline(workspace, keys,
             assert stop(proc) == 0
             (ws / "policies" / "prefix_cache.yaml").write_text(
                 "\n".join(x for x in (ws / "policies" / "prefix_cache.yaml").read_text().splitlines() if not x.startswith("guard:")) + "\n")
+
+
+@pytest.mark.slow
+def test_three_proxy_processes_on_one_postgresql_ledger_roll_back_once_and_all_serve_the_flag_off_side(
+        workspace, keys, pg_url, tmp_path):  # noqa: F811
+    """One test for a fleet (issue #61): three ``gatekeeper proxy --guard`` processes in front of three replicas, one
+    team ledger on a real PostgreSQL server. Only the first replica parts (prompt i with i % 4 == 0, the flag-off side
+    never): the fleet is rolled back once, by one proxy, and each of the others serves its very next request from the
+    flag-off side (its metrics say the flag is off before it wrote anything more)."""
+    guard = {**GUARD, "limit": 0.02, "min_comparisons": 10, "batch": 2, "flush_s": 0.2}
+    ws = guarded_ws(workspace, keys, guard, on=False)
+    from gatekeeper.ledger import checkpoint
+    from gatekeeper.workspace import Workspace
+
+    with Ledger(pg_url) as ledger:
+        ledger.add_flip("prefix_cache", "on", "ana", "passed and approved")
+        checkpoint.after_flip(Workspace(ws), ledger, None)
+    bad = {(i, 0) for i in range(0, 400, 4)}
+    with noisy(bad) as one, noisy(set()) as two, noisy(set()) as three, noisy(set()) as off:
+        fleet = [start(ws, keys, up, off, "--name", f"replica-{n}", log=tmp_path / f"proxy-{n}.log", ledger=pg_url)
+                 for n, up in enumerate((one, two, three))]
+        key = 'gatekeeper_guard_flag_on{flag="prefix_cache"}'
+        sent = 0
+        while all(metrics(where)[key] == 1 for where, _ in fleet):
+            assert sent < 300, "no rollback after 300 requests"
+            for where, _ in fleet:
+                conn = http.client.HTTPConnection(*where.split(":"), timeout=30)
+                conn.request("POST", "/v1/completions", json.dumps({"prompt": f"p{sent}", "max_tokens": 1, "temperature": 0}),
+                             {"Content-Type": "application/json"})
+                assert conn.getresponse().read()
+                conn.close()
+                sent += 1
+            time.sleep(0.05)
+        with Ledger(pg_url) as ledger:  # the rollback written (the proxy that makes it stops shadowing first)
+            wait(lambda: ledger.flag_states()["prefix_cache"]["state"] == "off", what="the rollback in the ledger")
+        for where, _ in fleet:  # one more request each: every proxy now knows
+            conn = http.client.HTTPConnection(*where.split(":"), timeout=30)
+            conn.request("POST", "/v1/completions", json.dumps({"prompt": "p1", "max_tokens": 1, "temperature": 0}),
+                         {"Content-Type": "application/json"})
+            conn.getresponse().read()
+            conn.close()
+            assert metrics(where)[key] == 0, where
+        codes = [stop(proc) for _, proc in fleet]
+    with Ledger(pg_url) as ledger:
+        flips = ledger.flips("prefix_cache")
+        named = {b["summary"].get("proxy") for b in ledger.shadows("prefix_cache")}
+    assert [f["state"] for f in flips] == ["on", "off"] and flips[1]["reason"].startswith("guard rollback"), flips
+    assert sorted(codes) == [0, 0, 1], codes  # exit 1: the proxy that rolled the flag back
+    assert named == {"replica-0", "replica-1", "replica-2"}, named

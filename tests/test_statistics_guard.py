@@ -20,6 +20,8 @@ from gatekeeper.gate.guard import ALL, Count, Rule, line, live
 from gatekeeper.gate.stats.evalues import log_evalue, log_evalue_paired, to_detect_paired
 from gatekeeper.ledger import Ledger
 
+pytest_plugins = ["postgres"]
+
 FLAG = "prefix_cache"
 
 
@@ -395,3 +397,100 @@ def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(w
     assert state["state"] == "off" and guard.rollback is not None
     named = "success rate" if fault == "500 in 4" else "latency"
     assert f"the live side's {named}:" in state["reason"] and "live requests" in state["reason"], state["reason"]
+
+
+# --- one test for a fleet (issue #61) -----------------------------------------------------------
+def test_a_fleets_false_rollbacks_stay_under_alpha_however_many_proxies_look():
+    """Three proxies, each writing batches of 16 comparisons at exactly the limit and looking at the fleet's counts
+    after each of its own (interleaved as they land in the ledger): the share of watches with any rollback is at
+    most alpha (within three standard errors). The looks are more; the process they look at is one."""
+    alpha, runs, limit = 0.1, 200, 0.02
+    rule = Rule(limit=limit, alpha=alpha, min_comparisons=20)
+    rng = random.Random(613)
+
+    def rolled_back() -> bool:
+        fleet = Count()
+        for _ in range(3 * 80):  # each of three proxies writes 80 batches, in an order the ledger decides
+            fleet.add(Count(16, sum(rng.random() < limit for _ in range(16))))
+            if rule.tests({"router": fleet})[0].breached:
+                return True
+        return False
+
+    false = sum(rolled_back() for _ in range(runs))
+    assert false / runs <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / runs), false
+
+
+F = {**A, "limit": 0.02, "min_comparisons": 10, "batch": 8}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_three_guards_on_one_ledger_are_one_test_and_every_one_sees_the_rollback(workspace, keys, backend, request):  # noqa: F811
+    """A fleet through the guard's own comparison path: three guards (three proxies in front of three replicas), one
+    ledger (a SQLite file, or a real PostgreSQL server). The replica behind the first parts from the flag-off side on
+    one request in four, the other two never: each guard's tests count every proxy's batches, so the defect is found
+    on the fleet's comparisons and rolled back once, and the two others turn to the flag-off side on their next
+    request without writing a batch; each batch names its proxy."""
+    from gatekeeper.ledger import checkpoint
+    from gatekeeper.signing import load_key
+    from gatekeeper.traffic.live.guarded import Guarded
+    from gatekeeper.traffic.live.shadow import Answer
+    from gatekeeper.workspace import Workspace
+
+    url = request.getfixturevalue("pg_url") if backend == "postgresql" else f"sqlite:///{workspace / 'ledger' / 'evidence.db'}"
+    _set_guard(workspace, F)
+    (workspace / "policies" / "allowed_signers").write_text(allowed_line("guard", keys["ci"]) + allowed_line("ana", keys["ana"]))
+    with Ledger(url) as lg:
+        lg.add_flip(FLAG, "on", "ana", "passed and approved")
+        checkpoint.after_flip(Workspace(workspace), lg, None)
+    fleet = [Guarded(Workspace(workspace), url, FLAG, "http://127.0.0.1:9", load_key(keys["ci"]), name=f"proxy-{n}")
+             for n in range(3)]
+
+    def a(text: str) -> Answer:
+        return Answer(text, "stop", 3)
+
+    said: dict[str, int] = {}
+
+    async def go():
+        for i in range(120):
+            g = fleet[i % 3]  # round robin: the request after a rollback reaches another proxy
+            if not g.current():
+                said["stopped"] = i
+                break
+            g._compare("router", {"prompt": f"p{i}"}, a("x" if g is fleet[0] and i % 4 == 0 else "o"), a("o"))
+            await asyncio.get_running_loop().run_in_executor(g.writer, lambda: None)  # its batch written, if one was due
+            if any(x.rollback for x in fleet):
+                said.setdefault("rolled", i)
+        for g in fleet:
+            await g.close()
+
+    asyncio.run(go())
+    assert said["stopped"] == said["rolled"] + 1, said  # the next request, on another proxy, saw the rollback
+    with Ledger(url) as lg:
+        flips = lg.flips(FLAG)
+        batches = lg.shadows(FLAG)
+    assert [f["state"] for f in flips] == ["on", "off"] and flips[1]["reason"].startswith("guard rollback"), flips
+    assert sum(g.rollback is not None for g in fleet) == 1 and not any(g.on for g in fleet)
+    assert {b["summary"]["proxy"] for b in batches} == {"proxy-0", "proxy-1", "proxy-2"}
+    last = batches[-1]["summary"]["tests"][0]
+    assert last["compared"] == sum(sum(r["compared"] for r in b["summary"]["stages"].values()) for b in batches), last
+    own = sum(r["compared"] for b in batches if b["summary"]["proxy"] == batches[-1]["summary"]["proxy"]
+              for r in b["summary"]["stages"].values())
+    assert last["compared"] > own  # the test that breached counted the other proxies' comparisons too
+    with Ledger(url) as lg:
+        evidence = live(lg, FLAG)
+    assert evidence is not None and set(evidence["proxies"]) == {"proxy-0", "proxy-1", "proxy-2"}
+
+
+def test_a_rollback_of_a_flip_another_proxy_already_ended_writes_nothing(workspace, keys):  # noqa: F811
+    """Two proxies of a fleet breach at once: the flip off is made only while the watched flip is the flag's last
+    (checked under the append's lock), so the second finds the first's rollback and writes nothing."""
+    from gatekeeper.errors import Superseded
+
+    ws = _ws(workspace, keys, A)
+    with _ledger(ws) as lg:
+        watched = lg.flag_states()[FLAG]["id"]
+        lg.add_flip(FLAG, "off", "guard", "guard rollback: by the first proxy", after=watched)
+        before = lg.entries()
+        with pytest.raises(Superseded, match="flipped it since"):
+            lg.add_flip(FLAG, "off", "guard", "guard rollback: by the second proxy", after=watched)
+        assert lg.entries() == before

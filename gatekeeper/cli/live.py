@@ -31,6 +31,9 @@ def proxy(
         help="With --guard: the service key that signs a rollback (default: $GATEKEEPER_SIGNING_KEY); its public "
              "key must be in policies/allowed_signers.")] = None,
     webhook: Annotated[Optional[str], typer.Option(help="With --guard: a URL that gets a JSON POST on a rollback.")] = None,
+    name: Annotated[Optional[str], typer.Option(
+        help="With --guard: this proxy's name in a fleet (proxies in front of replicas that share one --ledger are "
+             "one test); each batch it writes names it. Default: this host and --listen.")] = None,
 ) -> None:
     """Forward traffic to the upstream unchanged (streams included) and capture each completion call with its
     telemetry; with --guard, compare a share of live calls with the flag-off side and roll the flag back on a breach
@@ -51,7 +54,7 @@ def proxy(
         if guard:
             ws.policy(guard)  # an unknown flag or a bad guard: section is exit 2 before any server starts
         shadow, servers = _other_side(ws, shadow, shadow_engine)
-        watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers)
+        watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers, name or _here(listen))
 
     def ready(url: str, up: str) -> None:
         doing = [f"capturing to {capture} (local file)"] if capture else []
@@ -94,8 +97,15 @@ def _other_side(ws, shadow: Optional[str], engine: Optional[str]) -> tuple[Optio
     return started["off"].url, started
 
 
+def _here(listen: str) -> str:
+    """This proxy's default name in a fleet: the host it runs on and the address it listens at."""
+    import socket
+
+    return f"{socket.gethostname()}/{listen}"
+
+
 def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign: Optional[Path],
-           webhook: Optional[str], no_text: bool, servers: dict):
+           webhook: Optional[str], no_text: bool, servers: dict, name: str):
     """The guard for ``--guard``: every check that can fail (policy, ledger, flag state, key) runs before listening;
     a server started for it is stopped when one fails."""
     import os
@@ -120,7 +130,8 @@ def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign
         def say(line: str) -> None:
             typer.echo(line, err=True)
 
-        return Guarded(ws, ledger_url, flag, shadow, signing.load_key(key), no_text=no_text, webhook=webhook, say=say)
+        return Guarded(ws, ledger_url, flag, shadow, signing.load_key(key), no_text=no_text, webhook=webhook, say=say,
+                       name=name)
     except BaseException:
         servers_.stop(servers)
         raise

@@ -225,33 +225,50 @@ class Segment:
                 "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
 
 
-def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> list[Segment]:
-    """A watch's segments from its batches, oldest first, each batch counted under the rule it recorded; ``rule`` (the
-    one in force now) gets an empty segment when no batch recorded it yet. The watch's alpha is its first rule's."""
-    out: dict[str, Segment] = {}
-    left: float | None = None
+class Watch:
+    """A watch's segments, built batch by batch in the ledger's order, whichever proxy of a fleet wrote each: one
+    test for the fleet. The watch's alpha is its first rule's."""
 
-    def of(r: Rule) -> Segment:
-        nonlocal left
-        key = r.digest()
-        if key not in out:
-            left = r.alpha if left is None else left
-            share = min(r.alpha, left) / 2  # half, so every later rule still has some alpha; the shares sum below it
-            out[key] = Segment(len(out) + 1, r, share, left)
-            left -= share
-        return out[key]
+    def __init__(self, batches: Iterable[dict[str, Any]] = ()):
+        self.by_rule: dict[str, Segment] = {}
+        self.left: float | None = None
+        self.seen = 0  # the last batch id folded in
+        for b in batches:
+            self.add(b)
 
-    for b in batches:
+    def segment(self, rule: Rule) -> Segment:
+        """The segment of ``rule``, begun (empty) when no batch recorded it yet."""
+        key = rule.digest()
+        if key not in self.by_rule:
+            self.left = rule.alpha if self.left is None else self.left
+            share = min(rule.alpha, self.left) / 2  # half, so every later rule still has some alpha; the shares sum below it
+            self.by_rule[key] = Segment(len(self.by_rule) + 1, rule, share, self.left)
+            self.left -= share
+        return self.by_rule[key]
+
+    def add(self, b: dict[str, Any]) -> None:
+        """One batch as the ledger holds it, counted under the rule it recorded."""
+        self.seen = max(self.seen, b["id"])
         if "rule" not in b["summary"]:  # the guard always records it; a batch written otherwise is under no rule
-            continue
-        seg = of(Rule.from_dict(b["summary"]["rule"]))
+            return
+        seg = self.segment(Rule.from_dict(b["summary"]["rule"]))
         seg.batches.append(b["id"])
         seg.served.add(Served.of(b["summary"]))
         for stage, c in tally([b]).items():
             seg.counts.setdefault(stage, Count()).add(c)
+
+    @property
+    def segments(self) -> list[Segment]:
+        return list(self.by_rule.values())
+
+
+def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> list[Segment]:
+    """A watch's segments from its batches, oldest first, each batch counted under the rule it recorded; ``rule`` (the
+    one in force now) gets an empty segment when no batch recorded it yet."""
+    watch = Watch(batches)
     if rule is not None:
-        of(rule)
-    return list(out.values())
+        watch.segment(rule)
+    return watch.segments
 
 
 def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
@@ -279,8 +296,11 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     dropped: dict[str, int] = {}
     shapes: dict[str, int] = {}
     served: dict[str, int] = {}  # the live side's failed and slow requests, where the rule tests them
+    proxies: dict[str, int] = {}  # a fleet's proxies: the batches each wrote
     for b in batches:
         s = b["summary"]
+        if "proxy" in s:
+            proxies[s["proxy"]] = proxies.get(s["proxy"], 0) + 1
         for name in totals:
             totals[name] += s.get(name, 0)
         for name, n in s.get("served", {}).items():
@@ -305,7 +325,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
-            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}), "compared": compared, "mismatches": mismatches, FAILED: failed,
+            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}), "proxies": proxies, "compared": compared, "mismatches": mismatches, FAILED: failed,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],

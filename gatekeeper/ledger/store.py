@@ -6,13 +6,13 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Callable, Literal, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from gatekeeper.errors import GatekeeperError, LedgerIntegrityError
+from gatekeeper.errors import GatekeeperError, LedgerIntegrityError, Superseded
 from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
@@ -30,10 +30,13 @@ def _table(kind: str):
     return KINDS[kind].__table__  # type: ignore[attr-defined]
 
 
-def _rows(conn: Connection, kind: str, **equal: Any) -> list[dict[str, Any]]:
-    """Rows of ``kind`` whose columns equal the given values (None filters are skipped), oldest first."""
+def _rows(conn: Connection, kind: str, after: int | None = None, **equal: Any) -> list[dict[str, Any]]:
+    """Rows of ``kind`` whose columns equal the given values (None filters are skipped), oldest first; with ``after``,
+    only those whose id is above it."""
     t = _table(kind)
     q = select(t).order_by(t.c.id)
+    if after is not None:
+        q = q.where(t.c.id > after)
     for name, value in equal.items():
         if value is not None:
             q = q.where(t.c[name] == value)
@@ -80,12 +83,15 @@ class Ledger:
     # -- writing -----------------------------------------------------------
 
     def _append(
-        self, kind: str, values: dict[str, Any], evaluation_id: int | None = None, open_only: bool = False
+        self, kind: str, values: dict[str, Any], evaluation_id: int | None = None, open_only: bool = False,
+        check: Callable[[Connection], None] | None = None,
     ) -> int:
         # Any check runs under the same lock as the append, so two finishers cannot both pass it.
         with write(self.engine) as conn:
             if evaluation_id is not None:
                 self._require_evaluation(conn, evaluation_id, open_only)
+            if check is not None:
+                check(conn)
             return append(conn, kind, values)
 
     @staticmethod
@@ -139,12 +145,22 @@ class Ledger:
         evaluation_id: int | None = None,
         approval_ids: list[int] | None = None,
         seal: dict[str, str] | None = None,
+        after: int | None = None,
     ) -> int:
+        """A flip; with ``after``, only while the flag's last flip is that one (checked under the append's lock), else
+        ``Superseded``: of a fleet's proxies that find a breach at once, one rolls the flag back."""
         if state not in FLIP_STATES:
             raise GatekeeperError(f"flag state {state!r} is not one of: on, off")
         values = dict(flag=flag, state=state, evaluation_id=evaluation_id, operator=operator, reason=reason,
                       approval_ids=None if approval_ids is None else list(approval_ids), **_seal(seal))
-        return self._append("flip", values, evaluation_id)
+
+        def last_is_after(conn: Connection) -> None:
+            flips = _rows(conn, "flip", flag=flag)
+            if not flips or flips[-1]["id"] != after:
+                raise Superseded(f"{flag}'s last flip is {flips[-1]['id'] if flips else 'none'}, not {after}: "
+                                 f"{flips[-1]['operator'] if flips else 'nobody'} flipped it since")
+
+        return self._append("flip", values, evaluation_id, check=last_is_after if after is not None else None)
 
     def add_refusal(self, flag: str, operator: str, reasons: list[str], evaluation_id: int | None = None) -> int:
         values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, reasons=list(reasons))
@@ -206,9 +222,9 @@ class Ledger:
         with read(self.engine) as conn:
             return history(lambda kind, **equal: _rows(conn, kind, **equal), flag)
 
-    def _read(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
+    def _read(self, kind: str, after: int | None = None, **equal: Any) -> list[dict[str, Any]]:
         with read(self.engine) as conn:
-            return _rows(conn, kind, **equal)
+            return _rows(conn, kind, after, **equal)
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         """Every row of one kind, oldest first."""
@@ -229,9 +245,9 @@ class Ledger:
     def measurements(self) -> list[dict[str, Any]]:
         return self._read("measurement")
 
-    def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[dict[str, Any]]:
-        """The guard's batches, oldest first: of one flag, of the flip to on they watched."""
-        return self._read("shadow", flag=flag, flip_id=flip_id)
+    def shadows(self, flag: str | None = None, flip_id: int | None = None, after: int | None = None) -> list[dict[str, Any]]:
+        """The guard's batches, oldest first: of one flag, of the flip to on they watched, written after batch ``after``."""
+        return self._read("shadow", after, flag=flag, flip_id=flip_id)
 
     def calibrations(self, evaluation_id: int | None = None) -> list[dict[str, Any]]:
         return self._read("calibration", evaluation_id=evaluation_id)

@@ -47,7 +47,7 @@ class FlipResult:
 
 def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | None, operator: str, reason: str,
          now: datetime | None = None, attestation: Attestation | None = None,
-         record_checkpoint: RecordCheckpoint | None = None) -> FlipResult:
+         record_checkpoint: RecordCheckpoint | None = None, after: int | None = None) -> FlipResult:
     from ... import signing
     from . import attestation as attestation_
 
@@ -75,7 +75,7 @@ def flip(ws: Workspace, ledger, flag: str, state: str, *, evaluation_id: int | N
         if signature_reasons:
             ledger.add_refusal(flag, operator, signature_reasons, evaluation_id=evaluation["id"] if evaluation else None)
             return FlipResult(flag, current, "refused", signature_reasons, evaluation_id=evaluation_id)
-        ledger.add_flip(flag, "off", operator, reason, evaluation_id=evaluation_id, seal=seal)
+        ledger.add_flip(flag, "off", operator, reason, evaluation_id=evaluation_id, seal=seal, after=after)
         return _checkpointed(ws, FlipResult(flag, "off", "flipped", evaluation_id=evaluation_id, signer=signer),
                              attestation, record_checkpoint)
 

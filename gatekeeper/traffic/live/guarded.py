@@ -23,6 +23,12 @@ off mid-stream, a timeout) is shadowed like any other, and where the flag-off si
 (``flag_on_failed``, counted by the rule, kept with its status and error). The flag-off side failing is no fault of
 the flag: that shadow is dropped, and counted by its reason.
 
+One test for a fleet: N proxies in front of N replicas, each with its own guard on one ledger (a team's
+PostgreSQL), are one watch. Before each write a guard folds in every batch written since it last looked, whichever
+proxy wrote it (``gate/guard.py``'s ``Watch``), so its tests, and the alpha they hold, are the fleet's; each batch names
+the proxy that wrote it. Each request reads a cheap stamp of the ledger (as the OFREP server does) and, when it moved,
+the flag's state: a rollback written by one proxy turns every other one to the flag-off side within a request.
+
 The live side's health (the policy's ``min_success_rate``, ``max_latency_s``): every live request is counted before
 any is picked for a shadow, as failed (a 5xx, no response, a cut answer; a 4xx is the client's) and as slow (over
 ``max_latency_s`` from the request to its last byte), in the batch's ``served``, which the rule's one-sample tests read.
@@ -43,7 +49,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import GatekeeperError
-from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, segments
+from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, Watch
 from ..captures.capture import metadata
 from . import shadow
 
@@ -103,8 +109,14 @@ class Guarded:
 
     def __init__(self, ws: Workspace, ledger_url: str, flag: str, other: str, key: SigningKey, *,
                  operator: str = "guard", no_text: bool = False, webhook: str | None = None,
-                 say: Callable[[str], None] = lambda line: None, seed: int | None = None, baseline: str | None = None):
+                 say: Callable[[str], None] = lambda line: None, seed: int | None = None, baseline: str | None = None,
+                 name: str | None = None):
+        import socket
+
+        from ...ledger.stamp import LedgerStamp
+
         self.ws, self.url, self.flag, self.other = ws, ledger_url, flag, other.rstrip("/")
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"  # this proxy, in a fleet's batches
         self.baseline = baseline.rstrip("/") if baseline else None  # a second flag-off replica for the A/A share
         policy = ws.policy(flag)
         if policy.guard is None:
@@ -130,8 +142,12 @@ class Guarded:
         self.latency = [0] * (len(LATENCY) + 1)
         self.latency_sum = 0.0
         self._check_signer()
-        self.flip_id, watch = self._resume()
-        self._segment(watch)
+        self.flip_id, self.watch = self._resume()
+        self.own: set[int] = set()  # the batches this guard wrote since the watch last read the ledger
+        self._segment()
+        self.stamp = LedgerStamp(ledger_url, recheck_s=60)  # read per request (current)
+        self._stamp: tuple | None = None
+        self.reader: Any = None  # a ledger opened once for those reads
 
     # --- at startup ------------------------------------------------------------------------------
     def _check_signer(self) -> None:
@@ -146,7 +162,7 @@ class Guarded:
                                   f"{self.ws.allowed_signers_path}; the guard signs its rollbacks with it: add a line "
                                   "'PRINCIPAL KEY-TYPE KEY' for the service key")
 
-    def _resume(self) -> tuple[int, list[Segment]]:
+    def _resume(self) -> tuple[int, Watch]:
         """The flip to on being watched, and its segments as the ledger holds them (a restart resumes its rule's)."""
         from ...ledger import Ledger
 
@@ -158,14 +174,47 @@ class Guarded:
             if last is None or last["state"] != "on":
                 raise GatekeeperError(f"{self.flag} is off; the guard watches a flag that is on: flip it on first "
                                       "(gatekeeper flip FLAG on --evaluation ID)")
-            return last["id"], segments(ledger.shadows(self.flag, last["id"]), self.rule)
+            return last["id"], Watch(ledger.shadows(self.flag, last["id"]))
 
-    def _segment(self, watch: list[Segment]) -> None:
+    def _segment(self) -> None:
         """Test the segment of the rule in force; the others' evidence stands as it was, under their own rules."""
-        self.segment = next(seg for seg in watch if seg.rule.digest() == self.rule.digest())
+        self.segment = self.watch.segment(self.rule)
         self.counts = self.segment.counts
         self.tests: list[Test] = self.segment.tests()
-        self.before = [(seg, t) for seg in watch if seg is not self.segment for t in seg.tests() if t.breached]
+        self.before = [(seg, t) for seg in self.watch.segments if seg is not self.segment for t in seg.tests() if t.breached]
+
+    def _fold(self, ledger) -> None:
+        """Every batch written since the watch last looked, by the other proxies of a fleet (this one's are in)."""
+        for b in ledger.shadows(self.flag, self.flip_id, after=self.watch.seen):
+            if b["id"] in self.own:
+                self.own.discard(b["id"])
+                self.watch.seen = max(self.watch.seen, b["id"])
+            else:
+                self.watch.add(b)
+        self._segment()
+
+    # --- on the request path (before the answer) -------------------------------------------------
+    def current(self) -> bool:
+        """Whether the watch goes on: a cheap stamp of the ledger per request and, when it moved, the flag's state, so a
+        rollback (or a flip) written by another proxy of a fleet turns this one to the flag-off side at once."""
+        if not self.on:
+            return False
+        stamp = self.stamp.stamp()
+        if stamp != self._stamp:
+            from ...ledger import Ledger
+
+            if self.reader is None:
+                self.reader = Ledger(self.url, read_only=True)
+            last = self.reader.flag_states().get(self.flag)
+            self._stamp = stamp
+            if self.on and (last is None or last["id"] != self.flip_id):
+                self._stop(last)
+        return self.on
+
+    def _stop(self, last: dict[str, Any] | None) -> None:
+        self.on = False
+        self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
+                 f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
 
     # --- on the request path (after the answer) --------------------------------------------------
     def offer(self, session: aiohttp.ClientSession, path: str, stage: str, headers: dict[str, str], body: bytes,
@@ -339,6 +388,9 @@ class Guarded:
         if (f := self.flush()) is not None:
             await f
         self.writer.shutdown(wait=True)
+        self.stamp.close_unlocked()
+        if self.reader is not None:
+            self.reader.close()
 
     def _record(self, batch: Batch) -> None:
         """``_write``, on the writer thread; a ledger that cannot take the batch is said, and the live side goes on."""
@@ -353,24 +405,21 @@ class Guarded:
         from ...ledger import Ledger
 
         with Ledger(self.url) as ledger:
-            if not self.segment.batches:  # its first batch: its share follows the ledger's order, whoever wrote since
-                self._segment(segments(ledger.shadows(self.flag, self.flip_id), self.rule))
+            self._fold(ledger)  # the fleet's batches: the tests below are over every proxy's comparisons
             for stage, row in batch.stages.items():
                 self.counts.setdefault(stage, Count()).add(Count.of(row))
             self.segment.served.add(Served(batch.requests, batch.failed, batch.slow))
             tests = self.segment.tests()
-            summary = {**batch.summary(), "tests": [t.to_dict() for t in tests], "rule": self.rule.to_dict(),
-                       "segment": self.segment.record(),
+            summary = {**batch.summary(), "proxy": self.name, "tests": [t.to_dict() for t in tests],
+                       "rule": self.rule.to_dict(), "segment": self.segment.record(),
                        **({"served": self._served(batch)} if self.rule.live else {})}
             batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
+            self.own.add(batch_id)
             self.segment.batches.append(batch_id)
             self.tests = tests
             last = ledger.flag_states().get(self.flag)
             if self.on and (last is None or last["id"] != self.flip_id):  # flipped by someone since: the watch ends
-                self.on = False
-                self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
-                         f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
-                return
+                return self._stop(last)
             breached = self.before + [(self.segment, t) for t in tests if t.breached]
             if breached and self.on:
                 self._roll_back(ledger, breached, batch_id)
@@ -381,6 +430,7 @@ class Guarded:
                 **({"slow": batch.slow} if self.rule.max_latency_s is not None else {})}
 
     def _roll_back(self, ledger, breached: list[tuple[Segment, Test]], batch_id: int) -> None:
+        from ...errors import Superseded
         from ...gate.enable.attestation import Attestation
         from ...gate.enable.flip import flip
         from ...ledger import checkpoint
@@ -390,8 +440,12 @@ class Guarded:
         lines = "; ".join(f"{_scope(seg, t)}: {_evidence(t)} (log statistic {t.log_e:.2f} >= {t.threshold:.2f})"
                           for seg, t in breached)
         reason = f"guard rollback: {lines}; evidence: shadow batches {first}-{batch_id} of flip {self.flip_id}"
-        result = flip(self.ws, ledger, self.flag, "off", evaluation_id=None, operator=self.operator, reason=reason,
-                      attestation=Attestation(key=self.key), record_checkpoint=partial(checkpoint.after_flip, self.ws, ledger))
+        try:  # only off the flip it watched: of a fleet's proxies that breach at once, one rolls back
+            result = flip(self.ws, ledger, self.flag, "off", evaluation_id=None, operator=self.operator, reason=reason,
+                          attestation=Attestation(key=self.key), after=self.flip_id,
+                          record_checkpoint=partial(checkpoint.after_flip, self.ws, ledger))
+        except Superseded:
+            return self._stop(ledger.flag_states().get(self.flag))
         self.rollback = {"flag": self.flag, "state": result.state, "action": result.action, "reason": reason,
                          "refused": result.reasons, "signer": result.signer, "batches": [first, batch_id],
                          "watched_flip": self.flip_id, "checkpoint": result.checkpoint}

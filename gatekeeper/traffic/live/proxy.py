@@ -206,7 +206,7 @@ class Proxy:
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
         guard = self.guard if call is not None else None
         # after a rollback every request goes to the flag-off side
-        url = (self.upstream if self.guard is None or self.guard.on else self.guard.other) + request.raw_path
+        url = (self.upstream if self.guard is None or self.guard.current() else self.guard.other) + request.raw_path
         auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
 
         def offer(status: int, answer: bytes | None, sse: bool, error: str | None = None) -> None:
