@@ -10,14 +10,18 @@ latency per proxy and what each guard adds.
 
 Then detection: a front before the flag-on server that corrupts every k-th answer (a planted defect of rate 1/k, for
 three k) behind a proxy guarding at 100% with the policy's limit 0.02 and alpha 0.05, until the guard turns the flag
-off; printed beside the power analysis's prediction (``gate.stats.evalues.to_detect``).
+off; printed beside the power analysis's prediction (``gate.stats.evalues.to_detect``). Failures: the same with a
+front that answers 500 to every k-th request (k = 20 and 5: each a ``flag_on_failed`` parting). A fleet: 1, 2 and 3
+proxies on one ledger, each before its own front of the flag-on server, only the first corrupting every 8th answer,
+requests in turn until the fleet's one test rolls the flag back.
 
-    python bench/guard.py [--requests 200]
+    python bench/guard.py [--requests 200] [--parts latency,detection,failures,fleet]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import random
@@ -61,11 +65,12 @@ def workspace(root: Path, key: Path, rate: float) -> Path:
     return root
 
 
-def proxy(upstream: str, ws: Path | None, other: str, key: Path, scratch: Path) -> tuple[subprocess.Popen, int]:
+def proxy(upstream: str, ws: Path | None, other: str, key: Path, scratch: Path, name: str | None = None) -> tuple[subprocess.Popen, int]:
     port = free_port()
     cmd = [sys.executable, "-m", "gatekeeper.cli", *(["--workspace", str(ws)] if ws else []), "proxy", "--upstream", upstream,
            "--listen", f"127.0.0.1:{port}", "--capture", str(scratch / f"capture-{port}.jsonl")]  # every proxy captures
     cmd += ["--guard", "prefix_cache", "--shadow", other, "--sign", str(key)] if ws else []
+    cmd += ["--name", name] if name else []
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(scratch / f"proxy-{port}.log", "wb"))
     deadline = time.time() + 60
     while True:
@@ -105,8 +110,9 @@ def settle(conn: http.client.HTTPConnection) -> None:
 
 
 @contextmanager
-def front(upstream: str, every: int = 0, cache: bool = True):
-    """``upstream`` behind a front: ``cache`` False adds cache_prompt: false; ``every`` k corrupts each k-th answer."""
+def front(upstream: str, every: int = 0, cache: bool = True, fail: bool = False):
+    """``upstream`` behind a front: ``cache`` False adds cache_prompt: false; ``every`` k corrupts each k-th answer (with
+    ``fail``, answers it 500 instead)."""
     count = [0]
 
     class Handler(BaseHTTPRequestHandler):
@@ -121,6 +127,11 @@ def front(upstream: str, every: int = 0, cache: bool = True):
             with urllib.request.urlopen(req, timeout=120) as r:
                 answer = json.loads(r.read())
             count[0] += 1 if self.path == "/v1/completions" else 0
+            if fail and every and self.path == "/v1/completions" and count[0] % every == 0:
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if every and self.path == "/v1/completions" and count[0] % every == 0:
                 answer["choices"][0]["text"] = answer["choices"][0]["text"][::-1] + " (stale)"
             payload = json.dumps(answer).encode()
@@ -142,7 +153,9 @@ def front(upstream: str, every: int = 0, cache: bool = True):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200, help="per proxy, for the latency part")
+    ap.add_argument("--parts", default="latency,detection,failures,fleet", help="which parts to run, comma-separated")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     scratch = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     key = scratch / "service"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "guard", "-f", str(key)], check=True)
@@ -155,54 +168,98 @@ def main() -> None:
     procs: list[subprocess.Popen] = []
     try:
         with front(off_server, cache=False) as off:
-            routes = {}
-            for name, rate in (("no guard", None), ("guard 1%", 0.01), ("guard 10%", 0.1), ("guard 100%", 1.0)):
-                ws = workspace(scratch / name.replace(" ", "-").replace("%", ""), key, rate) if rate else None
-                proc, port = proxy(on, ws, off, key, scratch)
-                procs.append(proc)
-                routes[name] = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-            for conn in routes.values():
-                ask(conn, 0)  # warm: connections open, the system prompt cached
-            times: dict[str, list[float]] = {name: [] for name in routes}
-            order, rng = list(routes), random.Random(0)
-            for i in range(args.requests):
-                rng.shuffle(order)  # no proxy always follows another
-                for k, name in enumerate(order):
-                    times[name].append(ask(routes[name], i * len(routes) + k)[0])  # a prompt of its own each time
-                    settle(routes[name])
-            base = {q: percentile(sorted(times["no guard"]), q) * 1000 for q in (50, 99)}
-            print(f"client latency, {args.requests} greedy completions per proxy (8 tokens), in turn, shuffled:")
-            for name, ts in times.items():
-                p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
-                added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"
-                print(f"  {name:10} p50 {p[50]:7.2f} ms  p99 {p[99]:7.2f} ms{added}")
-            for proc in procs:
-                proc.terminate()
-                proc.wait(30)
-            procs.clear()
-            print(f"detection (limit {GUARD['limit']}, alpha {GUARD['alpha']}, every request shadowed):")
-            for every in (20, 8, 3):
-                ws = workspace(scratch / f"detect-{every}", key, 1.0)
-                with front(on, every=every) as broken:
-                    proc, port = proxy(broken, ws, off, key, scratch)
-                    procs.append(proc)
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-                    sent = 0
-                    while sent < 2000:
-                        ask(conn, sent)
-                        sent += 1
-                        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
-                            if ledger.flag_states()["prefix_cache"]["state"] == "off":
-                                break
-                    predicted = to_detect(1 / every, GUARD["limit"], GUARD["alpha"] / 2)  # a watch's first rule: half the alpha
-                    print(f"  defect rate 1/{every:<3} rolled back after {sent:4} requests "
-                          f"(power analysis: {predicted} comparisons at exactly that rate)")
+            if "latency" in parts:
+                latency(on, off, key, scratch, procs, args.requests)
+            if "detection" in parts:
+                print(f"detection (limit {GUARD['limit']}, alpha {GUARD['alpha']}, every request shadowed):")
+                for every in (20, 8, 3):
+                    detect(on, off, key, scratch, procs, every, f"defect rate 1/{every:<3}")
+            if "failures" in parts:
+                print("failures (the flag-on side answers 500 to every k-th request, every request shadowed):")
+                for every in (20, 5):
+                    detect(on, off, key, scratch, procs, every, f"failing 1 in {every:<3}", fail=True)
+            if "fleet" in parts:
+                print("a fleet (proxies on one ledger, requests in turn; only the first replica corrupts every 8th answer):")
+                for n in (1, 2, 3):
+                    fleet(on, off, key, scratch, procs, n)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(30)
         for s in servers:
             s.close()
+
+
+def latency(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Popen], requests: int) -> None:
+    """Client latency through a proxy without a guard and with one at three shadow rates, side by side."""
+    routes = {}
+    for name, rate in (("no guard", None), ("guard 1%", 0.01), ("guard 10%", 0.1), ("guard 100%", 1.0)):
+        ws = workspace(scratch / name.replace(" ", "-").replace("%", ""), key, rate) if rate else None
+        proc, port = proxy(on, ws, off, key, scratch)
+        procs.append(proc)
+        routes[name] = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    for conn in routes.values():
+        ask(conn, 0)  # warm: connections open, the system prompt cached
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    order, rng = list(routes), random.Random(0)
+    for i in range(requests):
+        rng.shuffle(order)  # no proxy always follows another
+        for k, name in enumerate(order):
+            times[name].append(ask(routes[name], i * len(routes) + k)[0])  # a prompt of its own each time
+            settle(routes[name])
+    base = {q: percentile(sorted(times["no guard"]), q) * 1000 for q in (50, 99)}
+    print(f"client latency, {requests} greedy completions per proxy (8 tokens), in turn, shuffled:")
+    for name, ts in times.items():
+        p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
+        added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"
+        print(f"  {name:10} p50 {p[50]:7.2f} ms  p99 {p[99]:7.2f} ms{added}")
+    for proc in procs:
+        proc.terminate()
+        proc.wait(30)
+    procs.clear()
+
+
+def until_off(ws: Path, routes: list[http.client.HTTPConnection], cap: int = 3000) -> int:
+    """Requests sent, in turn over ``routes``, until the ledger says the flag is off (``cap`` at most)."""
+    sent = 0
+    while sent < cap:
+        try:
+            ask(routes[sent % len(routes)], sent)
+        except AssertionError:  # a request the flag-on side failed: the client got the 500
+            pass
+        sent += 1
+        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+            if ledger.flag_states()["prefix_cache"]["state"] == "off":
+                break
+    return sent
+
+
+def detect(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Popen], every: int, label: str,
+           fail: bool = False) -> None:
+    """Requests until a rollback behind a front that corrupts (or fails) every ``every``-th answer."""
+    ws = workspace(scratch / f"detect-{every}-{'fail' if fail else 'stale'}", key, 1.0)
+    with front(on, every=every, fail=fail) as broken:
+        proc, port = proxy(broken, ws, off, key, scratch)
+        procs.append(proc)
+        sent = until_off(ws, [http.client.HTTPConnection("127.0.0.1", port, timeout=300)])
+    predicted = to_detect(1 / every, GUARD["limit"], GUARD["alpha"] / 2)  # a watch's first rule: half the alpha
+    print(f"  {label} rolled back after {sent:4} requests (power analysis: {predicted} comparisons at exactly that rate)")
+
+
+def fleet(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Popen], n: int) -> None:
+    """``n`` proxies on one ledger, each before its own front of ``on``, the first corrupting every 8th answer."""
+    ws = workspace(scratch / f"fleet-{n}", key, 1.0)
+    with contextlib.ExitStack() as stack:
+        routes = []
+        for i in range(n):
+            up = stack.enter_context(front(on, every=8 if i == 0 else 0))
+            proc, port = proxy(up, ws, off, key, scratch, name=f"replica-{i}")
+            procs.append(proc)
+            routes.append(http.client.HTTPConnection("127.0.0.1", port, timeout=300))
+        sent = until_off(ws, routes)
+    predicted = to_detect(1 / (8 * n), GUARD["limit"], GUARD["alpha"] / 2)
+    print(f"  {n} prox{'y' if n == 1 else 'ies'}: rolled back after {sent:4} requests in all (power analysis: "
+          f"{predicted} comparisons at the fleet's rate 1/{8 * n})")
 
 
 if __name__ == "__main__":
