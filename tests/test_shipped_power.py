@@ -78,13 +78,13 @@ def test_the_demo_reads_no_note_about_the_shipped_battery():
     """``make demo`` evaluates the repository's own workspace with the ``auto`` profile: the shipped suites were
     mined on the engine it runs (the default model as ``make model`` prepares it), so its verdict carries no
     ``mined_elsewhere:`` advice to re-mine the project's own files."""
-    from gatekeeper.gate import evaluator, planning
+    from gatekeeper.gate import decide, planning
 
     ws = Workspace(ROOT)
     plan = planning.plan(ws, "prefix_cache", "auto", force=pipeline.in_force(ws, None))
     assert {i.suite.suite for i in plan.items if i.suite.mined_on} == {"router", "planner", "specialist", "synthesizer"}
     models = runs.open_engines(plan)
     try:
-        assert evaluator._mined_elsewhere(plan, models["off"]) == []
+        assert decide._mined_elsewhere(plan, models["off"]) == []
     finally:
         runs.close_engines(models)
