@@ -308,7 +308,7 @@ def upper(k: int, n: int, alpha: float) -> float:
     if n == 0 or k >= n:
         return 1.0
     if k == 0:
-        return 1 - alpha ** (1 / n)
+        return 1 - math.pow(alpha, 1 / n)
     lo, hi = k / n, 1.0
     for _ in range(100):  # bisection: P(Binomial(n, p) <= k) falls as p rises
         mid = (lo + hi) / 2

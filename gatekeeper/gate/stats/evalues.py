@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @lru_cache(maxsize=1 << 16)  # pure; simulations and restarts ask for the same counts again and again
@@ -56,7 +60,7 @@ def log_evalue_paired(ab_only: int, aa_only: int, paired: int, limit: float) -> 
 
 
 @lru_cache(maxsize=64)
-def _bets(limit: float):
+def _bets(limit: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """log(1 + lam (z - limit)) for z = 1, -1 and 0, on the midpoint grid of bets lam in [0, 1/(1+limit)]."""
     import numpy as np
 
