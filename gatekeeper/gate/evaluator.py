@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TypeVar
@@ -80,6 +81,19 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+class Parted(enum.Enum):
+    """Why a case's flag-off runs parted, as far as the figures show: the likeliest cause, typed (its reason says it to
+    a person). ``KEYLESS``: a sampled case's same keyed draws gave other tokens, so the draws do not follow their keys
+    and the sides are compared by their distributions (``stats/unpaired.py``)."""
+
+    CACHED = "cached"
+    COLLAPSE = "collapse"
+    WARM_UP = "warm_up"
+    KEYLESS = "keyless"
+    NEAR_TIE = "near_tie"
+    UNKNOWN = "unknown"
 
 
 KEYLESS = ("sampling: the same keyed draws gave other tokens, so the engine's draws do not follow their keys (its seeds "
@@ -350,8 +364,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
             if diff is None:
                 equal["baseline"] += 1
             elif cid not in unstable:
-                unstable[cid] = _unstable(p, item, runs.results["off"], r, diff)
-                keyless += [cid] if item.suite.decoding.sampled and unstable[cid].endswith(KEYLESS) else []
+                cause, unstable[cid] = _unstable(p, item, runs.results["off"], r, diff)
+                keyless += [cid] if item.suite.decoding.sampled and cause is Parted.KEYLESS else []
         diff = p.kind.compare(reference[cid], on[cid], detok)
         ledger.add_comparison(evaluation_id, cid, diff is None, {"pair": "off#0~on#0", **(diff or {})})
         if diff is None:
@@ -420,8 +434,8 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
     )
 
 
-def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> str:
-    """A baseline_unstable: reason naming where the flag-off runs part and the likeliest cause it can see."""
+def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> tuple[Parted, str]:
+    """The likeliest cause it can see of where the flag-off runs part, and the ``baseline_unstable:`` reason naming both."""
     cid = item.case_id
     where = ("assertion outcomes differ" if d.get("turn") is None else
              f"turn {d['turn']} first divergent token at position {d['first_divergent_position']} {kinds.divergence(d, ('off#0', f'off#{r}'))}")
@@ -429,23 +443,27 @@ def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison
     cached = [res[cid]["turns"][turn].get("cached_tokens") if turn < len(res[cid]["turns"]) else None for res in (off[0], off[r])]
     profile = p.configs["off"].profile
     first = next(i for i in p.items if i.suite.stage == item.suite.stage) is item
-    if any(cached):
+    kind = (Parted.CACHED if any(cached) else Parted.COLLAPSE if d.get("collapse")
+            else Parted.WARM_UP if profile.adapter == "http" and profile.warm_up and first
+            else Parted.KEYLESS if not item.suite.decoding.plain else Parted.NEAR_TIE if d.get("near_tie")
+            else Parted.UNKNOWN)
+    if kind is Parted.CACHED:
         cause = (f"server state: the flag-off server served {cached[0]} of this request's prompt tokens from a cache in "
                  f"off#0 and {cached[1]} in off#{r}, so it was not cold; turn its cache off for the flag-off side")
-    elif d.get("collapse"):
+    elif kind is Parted.COLLAPSE:
         cause = ("server state: one run's top-2 margin collapsed where the other's did not, as when a state left by "
                  "an earlier request is reused; restart the server between runs to confirm")
-    elif profile.adapter == "http" and profile.warm_up and first:
+    elif kind is Parted.WARM_UP:
         cause = (f"warm-up: it is the first case of stage {item.suite.stage}, sent right after gatekeeper's warm-up of "
                  f"the stage's static prefix; set 'warm_up: false' in {profile.where} to evaluate without it")
-    elif not item.suite.decoding.plain:
+    elif kind is Parted.KEYLESS:
         cause = KEYLESS
-    elif d.get("near_tie"):
+    elif kind is Parted.NEAR_TIE:
         cause = "order or batching: a near-tie that identical requests resolved differently (float noise in the engine)"
     else:
         cause = "server state or nondeterminism the figures do not show; restart the server between runs to tell them apart"
-    return (f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs (off#0 vs off#{r}: {where}); "
-            f"likeliest cause: {cause}")
+    return kind, (f"baseline_unstable: {cid} gave different outputs on repeated flag-off runs (off#0 vs off#{r}: {where}); "
+                  f"likeliest cause: {cause}")
 
 
 def _batch_variant(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs: Runs) -> list[str]:
