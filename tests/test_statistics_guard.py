@@ -368,7 +368,7 @@ D = {**A, "stages": {"router": 0}, "min_comparisons": 20, "min_success_rate": 0.
 
 
 @pytest.mark.parametrize("fault", ["none", "500 in 4", "slow in 10"])
-def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(workspace, keys, fault):  # noqa: F811
+def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(workspace, keys, fault, capsys):  # noqa: F811
     """Through the guard's own entry for a finished live request (what the proxy calls): nothing is shadowed, yet a
     flag-on side that fails one request in four, or answers one in ten past the ceiling, is rolled back, naming the
     test; one that fails only client errors (4xx) and one request in twenty is not."""
@@ -393,6 +393,11 @@ def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(w
         assert evidence is not None and evidence["served"] == {"failed": 20, "slow": 0}, evidence
         assert "live requests 20 failed and 0 were slower than the ceiling" in line(evidence)  # (a quiet tail waits)
         assert 'gatekeeper_guard_failed_total{flag="prefix_cache"} 20' in guard.metrics()
+        from gatekeeper.cli.tables import print_live
+
+        print_live(evidence)  # ledger live: each of the live side's tests named for what it counts
+        shown = capsys.readouterr().out
+        assert "test, the live side's failures: rate <= 0.1" in shown and "the live side's slow requests" in shown, shown
         return
     assert state["state"] == "off" and guard.rollback is not None
     named = "success rate" if fault == "500 in 4" else "latency"
@@ -479,6 +484,11 @@ def test_three_guards_on_one_ledger_are_one_test_and_every_one_sees_the_rollback
     with Ledger(url) as lg:
         evidence = live(lg, FLAG)
     assert evidence is not None and set(evidence["proxies"]) == {"proxy-0", "proxy-1", "proxy-2"}
+    from review_ledger import get, review
+
+    with review(workspace, ledger=url) as u:  # the review app's Live page names the fleet's proxies
+        page = get(u + "/live")[2]
+    assert "ROLLED BACK" in page and all(f"proxy-{n}" in page for n in range(3)), page
 
 
 def test_a_rollback_of_a_flip_another_proxy_already_ended_writes_nothing(workspace, keys):  # noqa: F811

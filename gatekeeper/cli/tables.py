@@ -70,6 +70,14 @@ def print_status(rows: list[dict[str, Any]]) -> None:
     Console().print(table)
 
 
+def scope_of(scope: str) -> str:
+    """A guard test's scope as a person reads it: its stages, or which of the live side's own rates."""
+    from ..gate.guard import ALL, SLOW, SUCCESS
+
+    return {ALL: "all stages", SUCCESS: "the live side's failures", SLOW: "the live side's slow requests"}.get(
+        scope, f"stage {scope}")
+
+
 def print_live(e: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -86,13 +94,12 @@ def print_live(e: dict[str, Any]) -> None:
         aa = (str(row.get("aa_compared", 0)), str(row.get("aa_mismatches", 0))) if baseline else ()
         table.add_row(stage, str(row["compared"]), str(row["mismatches"]), str(row["unpaired"]), *aa)
     console.print(table)
-    for name in ("unpaired", "dropped", "shapes"):
-        if e[name]:
+    for name in ("unpaired", "dropped", "shapes", "proxies"):
+        if e.get(name):
             console.print(f"{name}: " + ", ".join(f"{k} {n}" for k, n in sorted(e[name].items())), highlight=False)
     for t in e["tests"]:
-        scope = "all stages" if t["scope"] == "*" else f"stage {t['scope']}"
-        console.print(f"test, {scope}: rate <= {t['limit']:g} at alpha {t['alpha']:.3g}: log statistic {t['log_e']} "
-                      f"of {t['log_threshold']}{' BREACHED' if t['breached'] else ''}", highlight=False)
+        console.print(f"test, {scope_of(t['scope'])}: rate <= {t['limit']:g} at alpha {t['alpha']:.3g}: log statistic "
+                      f"{t['log_e']} of {t['log_threshold']}{' BREACHED' if t['breached'] else ''}", highlight=False)
     if e["ended_by"]:
         end = e["ended_by"]
         console.print(f"ended by flip {end['id']} to {end['state']} by {end['operator']}"
