@@ -70,19 +70,11 @@ def print_status(rows: list[dict[str, Any]]) -> None:
     Console().print(table)
 
 
-def scope_of(scope: str) -> str:
-    """A guard test's scope as a person reads it: its stages, or which of the live side's own rates."""
-    from ..gate.guard import ALL, SLOW, SUCCESS
-
-    return {ALL: "all stages", SUCCESS: "the live side's failures", SLOW: "the live side's slow requests"}.get(
-        scope, f"stage {scope}")
-
-
 def print_live(e: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ..gate.guard import line
+    from ..gate.guard import line, scope_of
 
     console = Console()
     console.print(f"{e['flag']}: live evidence of flip {e['flip_id']}, batches {e['batches'][0]}-{e['batches'][1]}, "

@@ -333,6 +333,13 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
             "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback"))}
 
 
+def scope_of(scope: str) -> str:
+    """A test's scope as a person reads it (``ledger live``, the review app): its stages, or which of the live side's
+    own rates it counts."""
+    return {ALL: "all stages", SUCCESS: "the live side's failures", SLOW: "the live side's slow requests"}.get(
+        scope, f"stage {scope}")
+
+
 def line(evidence: dict[str, Any] | None) -> str:
     """One line of live evidence for tables: what was compared and what it certifies."""
     if evidence is None:

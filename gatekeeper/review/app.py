@@ -47,7 +47,9 @@ def templates():
 
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.globals.update(charts=charts, num=_num, pct=_pct)
+    from ..gate.guard import scope_of
+
+    env.globals.update(charts=charts, num=_num, pct=_pct, scope_of=scope_of)
     env.filters["quoted"] = lambda text: json.dumps(text, ensure_ascii=False)  # a token's text, whitespace visible
     return env
 
