@@ -13,9 +13,12 @@ three k) behind a proxy guarding at 100% with the policy's limit 0.02 and alpha 
 off; printed beside the power analysis's prediction (``gate.stats.evalues.to_detect``). Failures: the same with a
 front that answers 500 to every k-th request (k = 20 and 5: each a ``flag_on_failed`` parting). A fleet: 1, 2 and 3
 proxies on one ledger, each before its own front of the flag-on server, only the first corrupting every 8th answer,
-requests in turn until the fleet's one test rolls the flag back.
+requests in turn until the fleet's one test rolls the flag back. In process: ``gatekeeper.Runtime`` on the default
+model (the workspace's default engine), without a guard and with ``guard=`` at 10% and 100%, calls in turn, shuffled;
+each call waits until the last one's replay is done, so what is printed is what the guard adds on the caller's thread
+(on a machine whose cores the replays share, a replay running beside a call slows it as any other work would).
 
-    python bench/guard.py [--requests 200] [--parts latency,detection,failures,fleet]
+    python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,runtime]
 """
 
 from __future__ import annotations
@@ -153,12 +156,18 @@ def front(upstream: str, every: int = 0, cache: bool = True, fail: bool = False)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200, help="per proxy, for the latency part")
-    ap.add_argument("--parts", default="latency,detection,failures,fleet", help="which parts to run, comma-separated")
+    ap.add_argument("--calls", type=int, default=40, help="per Runtime, for the in-process part")
+    ap.add_argument("--parts", default="latency,detection,failures,fleet,runtime",
+                    help="which parts to run, comma-separated")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     scratch = Path(tempfile.mkdtemp(prefix="guard-bench-"))
     key = scratch / "service"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "guard", "-f", str(key)], check=True)
+    if "runtime" in parts:
+        in_process(key, scratch, args.calls)
+    if not parts & {"latency", "detection", "failures", "fleet"}:
+        return
     servers = []
     for _ in range(2):
         port = free_port()
@@ -264,3 +273,36 @@ def fleet(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Po
 
 if __name__ == "__main__":
     main()
+
+
+def in_process(key: Path, scratch: Path, calls: int) -> None:
+    """Caller latency of ``Runtime.complete`` without a guard and with one at two replay rates, side by side."""
+    from gatekeeper.runtime import Runtime
+
+    runtimes = {"no guard": Runtime(workspace(scratch / "runtime-none", key, 1.0), response_cache=False)}
+    for name, rate in (("guard 10%", 0.1), ("guard 100%", 1.0)):
+        ws = workspace(scratch / f"runtime-{int(rate * 100)}", key, rate)
+        runtimes[name] = Runtime(ws, response_cache=False, guard="prefix_cache", sign=key)
+    times: dict[str, list[float]] = {name: [] for name in runtimes}
+    order, rng = list(runtimes), random.Random(0)
+    try:
+        for i in range(calls):
+            rng.shuffle(order)
+            for k, name in enumerate(order):
+                rt = runtimes[name]
+                t0 = time.perf_counter()
+                rt.complete("assistant", {"session": f"user={i}", "query": USERS[(i + k) % len(USERS)] + f" ({i})"})
+                times[name].append(time.perf_counter() - t0)
+                while rt.guard is not None and rt.guard.guarded.in_flight:  # its replay done before the next call
+                    time.sleep(0.01)
+        replayed = {name: rt.guard.guarded.totals["compared"] for name, rt in runtimes.items() if rt.guard is not None}
+    finally:
+        for rt in runtimes.values():
+            rt.close()
+    base = {q: percentile(sorted(times["no guard"]), q) * 1000 for q in (50, 99)}
+    print(f"in process: Runtime.complete on the default model, {calls} calls per Runtime, in turn, shuffled "
+          f"(replayed and compared: {replayed}):")
+    for name, ts in times.items():
+        p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
+        added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"
+        print(f"  {name:10} p50 {p[50]:8.2f} ms  p99 {p[99]:8.2f} ms{added}")

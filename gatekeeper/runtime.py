@@ -18,14 +18,19 @@ Measurement options: ``flags={"prefix_cache": "on"}`` forces flag states over th
 would measure nothing), ``capture="prompts.jsonl"`` writes each rendered prompt to a local
 JSONL file (see ``gatekeeper.traffic.captures.capture``; off unless asked for), and ``persist=True`` uses the
 result layer whatever the recipe says (``gatekeeper pin``, which then rewrites the recipe).
+
+The guard after a flip: ``guard="prefix_cache"`` (with ``sign=``, the service key, or ``$GATEKEEPER_SIGNING_KEY``)
+replays a share of the calls under the flag-off configuration on a background worker and rolls the flag back on a
+breach of the policy's ``guard:`` rule, as ``gatekeeper proxy --guard`` does (``gatekeeper.traffic.live.in_process``).
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .battery import partition
 from .battery.suites import all_suites
@@ -42,6 +47,9 @@ from .ledger import open_ledger
 from .setup.models import home
 from .traffic.captures import capture as captures
 from .workspace import Suite, Workspace
+
+if TYPE_CHECKING:
+    from .traffic.live.in_process import InProcess
 
 
 def results_root() -> Path:
@@ -69,7 +77,8 @@ class Completion:
 class Runtime:
     def __init__(self, workspace: str | Path | None = None, *, engine: str = "auto", ledger: str | None = None,
                  response_cache: Path | bool | None = None, flags: Mapping[str, str] | None = None,
-                 capture: str | Path | None = None, persist: bool = False):
+                 capture: str | Path | None = None, persist: bool = False, guard: str | None = None,
+                 sign: str | Path | None = None):
         from .engines.registry import build_engine
 
         self.ws = Workspace(workspace)
@@ -83,8 +92,11 @@ class Runtime:
         self.responses: ResponseCache | None = None
         self.session: Session | None = None
         self.capture: captures.CaptureWriter | None = None
+        self.guard: InProcess | None = None
         try:
             self._open(response_cache, capture_path, persist)
+            if guard is not None:
+                self.guard = self._watch(guard, sign, engine, flags)
         except BaseException:  # the runtime lives inside a pipeline: leave nothing open behind
             self.close()
             raise
@@ -109,6 +121,26 @@ class Runtime:
         self.capture = captures.CaptureWriter(capture_path) if capture_path else None
         self._streams: dict[str, str] = {}  # transcript digest -> its stream, so later turns join it
         self._new_streams = 0
+
+    def _watch(self, flag: str, sign: str | Path | None, engine: str, flags: Mapping[str, str] | None) -> InProcess:
+        """The guard for ``guard=FLAG``: the policy, the ledger, the flag's state and the key are checked here, and
+        the flag-off side is a Runtime of this workspace with the flag forced off and no response cache."""
+        import logging
+        import os
+
+        from . import signing
+        from .traffic.live.guarded import Guarded
+        from .traffic.live.in_process import InProcess
+
+        key = sign or os.environ.get(signing.SIGNING_KEY_ENV)
+        if not key:
+            raise GatekeeperError(f"guard={flag!r} needs a service key to sign its rollbacks: pass sign=KEY or set "
+                                  f"${signing.SIGNING_KEY_ENV} (its public key in policies/allowed_signers)")
+        guarded = Guarded(self.ws, self.ledger_url, flag, "the flag-off pipeline in this process", signing.load_key(key),
+                          say=logging.getLogger("gatekeeper.guard").warning)
+        off = Runtime(self.ws.root, engine=engine, ledger=self.ledger_url, response_cache=False,
+                      flags={**(flags or {}), flag: "off"})
+        return InProcess(guarded, off.complete, off.close)
 
     def _ledger(self, *, create: bool):
         """The ledger (closed by ``with``); with ``create=False`` and no ledger yet, a context of None."""
@@ -171,16 +203,38 @@ class Runtime:
         pieces = partition.pieces(self.ws, suite, values)
         rendered = partition.render(self.model, pieces, self.render, history)
         started = self.capture.now() if self.capture is not None else 0.0
+        if self.guard is not None and not self.guard.current():  # rolled back: the flag-off pipeline answers
+            return self.guard.answer(stage, values, history)
         if self.capture is not None:
             stream = stream or self._stream_of(history)
-        with labelled(stage=stage, stream=stream):  # a served engine tells a proxy what this is
-            completion = self._answer(stage, suite, rendered)
+        t0 = time.monotonic()
+        try:
+            with labelled(stage=stage, stream=stream):  # a served engine tells a proxy what this is
+                completion = self._answer(stage, suite, rendered)
+        except Exception as e:
+            self._offer(stage, values, history, suite, rendered, None, f"{type(e).__name__}: {e}", t0)
+            raise
+        if not completion.from_response_cache:  # an answer served again was offered when the engine made it
+            self._offer(stage, values, history, suite, rendered, completion, None, t0)
         if self.capture is not None:  # written once answered, with the call's wall time
             assert stream is not None  # named above when capturing
             self.capture.write(stage, stream, rendered, captures.segments(
                 self.model, rendered, partition.order(pieces, self.render), first_turn=not history), started)
             self._streams[digest(completion.messages)] = stream
         return completion
+
+    def _offer(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]], suite: Suite,
+               rendered: partition.Rendered, completion: Completion | None, error: str | None, t0: float) -> None:
+        """A call the engine answered (or failed ``error``), to the guard: its decoding pairs as a request's would."""
+        if self.guard is None:
+            return
+        from .traffic.live import guarded, shadow
+
+        d = suite.decoding
+        request = {"prompt": rendered.text, "max_tokens": d.max_tokens, **({} if d.sampled else {"temperature": 0})}
+        live = (guarded.Failed(0, error or "") if completion is None
+                else shadow.Answer(completion.text, None, len(completion.tokens)))
+        self.guard.offer(stage, values, history, request, live, time.monotonic() - t0)
 
     def _stream_of(self, history: Sequence[dict[str, str]]) -> str:
         known = self._streams.get(digest(list(history))) if history else None
@@ -209,7 +263,7 @@ class Runtime:
                           g.decode_s, g.ttft_s, [*rendered.messages, {"role": "assistant", "content": g.text}])
 
     def close(self) -> None:
-        for part in (self.capture, self.responses, self.session, self.model):
+        for part in (self.guard, self.capture, self.responses, self.session, self.model):
             if part is not None:
                 part.close()
 

@@ -104,7 +104,7 @@ def _feed(guard, *batches: tuple[int, int]) -> None:
         for compared, mismatches in batches:
             guard.batch = Batch(requests=compared, shadowed=compared,
                                 stages={"router": {"compared": compared, "mismatches": mismatches, "unpaired": 0}})
-            await guard.flush()
+            guard.flush().result()
         await guard.close()
 
     asyncio.run(go())
@@ -381,7 +381,7 @@ def test_every_live_request_counts_toward_the_live_sides_tests_shadowed_or_not(w
             seconds = 3.0 if fault == "slow in 10" and i % 10 == 0 else 0.2
             guard.offer(None, "/v1/chat/completions", "router", {}, b"{}", status, None, False, seconds=seconds)
             if i % 16 == 15 and (f := guard.flush()) is not None:
-                await f
+                f.result()
         await guard.close()
 
     asyncio.run(go())

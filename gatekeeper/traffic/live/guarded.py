@@ -43,7 +43,7 @@ import os
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
@@ -221,44 +221,53 @@ class Guarded:
               status: int, answer: bytes | None, sse: bool, error: str | None = None, seconds: float = 0.0) -> None:
         """A live call whose answer has gone out in full, or failed (an error status, or ``error``: what broke it),
         ``seconds`` after it came in: count it, and maybe shadow it. Never raises, never waits."""
-        self.batch.requests += 1
-        self.totals["requests"] += 1
-        if not self.on:
-            return
-        for name, counts in (("failed", error is not None or status >= 500 or status == 0),
-                             ("slow", self.rule.max_latency_s is not None and seconds > self.rule.max_latency_s)):
-            setattr(self.batch, name, getattr(self.batch, name) + counts)
-            self.totals[name] += counts
-        if not self.sampler.pick(stage):
+        if not self.count(stage, error is not None or status >= 500 or status == 0, seconds):
             return
         if error is None and status != 200:
             error = f"answered {status}"
         request = shadow.document(body)
         if request is None:
             return
+        live = Failed(status, error) if error is not None else shadow.read(answer or b"", sse)
+        twice = self.admit(stage, request, live)
+        if twice is None:
+            return
+        assert live is not None  # admit drops an unreadable answer
+        task = asyncio.get_running_loop().create_task(self._shadow(session, path, stage, headers, request, live, twice))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def count(self, stage: str, failed: bool, seconds: float) -> bool:
+        """Count a live call (failed, slow) in the batch; whether it is picked for a shadow (the watch is on)."""
+        self.batch.requests += 1
+        self.totals["requests"] += 1
+        if not self.on:
+            return False
+        for name, counts in (("failed", failed),
+                             ("slow", self.rule.max_latency_s is not None and seconds > self.rule.max_latency_s)):
+            setattr(self.batch, name, getattr(self.batch, name) + counts)
+            self.totals[name] += counts
+        return self.sampler.pick(stage)
+
+    def admit(self, stage: str, request: dict, live: shadow.Answer | Failed | None) -> bool | None:
+        """A picked call's shadow, counted as in flight: whether it also goes to the flag-off side twice (A/A); None
+        where it is not shadowed (unpaired decoding, an unreadable answer, too many in flight, the token budget)."""
         reason = shadow.unpaired(request)
         if reason is not None:
             self.batch.stage(stage)["unpaired"] += 1
             self._count(self.batch.unpaired, self.unpaired, reason)
-            return
-        live: shadow.Answer | Failed
-        if error is not None:  # no answer to compare: whether the flag-off side answers it is the evidence
-            live = Failed(status, error)
-        elif (read := shadow.read(answer or b"", sse)) is None:
-            return self._drop("live answer unreadable")
-        else:
-            live = read
-        if self.in_flight >= self.policy.in_flight:
-            return self._drop("too many in flight")
+            return None
+        if live is None or self.in_flight >= self.policy.in_flight:
+            self._drop("live answer unreadable" if live is None else "too many in flight")
+            return None
         twice = isinstance(live, shadow.Answer) and self.sampler.twice()  # an A/A comparison too: it costs twice
         if not self.sampler.afford((1 + twice) * live.cost(request)):
-            return self._drop("token budget")
+            self._drop("token budget")
+            return None
         self.in_flight += 1
         self.batch.shadowed += 1
         self.totals["shadowed"] += 1
-        task = asyncio.get_running_loop().create_task(self._shadow(session, path, stage, headers, request, live, twice))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        return twice
 
     def _count(self, batch: dict[str, int], total: dict[str, int], reason: str) -> None:
         batch[reason] = batch.get(reason, 0) + 1
@@ -281,6 +290,11 @@ class Guarded:
                     again = await self._ask(session, self.other, path, headers, request)
         finally:
             self.in_flight -= 1
+        self.settle(stage, request, live, other, again)
+
+    def settle(self, stage: str, request: dict, live: shadow.Answer | Failed, other: shadow.Answer | str,
+               again: shadow.Answer | str | None) -> None:
+        """A shadow come back (its flag-off answer, or a drop reason; ``again``: the A/A twin): compared or dropped."""
         if isinstance(other, str):
             return self._drop(other)
         if isinstance(again, str):  # the A/B comparison stands; only its A/A twin is lost
@@ -308,10 +322,10 @@ class Guarded:
             return "flag-off side timed out"
         except aiohttp.ClientError:
             return "flag-off side unreachable"
-        self._observe(time.monotonic() - t0)
+        self.observe(time.monotonic() - t0)
         return other
 
-    def _observe(self, seconds: float) -> None:
+    def observe(self, seconds: float) -> None:
         self.latency[next((i for i, b in enumerate(LATENCY) if seconds <= b), len(LATENCY))] += 1
         self.latency_sum += seconds
 
@@ -366,12 +380,12 @@ class Guarded:
         return {**item, "prompt": prompt, "answers": [live.text, other.text]}
 
     # --- the ledger and the rule (one writer thread) ----------------------------------------------
-    def flush(self) -> asyncio.Future | None:
+    def flush(self) -> Future | None:
         """Hand the batch to the writer, if it holds any shadow activity (requests alone wait for the next one)."""
         if not self.batch.eventful():
             return None
         batch, self.batch = self.batch, Batch()
-        return asyncio.get_running_loop().run_in_executor(self.writer, self._record, batch)
+        return self.writer.submit(self._record, batch)
 
     async def tick(self) -> None:
         """Every ``flush_s``: write what a quiet stretch gathered."""
@@ -386,7 +400,11 @@ class Guarded:
             for task in self.tasks:
                 task.cancel()
         if (f := self.flush()) is not None:
-            await f
+            await asyncio.wrap_future(f)
+        self.shut()
+
+    def shut(self) -> None:
+        """The writer (its queued batches written), the ledger stamp and the reader, closed."""
         self.writer.shutdown(wait=True)
         self.stamp.close_unlocked()
         if self.reader is not None:
