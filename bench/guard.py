@@ -14,11 +14,16 @@ off; printed beside the power analysis's prediction (``gate.stats.evalues.to_det
 front that answers 500 to every k-th request (k = 20 and 5: each a ``flag_on_failed`` parting). A fleet: 1, 2 and 3
 proxies on one ledger, each before its own front of the flag-on server, only the first corrupting every 8th answer,
 requests in turn until the fleet's one test rolls the flag back. In process: ``gatekeeper.Runtime`` on the default
-model (the workspace's default engine), without a guard and with ``guard=`` at 10% and 100%, calls in turn, shuffled;
+model (the workspace's default engine), without a guard and with ``guard=`` at 10% and 100%, each given the same calls
+(call i to each in a shuffled turn);
 each call waits until the last one's replay is done, so what is printed is what the guard adds on the caller's thread
 (on a machine whose cores the replays share, a replay running beside a call slows it as any other work would).
 
-    python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,runtime]
+Real defects (``--parts real``): each ``bench/real_bugs/`` entry with a ``guard:`` section, at its last affected and
+first fixed release: its flag evaluated on a battery that does not reach the defect and flipped on where that PASSes,
+then live calls that reach it through ``Runtime(guard=...)`` (``real_bugs.guarded``), until a rollback or 60 calls.
+
+    python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,runtime,real]
 """
 
 from __future__ import annotations
@@ -157,7 +162,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200, help="per proxy, for the latency part")
     ap.add_argument("--calls", type=int, default=40, help="per Runtime, for the in-process part")
-    ap.add_argument("--parts", default="latency,detection,failures,fleet,runtime",
+    ap.add_argument("--parts", default="latency,detection,failures,fleet,runtime,real",
                     help="which parts to run, comma-separated")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -166,6 +171,8 @@ def main() -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "guard", "-f", str(key)], check=True)
     if "runtime" in parts:
         in_process(key, scratch, args.calls)
+    if "real" in parts:
+        real(key)
     if not parts & {"latency", "detection", "failures", "fleet"}:
         return
     servers = []
@@ -271,9 +278,6 @@ def fleet(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Po
           f"{predicted} comparisons at the fleet's rate 1/{8 * n})")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def in_process(key: Path, scratch: Path, calls: int) -> None:
     """Caller latency of ``Runtime.complete`` without a guard and with one at two replay rates, side by side."""
@@ -288,10 +292,10 @@ def in_process(key: Path, scratch: Path, calls: int) -> None:
     try:
         for i in range(calls):
             rng.shuffle(order)
-            for k, name in enumerate(order):
+            for name in order:
                 rt = runtimes[name]
                 t0 = time.perf_counter()
-                rt.complete("assistant", {"session": f"user={i}", "query": USERS[(i + k) % len(USERS)] + f" ({i})"})
+                rt.complete("assistant", {"session": f"user={i}", "query": f"{USERS[i % len(USERS)]} ({i})"})  # the same call
                 times[name].append(time.perf_counter() - t0)
                 while rt.guard is not None and rt.guard.guarded.in_flight:  # its replay done before the next call
                     time.sleep(0.01)
@@ -306,3 +310,25 @@ def in_process(key: Path, scratch: Path, calls: int) -> None:
         p = {q: percentile(sorted(ts), q) * 1000 for q in (50, 99)}
         added = "" if name == "no guard" else f" | added p50 {p[50] - base[50]:+.2f} ms  p99 {p[99] - base[99]:+.2f} ms"
         print(f"  {name:10} p50 {p[50]:8.2f} ms  p99 {p[99]:8.2f} ms{added}")
+
+
+def real(key: Path) -> None:
+    """Real defects a battery missed, guarded in process after an honest flip (``real_bugs.guarded``)."""
+    import real_bugs
+
+    rule = {**GUARD, "rate": 1, "limit": 0, "min_comparisons": 4, "batch": 1, "timeout_s": 120}
+    print(f"real defects the battery missed, every call replayed (limit {rule['limit']}, alpha {rule['alpha']}, at least "
+          f"{rule['min_comparisons']} comparisons):")
+    for entry in (e for e in real_bugs.entries() if e.get("guard")):
+        for side in ("affected", "fixed"):
+            t0 = time.perf_counter()
+            r = real_bugs.guarded(entry, side, key, rule)
+            share = r["mismatches"] / r["compared"] if r["compared"] else 0.0
+            predicted = f"; power analysis at that share: {to_detect(share, rule['limit'], rule['alpha'] / 2)}" if share else ""
+            print(f"  {entry['id']} {side:8} {r['release']:8} battery {r['evaluation']}: "
+                  f"{'rolled back' if r['rolled_back'] else 'kept on'} after {r['calls']} calls, {r['compared']} compared, "
+                  f"{r['mismatches']} parted{predicted} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -218,6 +218,53 @@ def run(entry: dict, side: str, limit: int | None = None) -> dict:
             "first_divergent_position": int(found.group(1)) if found else None, "seconds": round(seconds, 1)}
 
 
+def guarded(entry: dict, side: str, key: Path, rule: dict, cap: int = 60) -> dict:
+    """The guard after an honest flip (issue #61): the entry's flag evaluated on the suites of its ``guard.battery``,
+    which do not reach the defect, and flipped on where that PASSes; then live calls of the ``guard.live`` stages' cases
+    (which do reach it), in turn, through ``gatekeeper.Runtime(guard=FLAG)`` under ``rule`` (the policy's ``guard:``)
+    until the guard rolls the flag back or ``cap`` calls. Returns the evaluation's verdict, the calls, comparisons and
+    partings, and whether and after how many comparisons the flag was rolled back."""
+    from gatekeeper.battery.suites import all_suites
+    from gatekeeper.ledger import Ledger, checkpoint
+    from gatekeeper.runtime import Runtime
+    from gatekeeper.workspace import Workspace
+
+    python, path, flag = environment(entry, side), model(entry), entry["flag"]
+    with tempfile.TemporaryDirectory(prefix=f"gatekeeper-guard-{entry['id']}-") as tmp:
+        ws = workspace(Path(tmp), entry, path, python)
+        policy = ws / "policies" / f"{flag}.yaml"
+        policy.write_text(policy.read_text() + f"guard: {json.dumps(rule)}\n")
+        kind, b64 = key.with_name(key.name + ".pub").read_text().split()[:2]
+        (ws / "policies" / "allowed_signers").write_text(f"guard {kind} {b64}\n")
+        suites = [a for s in entry["guard"]["battery"] for a in ("--suite", s)]
+        done = subprocess.run([sys.executable, "-m", "gatekeeper.cli", "--workspace", str(ws), "evaluate", "--flag", flag,
+                               "--engine", "bug", *suites, "--limit", "2", "--json"], capture_output=True, text=True,
+                              env=child_env())
+        verdict = json.loads(done.stdout)["verdict"] if done.stdout.strip().startswith("{") else f"exit {done.returncode}"
+        row = {"release": entry[side]["release"], "evaluation": verdict, "calls": 0, "compared": 0, "mismatches": 0,
+               "rolled_back": False}
+        if verdict != "PASS":  # the battery reached the defect after all: no honest flip to guard
+            return row
+        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+            ledger.add_flip(flag, "on", "ana", "the battery passed and was approved",
+                            evaluation_id=json.loads(done.stdout)["evaluation_id"])
+            checkpoint.after_flip(Workspace(ws), ledger, None)
+        live = [(s.stage, c.vars) for s in all_suites(Workspace(ws)).values() if s.suite in entry["guard"]["live"]
+                for c in s.cases]
+        with Runtime(ws, engine="bug", response_cache=False, guard=flag, sign=key) as rt:
+            assert rt.guard is not None
+            watch = rt.guard.guarded
+            while row["calls"] < cap and watch.rollback is None:
+                stage, values = live[row["calls"] % len(live)]
+                rt.complete(stage, values)
+                row["calls"] += 1
+                while watch.in_flight:  # each call's replay compared before the next: calls count comparisons
+                    time.sleep(0.01)
+            row.update(compared=watch.totals["compared"], mismatches=watch.totals["mismatches"],
+                       rolled_back=watch.rollback is not None)
+    return row
+
+
 def judged(entry: dict, rows: dict) -> bool:
     """The entry holds: the affected release is no PASS, the fixed one PASSes."""
     return rows["affected"]["verdict"] != "PASS" and rows["fixed"]["verdict"] == "PASS"

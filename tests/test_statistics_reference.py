@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,12 +32,16 @@ class Tables:
     its decode path computes (what the arms emitted from, and what a fresh-cache decode of the same tokens gives)."""
 
     name = "tables"
+    profile = SimpleNamespace(reference_model=None)
 
-    def __init__(self, R: dict, decode: dict, own_noise: float = 1e-7):
-        self.R, self.decode, self.own_noise = R, decode, own_noise
+    def __init__(self, R: dict, decode: dict, own_noise: float = 1e-7, shared: bool = False):
+        self.R, self.decode, self.own_noise, self.shared = R, decode, own_noise, shared
 
     def unreferenced(self):
         return None
+
+    def reference_key(self):
+        return "the tables" if self.shared else id(self)
 
     def reference(self, sequence, steps, asked, batch=1, own=False):
         rows = self.R[tuple(sequence)]
@@ -87,14 +92,15 @@ def battery(seed: int, answers: int = 12, length: int = 15, size: float = EXAMPL
     return R, decode, probed
 
 
-def read(R, decode, probed):
-    """``reference.read`` over the probes alone (no cases), both arms with the same answers on engines of their own."""
+def read(R, decode, probed, shared: bool = False):
+    """``reference.read`` over the probes alone (no cases), both arms with the same answers on engines of their own
+    (``shared``: engines that read with the same weights)."""
     config = SimpleNamespace(profile=SimpleNamespace(reference_model=None))
     plan = SimpleNamespace(items=[], configs={"off": config, "on": config})
     runs = {name: [SimpleNamespace(results={pid: result for pid, (result, _) in probed.items()},
                                    read={pid: seqs for pid, (_, seqs) in probed.items()}, decoding=None)]
             for name in ("off", "on")}
-    models = {name: Tables(R, decode) for name in ("off", "on")}
+    models = {name: Tables(R, decode, shared=shared) for name in ("off", "on")}
     found = reference.read(plan, models, {"off": [], "on": []}, lambda _: None, runs)  # type: ignore[arg-type]
     assert isinstance(found, reference.Read)
     return found
@@ -125,6 +131,26 @@ def test_a_smooth_decode_difference_with_every_pick_the_references_is_no_base_de
     assert c["alpha"] == reference.ALPHA and found.floor["calibration"] == c["floor"] > 0.001
     assert found.tolerance["gap"] == reference.GAP * max(found.floor.values())
     assert any(x.startswith("reference: both arms agree") and "calibrat" in x for x in reasons), reasons
+
+
+def test_an_answer_both_arms_gave_on_the_same_weights_is_read_once_and_judged_alike():
+    """Two engines whose reference reads the same weights (``Engine.reference_key``): each answer is read once, for
+    both arms, and what R says of each arm is what two reads of their own say."""
+    apart, once = read(*battery(seed=1)), read(*battery(seed=1), shared=True)
+    assert apart.reads == 2 * 12 and once.reads == 12
+    assert once.arms == apart.arms and once.floor == apart.floor and once.calibration == apart.calibration
+
+
+def test_a_torch_engines_reference_is_keyed_by_its_weights_not_its_dtype_or_cache(tiny_llama, tmp_path):
+    from gatekeeper.engines.torch import TorchEngine
+    from gatekeeper.workspace import EngineProfile
+
+    def key(model=tiny_llama, **extra):
+        return TorchEngine(EngineProfile(name="t", adapter="torch", model=str(model), device="cpu", **extra)).reference_key()
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_llama, other)
+    assert key(dtype="float32") == key(dtype="bfloat16", prefill="aligned") != key(other, dtype="float32")
 
 
 def test_the_calibration_answers_are_not_judged_by_their_gaps():

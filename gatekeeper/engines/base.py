@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, ContextManager, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, ClassVar, ContextManager, Hashable, Iterator, Mapping, Sequence, cast
 
 from ..errors import GatekeeperError
 from ..evidence import Generated, Top2
@@ -390,6 +390,11 @@ class Engine(ABC):
         by the model as this engine runs it (its dtype and kernels), still with no cache: what precision alone
         moves. None: this adapter has no such read (``unreferenced`` says why)."""
         return None
+
+    def reference_key(self) -> Hashable:
+        """What ``reference`` reads with: engines with equal keys give the same cache-free read of a sequence, so the
+        reference arm reads an answer both arms gave once. Default: this engine alone."""
+        return id(self)
 
     def stepped(self, sequence: Sequence[int], steps: int, asked: Sequence[Sequence[int]]) -> Referenced | None:
         """The engine's own model (its dtype and kernels) reading the last ``steps`` tokens of ``sequence`` as its decode

@@ -212,6 +212,10 @@ class TorchEngine(GreedyEngine):
                 None if self.adapter_dir is None else lambda model: _merge_lora(model, self.adapter_dir)))
         return reader.read(self.model if own else self._reference, sequence, steps, asked, batch, str(self.model_dir))
 
+    def reference_key(self):
+        # the weights (and adapter) loaded once more, whatever this engine's dtype, cache or decoding
+        return ("transformers", str(self.model_dir), str(self.adapter_dir), str(self.device))
+
     def stepped(self, sequence, steps, asked):
         if self.generation or not self.recurrent:  # attention over cached keys: a one-pass read computes the same
             return None

@@ -90,6 +90,7 @@ class Read:
     floor: dict[str, float]  # reference_batch, repeat, calibration
     tolerance: dict[str, float]  # flip_margin, gap
     seconds: float = 0.0
+    reads: int = 0  # cache-free reads made: an answer both arms gave, on the same weights, is read once
     second: independent.Second | None = None
     reread: dict[str, independent.Reread] = field(default_factory=dict)  # gate/stats/pit.py reads it (pit's counts record it)
     calibration: dict[str, Any] = field(default_factory=dict)  # where the floor came from (``calibrate``)
@@ -201,8 +202,9 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
             steps, asked = len(turn["tokens"]), _asked(turn)
             if steps == 0:
                 continue
-            # what R reads depends on the tokens and on the two candidates asked about at each position
-            key = (id(model), tuple(tokens), tuple(map(tuple, asked)))
+            # what R reads depends on its weights, the tokens and the two candidates asked about at each position: an
+            # answer both arms gave is read once where their engines read with the same weights (``reference_key``)
+            key = ((model.reference_key(), model.profile.reference_model), tuple(tokens), tuple(map(tuple, asked)))
             if key not in memo:
                 try:
                     memo[key] = r = _read(model, tokens, steps, asked)
@@ -250,7 +252,7 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
         _judge(arm, rows[name], chosen, tolerance, len(values), k)
     calibration.update(positions=len(values), order=k, floor=floor["calibration"], alpha=ALPHA)
     loaded: dict[str, Any] = {}
-    return Read(dtype, arms, floor, tolerance, second=independent.compare(p, memo, where, tolerance, progress, loaded),
+    return Read(dtype, arms, floor, tolerance, reads=len(memo), second=independent.compare(p, memo, where, tolerance, progress, loaded),
                 reread=independent.reread(p, models, pending, progress, loaded), calibration=calibration)
 
 
