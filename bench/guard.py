@@ -19,11 +19,15 @@ model (the workspace's default engine), without a guard and with ``guard=`` at 1
 each call waits until the last one's replay is done, so what is printed is what the guard adds on the caller's thread
 (on a machine whose cores the replays share, a replay running beside a call slows it as any other work would).
 
+A staged rollout (``--parts rollout``): the policy's ``rollout: {steps: [0.01, 0.1, 0.5, 1.0], min_comparisons_per_step:
+10, hold_s: 0}`` behind one guarding proxy, healthy requests back to back until the guard has raised the flag to every
+request; printed: requests and seconds at each step.
+
 Real defects (``--parts real``): each ``bench/real_bugs/`` entry with a ``guard:`` section, at its last affected and
 first fixed release: its flag evaluated on a battery that does not reach the defect and flipped on where that PASSes,
 then live calls that reach it through ``Runtime(guard=...)`` (``real_bugs.guarded``), until a rollback or 60 calls.
 
-    python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,runtime,real]
+    python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,rollout,runtime,real]
 """
 
 from __future__ import annotations
@@ -162,7 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200, help="per proxy, for the latency part")
     ap.add_argument("--calls", type=int, default=40, help="per Runtime, for the in-process part")
-    ap.add_argument("--parts", default="latency,detection,failures,fleet,runtime,real",
+    ap.add_argument("--parts", default="latency,detection,failures,fleet,rollout,runtime,real",
                     help="which parts to run, comma-separated")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
@@ -173,7 +177,7 @@ def main() -> None:
         in_process(key, scratch, args.calls)
     if "real" in parts:
         real(key)
-    if not parts & {"latency", "detection", "failures", "fleet"}:
+    if not parts & {"latency", "detection", "failures", "fleet", "rollout"}:
         return
     servers = []
     for _ in range(2):
@@ -198,6 +202,8 @@ def main() -> None:
                 print("a fleet (proxies on one ledger, requests in turn; only the first replica corrupts every 8th answer):")
                 for n in (1, 2, 3):
                     fleet(on, off, key, scratch, procs, n)
+            if "rollout" in parts:
+                rollout(on, off, key, scratch, procs)
     finally:
         for proc in procs:
             proc.terminate()
@@ -277,6 +283,32 @@ def fleet(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Po
     print(f"  {n} prox{'y' if n == 1 else 'ies'}: rolled back after {sent:4} requests in all (power analysis: "
           f"{predicted} comparisons at the fleet's rate 1/{8 * n})")
 
+
+
+def rollout(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Popen]) -> None:
+    """A healthy staged rollout from its first step to every request: requests and seconds at each step."""
+    plan = {"steps": [0.01, 0.1, 0.5, 1.0], "min_comparisons_per_step": 10, "hold_s": 0}
+    ws = workspace(scratch / "rollout", key, 1.0)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + f"rollout: {json.dumps(plan)}\n")
+    proc, port = proxy(on, ws, off, key, scratch)
+    procs.append(proc)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    t0, sent, share, steps = time.perf_counter(), 0, plan["steps"][0], []
+    while share < 1 and sent < 5000:
+        ask(conn, sent)
+        sent += 1
+        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+            batches = ledger.shadows("prefix_cache")
+        now = batches[-1]["summary"]["rollout"]["share"] if batches else share
+        if now != share:
+            steps.append((share, sent, time.perf_counter() - t0))
+            share = now
+    total = time.perf_counter() - t0
+    print(f"a staged rollout {plan['steps']} (at least {plan['min_comparisons_per_step']} comparisons a step, every "
+          f"served request shadowed), healthy: every request after {sent} requests, {total:.0f} s")
+    for share, at, seconds in steps:
+        print(f"  raised from {share:.0%} after {at} requests, {seconds:.0f} s")
 
 
 def in_process(key: Path, scratch: Path, calls: int) -> None:

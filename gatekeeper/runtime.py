@@ -52,6 +52,11 @@ if TYPE_CHECKING:
     from .traffic.live.in_process import InProcess
 
 
+def _conversation(messages: Sequence[dict[str, str]]) -> str:
+    """A call's default rollout key: its conversation's first user message."""
+    return next((m["content"] for m in messages if m.get("role") == "user"), "")
+
+
 def results_root() -> Path:
     """The result layer on this machine: saved prefix states."""
     return home() / "prefix_states"
@@ -191,11 +196,12 @@ class Runtime:
         return self.recipe
 
     def complete(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]] = (),
-                 stream: str | None = None) -> Completion:
+                 stream: str | None = None, key: str | None = None) -> Completion:
         """Render the stage's prompt, serve it from the response cache or the engine.
 
         ``stream`` names the conversation in a capture; by default a call continuing an earlier
-        completion's ``messages`` joins that call's stream, and any other call starts a new one.
+        completion's ``messages`` joins that call's stream, and any other call starts a new one. ``key``: what a
+        guarded rollout draws the call's side from (a user, a session; default: the conversation's first user message).
         """
         suite = self.stages.get(stage)
         if suite is None:
@@ -203,8 +209,8 @@ class Runtime:
         pieces = partition.pieces(self.ws, suite, values)
         rendered = partition.render(self.model, pieces, self.render, history)
         started = self.capture.now() if self.capture is not None else 0.0
-        if self.guard is not None and not self.guard.current():  # rolled back: the flag-off pipeline answers
-            return self.guard.answer(stage, values, history)
+        if self.guard is not None and not self.guard.current(key or _conversation(rendered.messages)):
+            return self.guard.answer(stage, values, history)  # rolled back, or not yet in the rollout's share
         if self.capture is not None:
             stream = stream or self._stream_of(history)
         t0 = time.monotonic()

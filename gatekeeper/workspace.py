@@ -443,6 +443,27 @@ class Guard(Strict):
         return v
 
 
+class Rollout(Strict):
+    """``rollout:`` a flip to on serves the flag-on side to a rising share of requests (``gate/state/rollout.py``): the
+    share of the step in force, by a stable hash of each request's key; the guard raises the step only while its test
+    holds, after ``min_comparisons_per_step`` comparisons and ``hold_s`` seconds at the step."""
+
+    steps: list[float] = Field(min_length=1)  # shares served by the flag-on side, rising, the last 1.0
+    min_comparisons_per_step: int = Field(50, ge=1)
+    hold_s: float = Field(600, ge=0)
+
+    @field_validator("steps")
+    @classmethod
+    def _rising(cls, v: list[float]) -> list[float]:
+        if any(not 0 < x <= 1 for x in v):
+            raise ValueError(f"{v}: each step is a share of requests above 0 and at most 1, e.g. [0.01, 0.1, 0.5, 1.0]")
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"{v}: the steps must rise, e.g. [0.01, 0.1, 0.5, 1.0]")
+        if v[-1] != 1:
+            raise ValueError(f"{v}: the last step is 1.0 (every request), else the rollout never ends")
+        return v
+
+
 class Approvals(Strict):
     required: int = Field(1, ge=1)
     evaluator_may_approve: bool = False
@@ -562,9 +583,13 @@ class Policy(Strict):
     grader: Grader | None = Field(None, exclude_if=lambda v: v is None)
     # after the flip: shadow comparison of live traffic and automatic rollback; never part of the policy digest
     guard: Guard | None = Field(None, exclude=True)
+    rollout: Rollout | None = Field(None, exclude=True)  # after the flip: by steps, raised by the guard
 
     @model_validator(mode="after")
     def _known_flag_gate(self) -> "Policy":
+        if self.rollout is not None and self.guard is None:
+            raise ValueError("rollout: the guard raises a rollout's steps, and this policy has no 'guard:' section; add "
+                             "one, e.g. guard: {rate: 0.1, limit: 0, alpha: 0.05, min_comparisons: 20}")
         # These flags change the pipeline in one way each, so only one gate kind tests them.
         want, changes = BUILTIN_FLAGS.get(self.flag, (None, None))
         if want and self.gate != want:

@@ -113,3 +113,16 @@ def test_the_runtime_guard_refuses_without_a_key_or_with_the_flag_off(tiny_ws, k
     with pytest.raises(GatekeeperError, match="prefix_cache is off"):
         Runtime(ws, engine="tiny", guard="prefix_cache", sign=keys["ci"])
     assert json.dumps(lg(ws).shadows("prefix_cache")) == "[]"
+
+
+def test_a_rollout_in_process_serves_the_flag_on_pipeline_to_its_share_of_keys(tiny_ws, keys):  # noqa: F811
+    from gatekeeper.gate.state.rollout import bucket
+
+    ws = guarded_ws(tiny_ws, keys, GUARD)
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text() + 'rollout: {"steps": [0.5, 1.0], "min_comparisons_per_step": 1000}\n')
+    with runtime(ws, keys, "tiny") as rt:
+        hashes = {c["session"]: rt.complete("tiny", c, key=c["session"]).pipeline_hash for c in CALLS[::4]}
+        assert {k: h == rt.pipeline_hash for k, h in hashes.items()} == {k: bucket("prefix_cache", k) < 0.5 for k in hashes}
+        until(lambda: rt.guard.guarded.in_flight == 0, what="the replays")
+        assert rt.guard.guarded.totals["compared"] == sum(bucket("prefix_cache", k) < 0.5 for k in hashes)

@@ -233,6 +233,9 @@ class Watch:
         self.by_rule: dict[str, Segment] = {}
         self.left: float | None = None
         self.seen = 0  # the last batch id folded in
+        self.step = 0  # a rollout's step in force (gate/state/rollout.py): the last raise any batch recorded
+        self.at_step: list[int] = []  # the batches since it began
+        self.compared_at_step = 0  # their comparisons
         for b in batches:
             self.add(b)
 
@@ -249,6 +252,7 @@ class Watch:
     def add(self, b: dict[str, Any]) -> None:
         """One batch as the ledger holds it, counted under the rule it recorded."""
         self.seen = max(self.seen, b["id"])
+        self.stepped(b["id"], sum(c.compared for c in tally([b]).values()), b["summary"].get("raised"))
         if "rule" not in b["summary"]:  # the guard always records it; a batch written otherwise is under no rule
             return
         seg = self.segment(Rule.from_dict(b["summary"]["rule"]))
@@ -256,6 +260,14 @@ class Watch:
         seg.served.add(Served.of(b["summary"]))
         for stage, c in tally([b]).items():
             seg.counts.setdefault(stage, Count()).add(c)
+
+    def stepped(self, batch_id: int, compared: int, raised: dict[str, Any] | None) -> None:
+        """A batch at the rollout's step in force: its comparisons count there; a raise it records begins the next."""
+        if raised and raised.get("step", 0) > self.step:
+            self.step, self.at_step, self.compared_at_step = raised["step"], [], 0
+        else:
+            self.at_step.append(batch_id)
+            self.compared_at_step += compared
 
     @property
     def segments(self) -> list[Segment]:
@@ -324,13 +336,31 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
         baseline = {**aa, "aa_bound": round(upper_anytime(aa["aa_mismatches"], aa["aa_compared"], alpha), 6)}
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
+    rollout = _rollout(batches, ended)
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
             "until": batches[-1]["at"], **totals, **({"served": served} if served else {}), "proxies": proxies, "compared": compared, "mismatches": mismatches, FAILED: failed,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
             "ended_by": None if ended is None else {k: ended.get(k) for k in ("id", "state", "operator", "signer", "reason", "at")},
-            "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback"))}
+            "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback")),
+            **({"rollout": rollout} if rollout else {})}
+
+
+def _rollout(batches: list[dict[str, Any]], ended: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rollout as the watch's batches record it: the steps, the step in force and its evidence, each signed raise,
+    and what the next raise waits for (``gate/state/rollout.py``); None without one."""
+    last = next((b["summary"]["rollout"] for b in reversed(batches) if "rollout" in b["summary"]), None)
+    if last is None:
+        return None
+    raises = [{"step": r["step"], "share": r["share"], "from": r["from"], "compared": r["compared"], "signer": r["signer"],
+               "batch": b["id"], "at": b["at"]} for b in batches if (r := b["summary"].get("raised"))]
+    steps, step = last["steps"], last["step"]
+    more = max(0, last["min_comparisons_per_step"] - last["compared_at_step"])
+    following = ("ended" if ended is not None else "complete: every request" if step + 1 == len(steps) else
+                 f"to {steps[step + 1]:.0%} after {more} more comparisons and {last['hold_s']:g} s at this step, "
+                 "while no test is breached")
+    return {**last, "raises": raises, "next": following}
 
 
 def scope_of(scope: str) -> str:
@@ -352,5 +382,8 @@ def line(evidence: dict[str, Any] | None) -> str:
     said = {"failed": "failed", "slow": "were slower than the ceiling"}
     health = (f"; of {evidence['requests']} live requests " + " and ".join(f"{n} {said[k]}" for k, n in served.items())
               if served else "")
+    ro = evidence.get("rollout")
+    steps = (f"; rollout step {ro['step'] + 1} of {len(ro['steps'])} ({ro['share']:.0%} of requests), next: {ro['next']}"
+             if ro else "")
     return (f"{evidence['compared']} compared, {evidence['mismatches']} parted{failed}, TV <= {evidence['tv_bound']:.3g} "
-            f"at alpha {evidence['alpha']:g}{aa}{health}{ended}")
+            f"at alpha {evidence['alpha']:g}{aa}{health}{steps}{ended}")

@@ -22,6 +22,7 @@ import json
 from typing import Any, Callable
 
 from ..errors import GatekeeperError
+from ..identity import digest
 from ..listen import bind
 from .resolve import FlagNotFound, Resolution, Resolver, Snapshot
 
@@ -76,7 +77,7 @@ class Ofrep:
         if (bad := await _bad_request(request)) is not None:
             return web.json_response({"key": key, **bad}, status=400)
         try:
-            resolution = (await self.snapshot()).resolve(key)
+            resolution = (await self.snapshot()).resolve(key).for_key(await _targeting_key(request))
         except FlagNotFound as e:
             return web.json_response({"key": key, "errorCode": e.code, "errorDetails": str(e)}, status=404)
         except GatekeeperError as e:
@@ -92,6 +93,13 @@ class Ofrep:
         if snapshot.error is not None:  # never a 304 here: a client's cached "on" must not stand
             return web.json_response({"errorCode": "GENERAL", "errorDetails": snapshot.error}, status=500)
         tag = etag(snapshot)
+        if any(r.share < 1 for r in snapshot.flags.values()):  # a rollout: the values depend on the targeting key
+            targeting = await _targeting_key(request)
+            tag = tag[:-1] + "-" + digest([targeting])[:12] + '"'
+            if not_modified(request.headers.get("If-None-Match"), tag):
+                return web.Response(status=304, headers={"ETag": tag})
+            return web.json_response({"flags": [evaluation(r.for_key(targeting)) for r in snapshot.flags.values()]},
+                                     headers={"ETag": tag})
         if not_modified(request.headers.get("If-None-Match"), tag):
             return web.Response(status=304, headers={"ETag": tag})
         if self._bulk[0] != snapshot.version:
@@ -121,6 +129,14 @@ async def _bad_request(request) -> dict[str, str] | None:
     if "context" in body and body["context"] is not None and not isinstance(body["context"], dict):
         return {"errorCode": "INVALID_CONTEXT", "errorDetails": "'context' is not an object of attributes"}
     return None
+
+
+async def _targeting_key(request) -> str | None:
+    """The evaluation context's ``targetingKey`` (a checked body), or None."""
+    raw = await request.read()
+    context = (json.loads(raw) if raw.strip() else {}).get("context") or {}
+    key = context.get("targetingKey")
+    return key if isinstance(key, str) and key else None
 
 
 def serve(resolver: Resolver, listen: str = DEFAULT_LISTEN,

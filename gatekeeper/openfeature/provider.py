@@ -54,7 +54,7 @@ class GatekeeperProvider(AbstractProvider):
 
     def resolve_boolean_details(self, flag_key: str, default_value: bool,
                                 evaluation_context: EvaluationContext | None = None) -> FlagResolutionDetails[bool]:
-        r = self._resolve(flag_key)
+        r = self._resolve(flag_key).for_key(evaluation_context.targeting_key if evaluation_context else None)
         return FlagResolutionDetails(value=r.value, reason=Reason(r.reason), variant=r.variant,
                                      flag_metadata=dict(r.metadata))
 

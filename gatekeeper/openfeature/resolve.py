@@ -26,14 +26,14 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from ..engines.registry import identity, resolve_profile
 from ..errors import GatekeeperError
 from ..gate.enable import attestation
 from ..gate.state import flags as flag_states
-from ..gate.state import pipeline
+from ..gate.state import pipeline, rollout
 from ..identity import digest
 from ..ledger import CURRENT_VERSION, Ledger
 from ..ledger import checkpoint as checkpoints
@@ -44,6 +44,7 @@ from ..workspace import EngineProfile, Workspace, files_stamp, find_root
 # OpenFeature's reasons, as the spec defines them.
 DEFAULT = "DEFAULT"  # never flipped: the policy's default (off), "a pre-configured value"
 STATIC = "STATIC"  # the ledger's latest flip: one value for every context, "no dynamic evaluation"
+SPLIT = "SPLIT"  # a rollout's step: "a pseudorandom assignment", by the targeting key
 RECHECK_S = 60.0  # databases without data_version (PostgreSQL): a full re-verification at least this often
 FILES_EVERY_S = 1.0  # the workspace's files are looked at no more often: an edited policy shows within a second
 
@@ -64,10 +65,20 @@ class Resolution:
     value: bool
     reason: str
     metadata: dict[str, Any]  # OpenFeature flag metadata: strings, numbers and booleans only
+    share: float = 1.0  # a rollout's step in force (the policy's rollout:): the share of targeting keys served on
 
     @property
     def variant(self) -> str:
         return "on" if self.value else "off"
+
+    def for_key(self, targeting_key: str | None) -> "Resolution":
+        """The value for one evaluation context: during a rollout, on for the targeting keys within the step's share
+        (OpenFeature's fractional evaluation, reason SPLIT; the proxy and the Runtime draw the same way), off for the
+        rest and for a context with no targeting key."""
+        if not self.value or self.share >= 1:
+            return self
+        on = targeting_key is not None and rollout.serves_on(self.key, targeting_key, self.share)
+        return replace(self, value=on, reason=SPLIT, metadata={**self.metadata, "rolloutShare": self.share})
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ class Snapshot:
     @classmethod
     def of(cls, resolutions: list[Resolution]) -> "Snapshot":
         flags = {r.key: r for r in resolutions}
-        return cls(flags, version=digest([[r.key, r.value, r.reason, r.metadata] for r in resolutions]))
+        return cls(flags, version=digest([[r.key, r.value, r.reason, r.metadata, r.share] for r in resolutions]))
 
     @classmethod
     def failed(cls, why: str) -> "Snapshot":
@@ -188,7 +199,8 @@ class Resolver:
                 metadata["evaluationId"] = st["evaluation_id"]
             if st["since"] is not None:
                 metadata["flippedAt"] = st["since"]
-            out.append(Resolution(flag, st["state"] == "on", STATIC if st["since"] is not None else DEFAULT, metadata))
+            out.append(Resolution(flag, st["state"] == "on", STATIC if st["since"] is not None else DEFAULT, metadata,
+                                  _share(ws, ledger, flag) if st["state"] == "on" else 1.0))
         return Snapshot.of(out)
 
     @contextmanager
@@ -221,6 +233,15 @@ class Resolver:
         if key not in self._identities:
             self._identities[key] = identity(profile, workspace_root=self.root)
         return self._identities[key]
+
+
+def _share(ws: Workspace, ledger: Ledger | None, flag: str) -> float:
+    """A flag that is on: its rollout's step in force, as the guard's batches of the flip to on record it (1: none)."""
+    policy = ws.policy(flag).rollout
+    last = ledger.flag_states().get(flag) if ledger else None
+    if policy is None or ledger is None or last is None:
+        return 1.0
+    return policy.steps[min(rollout.step_of(ledger.shadows(flag, last["id"]))[0], len(policy.steps) - 1)]
 
 
 def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:

@@ -123,6 +123,7 @@ class Guarded:
             raise GatekeeperError(f"{ws.root / 'policies' / (flag + '.yaml')}: no 'guard:' section; add one, e.g. "
                                   "guard: {rate: 0.1, limit: 0, alpha: 0.05, min_comparisons: 20}")
         self.policy = policy.guard
+        self.rollout = policy.rollout  # by steps (gate/state/rollout.py): the share the flag-on side serves
         self.rule = Rule.of(self.policy)
         self.key, self.operator, self.no_text = key, operator, no_text
         self.salt = os.urandom(16)  # digests in the ledger cannot be looked up against known prompts
@@ -143,6 +144,7 @@ class Guarded:
         self.latency_sum = 0.0
         self._check_signer()
         self.flip_id, self.watch = self._resume()
+        self.step_since = time.monotonic()  # a (re)started guard holds the step in force hold_s before raising it
         self.own: set[int] = set()  # the batches this guard wrote since the watch last read the ledger
         self._segment()
         self.stamp = LedgerStamp(ledger_url, recheck_s=60)  # read per request (current)
@@ -185,13 +187,27 @@ class Guarded:
 
     def _fold(self, ledger) -> None:
         """Every batch written since the watch last looked, by the other proxies of a fleet (this one's are in)."""
+        step = self.watch.step
         for b in ledger.shadows(self.flag, self.flip_id, after=self.watch.seen):
             if b["id"] in self.own:
                 self.own.discard(b["id"])
                 self.watch.seen = max(self.watch.seen, b["id"])
             else:
                 self.watch.add(b)
+        if self.watch.step != step:  # another proxy of the fleet raised the step
+            self.step_since = time.monotonic()
         self._segment()
+
+    @property
+    def share(self) -> float:
+        """The share of requests the flag-on side serves: the rollout's step in force, else all of them."""
+        return 1.0 if self.rollout is None else self.rollout.steps[self.watch.step]
+
+    def serves(self, key: str) -> bool:
+        """Whether the flag-on side serves a request of this key now (a rollout's share; else every request)."""
+        from ...gate.state.rollout import serves_on
+
+        return serves_on(self.flag, key, self.share)
 
     # --- on the request path (before the answer) -------------------------------------------------
     def current(self) -> bool:
@@ -428,19 +444,53 @@ class Guarded:
                 self.counts.setdefault(stage, Count()).add(Count.of(row))
             self.segment.served.add(Served(batch.requests, batch.failed, batch.slow))
             tests = self.segment.tests()
+            breached = self.before + [(self.segment, t) for t in tests if t.breached]
+            raised = self._raise(batch.compared()) if not breached else None
             summary = {**batch.summary(), "proxy": self.name, "tests": [t.to_dict() for t in tests],
                        "rule": self.rule.to_dict(), "segment": self.segment.record(),
-                       **({"served": self._served(batch)} if self.rule.live else {})}
+                       **({"served": self._served(batch)} if self.rule.live else {}),
+                       **({"raised": raised} if raised else {})}
+            if self.rollout is not None:  # the step in force after this batch, readable from the ledger alone
+                step = raised["step"] if raised else self.watch.step
+                summary["rollout"] = {**self.rollout.model_dump(), "step": step, "share": self.rollout.steps[step],
+                                      "compared_at_step": 0 if raised else self.watch.compared_at_step + batch.compared()}
             batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
             self.own.add(batch_id)
             self.segment.batches.append(batch_id)
+            self.watch.stepped(batch_id, batch.compared(), raised)
             self.tests = tests
+            if raised:
+                assert self.rollout is not None  # only a rollout is raised
+                self.step_since = time.monotonic()
+                self.say(f"gatekeeper guard: {self.flag} raised to step {raised['step'] + 1} of "
+                         f"{len(self.rollout.steps)}: the flag-on side now serves "
+                         f"{raised['share']:.0%} of requests ({raised['compared']} comparisons at {raised['from']:.0%}, "
+                         "no test breached)")
             last = ledger.flag_states().get(self.flag)
             if self.on and (last is None or last["id"] != self.flip_id):  # flipped by someone since: the watch ends
                 return self._stop(last)
-            breached = self.before + [(self.segment, t) for t in tests if t.breached]
             if breached and self.on:
                 self._roll_back(ledger, breached, batch_id)
+
+    def _raise(self, compared: int) -> dict[str, Any] | None:
+        """A rollout's next step, signed with the service key, where it is due with this batch's ``compared`` (the
+        caller has found no test breached); else None."""
+        from datetime import datetime, timezone
+
+        from ...gate.state import rollout
+
+        if self.rollout is None or not self.on:
+            return None
+        at_step = self.watch.compared_at_step + compared
+        if not rollout.due(self.rollout, self.watch.step, at_step, self.step_since):
+            return None
+        step = self.watch.step + 1
+        share, batches = self.rollout.steps[step], list(self.watch.at_step)
+        signed = self.key.sign(rollout.message(self.flag, self.flip_id, step, share, batches))
+        allowed = self.ws.allowed_signers
+        return {"step": step, "share": share, "from": self.share, "compared": at_step, "batches": batches,
+                "signer": allowed.principal(self.key.blob, datetime.now(timezone.utc)) if allowed else None,
+                "signature": signed}
 
     def _served(self, batch: Batch) -> dict[str, int]:
         """The live side's counts the rule tests: failed requests under a success-rate floor, slow ones under a ceiling."""
@@ -521,6 +571,8 @@ class Guarded:
         metric("threshold", "gauge", "The log statistic at which the flag is turned off.",
                [(f',scope="{_label(t.scope)}"', t.threshold) for t in self.tests])
         metric("flag_on", "gauge", "1 while the guard keeps the flag on.", [("", 1 if self.on else 0)])
+        metric("rollout_share", "gauge", "The share of requests the flag-on side serves: a rollout's step in force (1 "
+               "without a rollout).", [("", self.share if self.on else 0)])
         metric("in_flight", "gauge", "Shadow requests running now.", [("", self.in_flight)])
         out.append("# HELP gatekeeper_guard_shadow_seconds Shadow request latency.\n"
                    "# TYPE gatekeeper_guard_shadow_seconds histogram")

@@ -6,7 +6,8 @@ the calls the engine answered is queued for one background worker, which answers
 the same workspace (the flag forced off, no response cache) and hands both answers to the proxy's guard
 (``guarded.py``): the same batches, rule, A/A baseline, signed rollback and metrics. The caller never waits on a
 replay: a full queue drops it and counts it, as the proxy drops a shadow over its cap. A rollback (this process's, or
-one any other guard wrote to the ledger) sends every later call to the flag-off Runtime.
+one any other guard wrote to the ledger) sends every later call to the flag-off Runtime; so does a rollout
+(``rollout:``) for the calls whose key is not yet within its step's share.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ class InProcess:
         self.worker = threading.Thread(target=self._work, name="gatekeeper-guard-replay", daemon=True)
         self.worker.start()
 
-    def current(self) -> bool:
-        """Whether calls go to the flag-on side: the watch is on (a cheap stamp of the ledger per call)."""
+    def current(self, key: str) -> bool:
+        """Whether a call of this rollout key goes to the flag-on side: the watch is on (a cheap stamp of the ledger per
+        call) and, during a rollout, the key is within its share."""
         with self.lock:
-            return self.guarded.current()
+            return self.guarded.current() and self.guarded.serves(key)
 
     def answer(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]]) -> Any:
         """A call after the watch ended: the flag-off Runtime answers it."""

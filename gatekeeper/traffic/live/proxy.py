@@ -107,6 +107,18 @@ class Call:
         return cls(t, path, stage, stream, messages, d.get("prompt"))
 
 
+def key_of(headers, call: Call) -> str:
+    """A request's rollout key (gate/state/rollout.py): the X-Gatekeeper-Key header, else its stream (the
+    X-Gatekeeper-Stream header or the request's ``user``), else its first user message or its prompt: one conversation,
+    one side."""
+    if key := headers.get("X-Gatekeeper-Key"):
+        return key
+    if call.stream != "default":
+        return call.stream
+    users = [m.get("content") for m in call.messages or [] if isinstance(m, dict) and m.get("role") == "user"]
+    return json.dumps(users[0] if users else call.prompt, sort_keys=True)
+
+
 class Tap:
     """Reads telemetry off a response as it passes: the last SSE event carrying ``timings`` or
     ``usage``, or a whole JSON answer. Keeps no more than it needs."""
@@ -204,9 +216,10 @@ class Proxy:
         body = await request.read()
         call = Call.of(t, request.path, request.headers, body) if request.method == "POST" and request.path in COMPLETIONS else None
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
-        guard = self.guard if call is not None else None
-        # after a rollback every request goes to the flag-off side
-        url = (self.upstream if self.guard is None or self.guard.current() else self.guard.other) + request.raw_path
+        # after a rollback every request goes to the flag-off side; during a rollout, those whose key is not yet in its share
+        on = self.guard is None or (self.guard.current() and (call is None or self.guard.serves(key_of(request.headers, call))))
+        guard = self.guard if call is not None and on else None  # the guard compares what the flag-on side served
+        url = (self.upstream if on or self.guard is None else self.guard.other) + request.raw_path
         auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
 
         def offer(status: int, answer: bytes | None, sse: bool, error: str | None = None) -> None:
