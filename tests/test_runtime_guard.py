@@ -62,7 +62,7 @@ def test_a_healthy_cache_in_process_is_compared_and_kept_on(tiny_ws, keys):  # n
         for c in CALLS:
             rt.complete("tiny", c)
         until(lambda: rt.guard.guarded.totals["compared"] == len(CALLS), what="comparison of every call")
-        assert rt.guard.guarded.totals["mismatches"] == 0 and rt.guard.current()
+        assert rt.guard.guarded.totals["mismatches"] == 0 and rt.guard.guarded.on
     assert lg(ws).flag_states()["prefix_cache"]["state"] == "on"
     batches = lg(ws).shadows("prefix_cache")
     assert sum(r["compared"] for b in batches for r in b["summary"]["stages"].values()) == len(CALLS)
