@@ -20,8 +20,9 @@ each call waits until the last one's replay is done, so what is printed is what 
 (on a machine whose cores the replays share, a replay running beside a call slows it as any other work would).
 
 A staged rollout (``--parts rollout``): the policy's ``rollout: {steps: [0.01, 0.1, 0.5, 1.0], min_comparisons_per_step:
-10, hold_s: 0}`` behind one guarding proxy, healthy requests back to back until the guard has raised the flag to every
-request; printed: requests and seconds at each step.
+5, hold_s: 0}`` behind one guarding proxy, healthy requests back to back until the guard has raised the flag to every
+request (its ``/metrics`` say so); printed: requests and seconds at each step. At a step of share s a step's
+comparisons take about min_comparisons_per_step / s requests: the first step is most of a rollout.
 
 Real defects (``--parts real``): each ``bench/real_bugs/`` entry with a ``guard:`` section, at its last affected and
 first fixed release: its flag evaluated on a battery that does not reach the defect and flipped on where that PASSes,
@@ -287,7 +288,7 @@ def fleet(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Po
 
 def rollout(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.Popen]) -> None:
     """A healthy staged rollout from its first step to every request: requests and seconds at each step."""
-    plan = {"steps": [0.01, 0.1, 0.5, 1.0], "min_comparisons_per_step": 10, "hold_s": 0}
+    plan = {"steps": [0.01, 0.1, 0.5, 1.0], "min_comparisons_per_step": 5, "hold_s": 0}
     ws = workspace(scratch / "rollout", key, 1.0)
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text() + f"rollout: {json.dumps(plan)}\n")
@@ -298,9 +299,8 @@ def rollout(on: str, off: str, key: Path, scratch: Path, procs: list[subprocess.
     while share < 1 and sent < 5000:
         ask(conn, sent)
         sent += 1
-        with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
-            batches = ledger.shadows("prefix_cache")
-        now = batches[-1]["summary"]["rollout"]["share"] if batches else share
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            now = float(next(x for x in r.read().decode().splitlines() if x.startswith("gatekeeper_guard_rollout_share")).split()[-1])
         if now != share:
             steps.append((share, sent, time.perf_counter() - t0))
             share = now

@@ -143,8 +143,12 @@ class Runtime:
                                   f"${signing.SIGNING_KEY_ENV} (its public key in policies/allowed_signers)")
         guarded = Guarded(self.ws, self.ledger_url, flag, "the flag-off pipeline in this process", signing.load_key(key),
                           say=logging.getLogger("gatekeeper.guard").warning)
-        off = Runtime(self.ws.root, engine=engine, ledger=self.ledger_url, response_cache=False,
-                      flags={**(flags or {}), flag: "off"})
+        try:
+            off = Runtime(self.ws.root, engine=engine, ledger=self.ledger_url, response_cache=False,
+                          flags={**(flags or {}), flag: "off"})
+        except BaseException:
+            guarded.shut()
+            raise
         return InProcess(guarded, off.complete, off.close)
 
     def _ledger(self, *, create: bool):
