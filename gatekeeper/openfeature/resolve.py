@@ -241,7 +241,7 @@ def _share(ws: Workspace, ledger: Ledger | None, flag: str) -> float:
     last = ledger.flag_states().get(flag) if ledger else None
     if policy is None or ledger is None or last is None:
         return 1.0
-    return policy.steps[min(rollout.step_of(ledger.shadows(flag, last["id"]))[0], len(policy.steps) - 1)]
+    return policy.steps[min(rollout.step_of(ledger.shadows(flag, last["id"])), len(policy.steps) - 1)]
 
 
 def verify(ws: Workspace, ledger: Ledger | None, url: str) -> list[str]:

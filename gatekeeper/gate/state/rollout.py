@@ -26,14 +26,9 @@ def serves_on(flag: str, key: str, share: float) -> bool:
     return share >= 1 or bucket(flag, key) < share
 
 
-def step_of(batches: Iterable[dict[str, Any]]) -> tuple[int, str | None]:
-    """The step in force after a watch's batches (0: the first) and when it was raised (None: at the flip)."""
-    step, at = 0, None
-    for b in batches:
-        raised = (b.get("summary") or {}).get("raised")
-        if raised and raised.get("step", 0) > step:
-            step, at = raised["step"], b.get("at")
-    return step, at
+def step_of(batches: Iterable[dict[str, Any]]) -> int:
+    """The step in force after a watch's batches (0: the first)."""
+    return max((raised.get("step", 0) for b in batches if (raised := (b.get("summary") or {}).get("raised"))), default=0)
 
 
 def message(flag: str, flip_id: int, step: int, share: float, batches: list[int]) -> bytes:
