@@ -171,3 +171,39 @@ def test_a_rollout_without_a_guard_is_exit_2(run_cli, workspace, keys):  # noqa:
     policy.write_text(policy.read_text() + f"rollout: {json.dumps(ROLLOUT)}\n")
     code, _, err = run_cli("--workspace", ws, "status")
     assert code == 2 and "no 'guard:' section" in err, err
+
+
+def test_the_ofrep_server_answers_each_targeting_key_by_the_step_single_and_bulk(workspace, keys):  # noqa: F811
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gatekeeper.ledger import Ledger
+    from gatekeeper.openfeature.ofrep import Ofrep
+    from gatekeeper.openfeature.resolve import Resolver
+
+    ws = rolled_ws(workspace, keys)
+    with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+        ledger.add_shadow(FLAG, ledger.flag_states()[FLAG]["id"], "guard", {"stages": {}, "raised": {"step": 1, "share": 0.5}}, [])
+    users = [f"user-{i}" for i in range(12)]
+
+    async def go():
+        with Resolver(ws) as resolver:
+            async with TestClient(TestServer(Ofrep(resolver).app())) as client:
+                single = {}
+                for user in users * 2:  # each key twice: the same answer
+                    r = await client.post(f"/ofrep/v1/evaluate/flags/{FLAG}", json={"context": {"targetingKey": user}})
+                    body = await r.json()
+                    assert r.status == 200 and body["reason"] == "SPLIT" and single.setdefault(user, body["value"]) == body["value"]
+                bulk = {}
+                for user in users[:4]:
+                    r = await client.post("/ofrep/v1/evaluate/flags", json={"context": {"targetingKey": user}})
+                    bulk[user] = next(f["value"] for f in (await r.json())["flags"] if f["key"] == FLAG)
+                    again = await client.post("/ofrep/v1/evaluate/flags", json={"context": {"targetingKey": user}},
+                                              headers={"If-None-Match": r.headers["ETag"]})
+                    assert again.status == 304
+                return single, bulk
+
+    single, bulk = asyncio.run(go())
+    assert single == {u: bucket(FLAG, u) < 0.5 for u in users} and len(set(single.values())) == 2
+    assert bulk == {u: single[u] for u in users[:4]}
