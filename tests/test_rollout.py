@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 
 import pytest
+from review_ledger import get, review
 from test_guard import GUARD, guarded_ws, lg, loopback, reply, wait
 from trust import keys  # noqa: F401
 
@@ -131,6 +132,10 @@ def test_a_defect_met_at_the_ten_percent_step_rolls_the_flag_back_to_off(workspa
     code, out, _ = run_cli("--workspace", ws, "ledger", "live", FLAG, "--json")
     live = json.loads(out)
     assert code == 0 and live["rolled_back"] and live["rollout"]["step"] == 1 and live["rollout"]["next"] == "ended"
+    assert [(r["share"], r["signer"]) for r in live["rollout"]["raises"]] == [(0.1, "guard")]
+    with review(ws) as u:  # the review app's Live page reads the same from the ledger alone
+        status, _, page = get(u + "/live")
+        assert status == 200 and "ROLLED BACK" in page and "Step 2 of 3" in page and "Next: ended" in page, page
 
 
 def test_the_ofrep_answer_for_a_key_is_stable_at_a_step_and_follows_the_proxys_split(workspace, keys):  # noqa: F811
