@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
-from test_guard import guarded_ws, lg
+from test_guard import guarded_ws, lg, wait
 from trust import keys  # noqa: F401
 
 from gatekeeper.errors import GatekeeperError
@@ -18,14 +17,6 @@ GUARD = {"rate": 1, "limit": 0, "alpha": 0.05, "min_comparisons": 4, "batch": 2,
          "in_flight": 64, "aa_rate": 0}
 CALLS = [{"session": f"user={u}", "query": q} for u in ("ana", "ben", "cy") for q in
          ("What is 2+2?", "Book the flight.", "Cancel my order.", "Where is my parcel?")]
-
-
-def until(check, within: float = 120, what: str = "it"):
-    deadline = time.monotonic() + within
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"no {what} within {within} s"
-        time.sleep(0.05)
-    return found
 
 
 def runtime(ws, keys, engine: str) -> Runtime:  # noqa: F811
@@ -42,7 +33,7 @@ def test_a_planted_stale_state_in_process_is_rolled_back_and_the_flag_off_pipeli
         assert rt.session.cache and rt.guard is not None
         parted = [c for c in CALLS if rt.complete("tiny", c).text != off.complete("tiny", c).text]
         assert len(parted) >= 2, "the planted fault must move answers on these calls"
-        until(lambda: rt.guard.guarded.rollback, what="rollback")
+        wait(lambda: rt.guard.guarded.rollback, within=120, what="rollback")
         after = rt.complete("tiny", parted[0])
         assert after.text == off.complete("tiny", parted[0]).text and not after.from_response_cache
         assert after.pipeline_hash == off.pipeline_hash  # the flag-off pipeline answered it
@@ -61,7 +52,7 @@ def test_a_healthy_cache_in_process_is_compared_and_kept_on(tiny_ws, keys):  # n
     with runtime(ws, keys, "tiny") as rt:
         for c in CALLS:
             rt.complete("tiny", c)
-        until(lambda: rt.guard.guarded.totals["compared"] == len(CALLS), what="comparison of every call")
+        wait(lambda: rt.guard.guarded.totals["compared"] == len(CALLS), within=120, what="comparison of every call")
         assert rt.guard.guarded.totals["mismatches"] == 0 and rt.guard.guarded.on
     assert lg(ws).flag_states()["prefix_cache"]["state"] == "on"
     batches = lg(ws).shadows("prefix_cache")
@@ -86,7 +77,7 @@ def test_the_caller_never_waits_on_a_replay(tiny_ws, keys):  # noqa: F811
             rt.complete("tiny", c)  # returns although no replay can finish
         assert rt.guard.guarded.totals["compared"] == 0 and rt.guard.guarded.in_flight == 4
         held.set()
-        until(lambda: rt.guard.guarded.totals["compared"] == 4, what="the held replays")
+        wait(lambda: rt.guard.guarded.totals["compared"] == 4, within=120, what="the held replays")
     assert threads == {"gatekeeper-guard-replay"}
 
 
@@ -99,7 +90,7 @@ def test_a_failing_flag_on_call_is_raised_to_the_caller_and_counted_as_a_parting
         rt.session.generate = broken
         with pytest.raises(RuntimeError, match="engine lost"):
             rt.complete("tiny", CALLS[0])
-        until(lambda: rt.guard.guarded.totals["flag_on_failed"] == 1, what="the failed call's parting")
+        wait(lambda: rt.guard.guarded.totals["flag_on_failed"] == 1, within=120, what="the failed call's parting")
         assert rt.guard.guarded.totals["failed"] == 1
     kept = [m for b in lg(ws).shadows("prefix_cache") for m in b["items"]]
     assert kept and kept[0]["reason"] == "flag_on_failed" and "engine lost" in kept[0]["error"], kept
@@ -124,5 +115,5 @@ def test_a_rollout_in_process_serves_the_flag_on_pipeline_to_its_share_of_keys(t
     with runtime(ws, keys, "tiny") as rt:
         hashes = {c["session"]: rt.complete("tiny", c, key=c["session"]).pipeline_hash for c in CALLS[::4]}
         assert {k: h == rt.pipeline_hash for k, h in hashes.items()} == {k: bucket("prefix_cache", k) < 0.5 for k in hashes}
-        until(lambda: rt.guard.guarded.in_flight == 0, what="the replays")
+        wait(lambda: rt.guard.guarded.in_flight == 0, within=120, what="the replays")
         assert rt.guard.guarded.totals["compared"] == sum(bucket("prefix_cache", k) < 0.5 for k in hashes)

@@ -238,8 +238,10 @@ class Resolver:
 def _share(ws: Workspace, ledger: Ledger | None, flag: str) -> float:
     """A flag that is on: its rollout's step in force, as the guard's batches of the flip to on record it (1: none)."""
     policy = ws.policy(flag).rollout
-    last = ledger.flag_states().get(flag) if ledger else None
-    if policy is None or ledger is None or last is None:
+    if policy is None or ledger is None:  # the ledger is read only for a flag that has a rollout
+        return 1.0
+    last = ledger.flag_states().get(flag)
+    if last is None:
         return 1.0
     return policy.steps[min(rollout.step_of(ledger.shadows(flag, last["id"])), len(policy.steps) - 1)]
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import GatekeeperError
 from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, Watch
+from ...gate.state import rollout as rollouts
 from ..captures.capture import metadata
 from . import shadow
 
@@ -205,9 +206,7 @@ class Guarded:
 
     def serves(self, key: str) -> bool:
         """Whether the flag-on side serves a request of this key now (a rollout's share; else every request)."""
-        from ...gate.state.rollout import serves_on
-
-        return serves_on(self.flag, key, self.share)
+        return rollouts.serves_on(self.flag, key, self.share)
 
     # --- on the request path (before the answer) -------------------------------------------------
     def current(self) -> bool:
@@ -477,16 +476,14 @@ class Guarded:
         caller has found no test breached); else None."""
         from datetime import datetime, timezone
 
-        from ...gate.state import rollout
-
         if self.rollout is None or not self.on:
             return None
         at_step = self.watch.compared_at_step + compared
-        if not rollout.due(self.rollout, self.watch.step, at_step, self.step_since):
+        if not rollouts.due(self.rollout, self.watch.step, at_step, self.step_since):
             return None
         step = self.watch.step + 1
         share, batches = self.rollout.steps[step], list(self.watch.at_step)
-        signed = self.key.sign(rollout.message(self.flag, self.flip_id, step, share, batches))
+        signed = self.key.sign(rollouts.message(self.flag, self.flip_id, step, share, batches))
         allowed = self.ws.allowed_signers
         return {"step": step, "share": share, "from": self.share, "compared": at_step, "batches": batches,
                 "signer": allowed.principal(self.key.blob, datetime.now(timezone.utc)) if allowed else None,
