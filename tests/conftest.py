@@ -1,3 +1,4 @@
+import functools
 import json
 import os
 from pathlib import Path
@@ -69,17 +70,28 @@ def workspace(tmp_path: Path) -> Path:
 @pytest.fixture
 def run_cli(monkeypatch, tmp_path):
     """Invoke the real CLI in-process; returns (exit_code, stdout, stderr)."""
+    import typer.testing
     from typer.testing import CliRunner
 
     from gatekeeper.cli import app
 
     monkeypatch.delenv("GATEKEEPER_WORKSPACE", raising=False)
+    # typer builds the click tree, and each command's click object, on every invoke (two thirds of a `ledger verify`
+    # here); the tree is the same each time, so a worker builds it once and keeps the commands it has built
+    monkeypatch.setattr(typer.testing, "_get_command", _built)
 
     def run(*args: str):
         result = CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
         return result.exit_code, result.stdout, result.stderr
 
     return run
+
+
+@functools.cache
+def _built(app):
+    import typer.main
+
+    return typer.main.get_command(app)
 
 
 def rules(n: int = 12) -> str:
