@@ -241,7 +241,8 @@ class Runtime:
         from .traffic.live import guarded, shadow
 
         d = suite.decoding
-        request = {"prompt": rendered.text, "max_tokens": d.max_tokens, **({} if d.sampled else {"temperature": 0})}
+        request = {"prompt": rendered.text, "max_tokens": d.max_tokens, **({} if d.sampled else {"temperature": 0}),
+                   **({} if history else {"messages": rendered.messages})}  # a suite case's are graded (judge.py)
         live = (guarded.Failed(0, error or "") if completion is None
                 else shadow.Answer(completion.text, None, len(completion.tokens)))
         self.guard.offer(stage, values, history, request, live, time.monotonic() - t0)

@@ -429,6 +429,16 @@ class Guard(Strict):
     min_success_rate: float | None = Field(None, gt=0, lt=1)  # the share of live requests the flag-on side must answer
     max_latency_s: float | None = Field(None, gt=0)  # with latency_share: at most that share of live requests slower
     latency_share: float = Field(0.01, gt=0, lt=1)  # (0.01: the 99th percentile under max_latency_s)
+    # the comparisons the evaluation makes, on shadowed requests (traffic/live/judge.py): each request whose messages
+    # are a suite case's graded by the case's assertions on both sides, and where the flag-on side sells a lost pass
+    # (it fails what the flag-off side passes) above assertion_limit of graded requests, a breach; and with distance,
+    # each compared request read teacher-forced on both sides (forced requests: server time), a request whose mean KL
+    # exceeds max_kld a departure, and departures above kld_limit of read requests a breach
+    assertions: bool = True
+    assertion_limit: float | None = Field(None, ge=0, lt=1)
+    distance: bool = False
+    max_kld: float | None = Field(None, ge=0)
+    kld_limit: float = Field(0, ge=0, lt=1)
     batch: int = Field(16, ge=1)  # comparisons per ledger record
     flush_s: float = Field(10, gt=0)  # a batch is written at least this often while it holds anything
     timeout_s: float = Field(30, gt=0)  # a shadow request unanswered this long is dropped
@@ -441,6 +451,15 @@ class Guard(Strict):
             if not (0 <= x <= 1 if info.field_name == "stages" else 0 <= x < 1):
                 raise ValueError(f"{stage}: {x} is not a share from 0 to 1")
         return v
+
+    @model_validator(mode="after")
+    def _compared(self) -> "Guard":
+        if self.max_kld is not None and not self.distance:
+            raise ValueError("max_kld tests the teacher-forced distance, which is read only with 'distance: true'; add it")
+        if self.assertion_limit is not None and not self.assertions:
+            raise ValueError("assertion_limit tests the suite's assertions on shadowed requests, which 'assertions: "
+                             "false' turns off; remove one")
+        return self
 
 
 class Rollout(Strict):

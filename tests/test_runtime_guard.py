@@ -48,15 +48,22 @@ def test_a_planted_stale_state_in_process_is_rolled_back_and_the_flag_off_pipeli
 
 
 def test_a_healthy_cache_in_process_is_compared_and_kept_on(tiny_ws, keys):  # noqa: F811
-    ws = guarded_ws(tiny_ws, keys, GUARD)
+    """Every call compared; the calls whose values are one-turn cases of the tiny suite are graded by their
+    assertions on both answers too (traffic/live/judge.py), and lose no pass."""
+    ws = guarded_ws(tiny_ws, keys, {**GUARD, "assertion_limit": 0})
+    cases = [{"session": "user=ana", "query": "What is 2+2?"}, {"session": "user=ben", "query": "Book the cheapest flight to Porto."},
+             {"session": "user=cat", "query": "Summarise the meeting notes."}]
     with runtime(ws, keys, "tiny") as rt:
-        for c in CALLS:
+        for c in CALLS + cases:
             rt.complete("tiny", c)
-        wait(lambda: rt.guard.guarded.totals["compared"] == len(CALLS), within=120, what="comparison of every call")
+        wait(lambda: rt.guard.guarded.totals["compared"] == len(CALLS) + 3, within=120, what="comparison of every call")
         assert rt.guard.guarded.totals["mismatches"] == 0 and rt.guard.guarded.on
+        # four calls are one-turn cases: the three above and the first of CALLS (case a)
+        assert (rt.guard.guarded.totals["judged_graded"], rt.guard.guarded.totals["judged_lost"]) == (4, 0)
     assert lg(ws).flag_states()["prefix_cache"]["state"] == "on"
     batches = lg(ws).shadows("prefix_cache")
-    assert sum(r["compared"] for b in batches for r in b["summary"]["stages"].values()) == len(CALLS)
+    assert sum(r["compared"] for b in batches for r in b["summary"]["stages"].values()) == len(CALLS) + 3
+    assert sum(b["summary"].get("judged", {}).get("graded", 0) for b in batches) == 4
 
 
 def test_the_caller_never_waits_on_a_replay(tiny_ws, keys):  # noqa: F811

@@ -54,7 +54,8 @@ def proxy(
         if guard:
             ws.policy(guard)  # an unknown flag or a bad guard: section is exit 2 before any server starts
         shadow, servers = _other_side(ws, shadow, shadow_engine)
-        watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers, name or _here(listen))
+        watch = _guard(ws, settings.ledger_url(ws), guard, shadow, sign, webhook, no_text, servers, name or _here(listen),
+                       lambda: _reader(ws, guard, upstream, shadow, shadow_engine))
 
     def ready(url: str, up: str) -> None:
         doing = [f"capturing to {capture} (local file)"] if capture else []
@@ -97,6 +98,18 @@ def _other_side(ws, shadow: Optional[str], engine: Optional[str]) -> tuple[Optio
     return started["off"].url, started
 
 
+def _reader(ws, flag: Optional[str], upstream: str, shadow: Optional[str], engine: Optional[str]):
+    """With the policy's ``guard.distance``: an http engine of the --shadow-engine profile's dialect whose flag-off side
+    is the shadow and flag-on side the upstream, to read both teacher-forced (``traffic/live/judge.py``); else None."""
+    if not flag or not shadow or engine is None or ws.policy(flag).guard is None or not ws.policy(flag).guard.distance:
+        return None
+    from ..engines.served.http import HTTPEngine
+
+    profile = ws.engine(engine)
+    return HTTPEngine(profile.model_copy(update={"serve": None, "serve_on": None, "url": shadow,
+                                                 "url_on": upstream.rstrip("/")}), workspace_root=ws.root)
+
+
 def _here(listen: str) -> str:
     """This proxy's default name in a fleet: the host it runs on and the address it listens at."""
     import socket
@@ -105,7 +118,7 @@ def _here(listen: str) -> str:
 
 
 def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign: Optional[Path],
-           webhook: Optional[str], no_text: bool, servers: dict, name: str):
+           webhook: Optional[str], no_text: bool, servers: dict, name: str, reader=lambda: None):
     """The guard for ``--guard``: every check that can fail (policy, ledger, flag state, key) runs before listening;
     a server started for it is stopped when one fails."""
     import os
@@ -131,7 +144,7 @@ def _guard(ws, ledger_url: str, flag: Optional[str], shadow: Optional[str], sign
             typer.echo(line, err=True)
 
         return Guarded(ws, ledger_url, flag, shadow, signing.load_key(key), no_text=no_text, webhook=webhook, say=say,
-                       name=name)
+                       name=name, reader=reader())
     except BaseException:
         servers_.stop(servers)
         raise

@@ -97,7 +97,10 @@ def print_live(e: dict[str, Any]) -> None:
         console.print(f"ended by flip {end['id']} to {end['state']} by {end['operator']}"
                       f"{' (signed by ' + end['signer'] + ')' if end['signer'] else ''}: {end['reason']}", highlight=False)
     for item in e["mismatched"][:5]:
-        console.print(f"parted at character {item['parting_char']} in stage {item['stage']}", highlight=False)
+        how = (f"parted at character {item['parting_char']}" if item.get("parting_char") is not None else "the same text")
+        judged = (" (lost a pass of " + item["case"] + ")" if item.get("lost_pass") else "") + \
+                 (f" (mean KL {item['kld']:.3g})" if "kld" in item else "")
+        console.print(f"{how} in stage {item['stage']}{judged}", highlight=False)
 
 
 def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -> None:

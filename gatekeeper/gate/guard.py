@@ -30,6 +30,11 @@ shadowed or not, is a trial of two more one-sample tests of the same kind, H0 "t
 1 - min_success_rate" and H0 "the share slower than max_latency_s is at most latency_share"; each is one more test
 in the segment's Bonferroni split. They judge the flag-on side alone, as a canary analysis does, and need no
 flag-off answer.
+
+The evaluation's own comparisons (``assertion_limit``, ``max_kld``; ``traffic/live/judge.py``): a compared request that
+is a suite case's, graded on both answers, is a trial of H0 "at most assertion_limit of graded requests lose a pass";
+one read teacher-forced on both sides, of H0 "at most kld_limit of read requests depart beyond max_kld". Two more tests
+of the same kind in the split.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ KEPT = 20  # mismatched requests a summary shows (the counts hold them all)
 AA = ("aa_compared", "aa_mismatches", "ab_only", "aa_only")  # a stage's A/A counts in a batch summary
 FAILED = "flag_on_failed"  # a stage's count of live requests the flag-on side failed and the flag-off side answered
 SUCCESS, SLOW = "success rate", "latency"  # the scopes of the live side's own tests
+DISTANCE, ASSERTIONS = "distance", "assertions"  # the scopes of the evaluation's own comparisons on shadowed requests
 
 
 @dataclass
@@ -87,6 +93,27 @@ class Served:
 
 
 @dataclass
+class Judged:
+    """The evaluation's comparisons on compared requests: how many were read teacher-forced and departed (mean KL over
+    max_kld), and how many matched a suite case, were graded on both sides and lost a pass on the flag-on side."""
+
+    read: int = 0
+    departed: int = 0
+    graded: int = 0
+    lost: int = 0
+
+    def add(self, other: "Judged") -> None:
+        for name in ("read", "departed", "graded", "lost"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @classmethod
+    def of(cls, summary: dict[str, Any]) -> "Judged":
+        """A batch summary's (``judged`` absent where nothing was read or graded)."""
+        j = summary.get("judged", {})
+        return cls(j.get("read", 0), j.get("departed", 0), j.get("graded", 0), j.get("lost", 0))
+
+
+@dataclass
 class Test:
     """One sequential test's state, for reports and metrics."""
 
@@ -109,7 +136,7 @@ class Test:
         return {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
                 "mismatches": self.mismatches, "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
                 "log_threshold": round(self.threshold, 6), "breached": self.breached,
-                **({} if self.scope in (SUCCESS, SLOW) else {  # a live-side test compares no answers: no TV
+                **({} if self.scope in (SUCCESS, SLOW, DISTANCE, ASSERTIONS) else {  # not a parting of answers: no TV
                     "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6)}),
                 **({} if self.baseline is None else {
                     "against": "baseline", "aa_compared": self.baseline.paired, "aa_mismatches": self.baseline.aa_mismatches,
@@ -129,16 +156,21 @@ class Rule:
     min_success_rate: float | None = None  # the live side's floor; None: not tested
     max_latency_s: float | None = None  # the live side's ceiling, with the share of requests allowed over it
     latency_share: float = 0.01
+    assertion_limit: float | None = None  # the share of graded requests that may lose a pass; None: not tested
+    max_kld: float | None = None  # a read request departs above this mean KL; None: the distance is not tested
+    kld_limit: float = 0.0  # the share of read requests that may depart
 
     @classmethod
     def of(cls, guard) -> "Rule":
         return cls(guard.limit, guard.alpha, guard.min_comparisons, dict(guard.stage_limits), guard.aa_rate,
-                   guard.min_success_rate, guard.max_latency_s, guard.latency_share)
+                   guard.min_success_rate, guard.max_latency_s, guard.latency_share, guard.assertion_limit,
+                   guard.max_kld, guard.kld_limit)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Rule":
         return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}), d.get("aa_rate", 0.0),
-                   d.get("min_success_rate"), d.get("max_latency_s"), d.get("latency_share", 0.01))
+                   d.get("min_success_rate"), d.get("max_latency_s"), d.get("latency_share", 0.01),
+                   d.get("assertion_limit"), d.get("max_kld"), d.get("kld_limit", 0.0))
 
     @property
     def baseline(self) -> bool:
@@ -157,16 +189,20 @@ class Rule:
                 **({"aa_rate": float(self.aa_rate)} if self.aa_rate else {}),
                 **({"min_success_rate": float(self.min_success_rate)} if self.min_success_rate is not None else {}),
                 **({"max_latency_s": float(self.max_latency_s), "latency_share": float(self.latency_share)}
-                   if self.max_latency_s is not None else {})}
+                   if self.max_latency_s is not None else {}),
+                **({"assertion_limit": float(self.assertion_limit)} if self.assertion_limit is not None else {}),
+                **({"max_kld": float(self.max_kld), "kld_limit": float(self.kld_limit)} if self.max_kld is not None else {})}
 
     def digest(self) -> str:
         return content_digest(self.to_dict())
 
-    def tests(self, counts: dict[str, Count], alpha: float | None = None, served: Served | None = None) -> list[Test]:
+    def tests(self, counts: dict[str, Count], alpha: float | None = None, served: Served | None = None,
+              judged: Judged | None = None) -> list[Test]:
         """Every test on ``counts`` (stage -> comparisons): one per stage with a limit of its own, and ALL on the other
-        stages, so no comparison is tested twice, and the live side's own tests on ``served``; each at ``alpha/m``
-        (``alpha``: a segment's share, else the rule's). With a baseline each comparison test tests
-        p_AB <= p_AA + its limit on the requests compared both ways, and ``min_comparisons`` counts those."""
+        stages, so no comparison is tested twice, the live side's own tests on ``served`` and the evaluation's
+        comparisons on ``judged`` (lost passes, departed distances); each at ``alpha/m`` (``alpha``: a segment's share,
+        else the rule's). With a baseline each comparison test tests p_AB <= p_AA + its limit on the requests compared
+        both ways, and ``min_comparisons`` counts those."""
         rest = Count()
         for stage, c in counts.items():
             if stage not in self.stage_limits:
@@ -175,7 +211,13 @@ class Rule:
         served = served or Served()
         health = [(SUCCESS, 1 - self.min_success_rate, served.failed)] if self.min_success_rate is not None else []
         health += [(SLOW, self.latency_share, served.slow)] if self.max_latency_s is not None else []
-        share = (self.alpha if alpha is None else alpha) / (len(scopes) + len(health))
+        judged = judged or Judged()
+        trials: list[tuple[str, float, int, int]] = [(s, lim, served.requests, bad) for s, lim, bad in health]
+        if self.assertion_limit is not None:
+            trials.append((ASSERTIONS, self.assertion_limit, judged.graded, judged.lost))
+        if self.max_kld is not None:
+            trials.append((DISTANCE, self.kld_limit, judged.read, judged.departed))
+        share = (self.alpha if alpha is None else alpha) / (len(scopes) + len(trials))
         out = []
         for scope, limit, c in scopes:
             if self.baseline:
@@ -184,10 +226,9 @@ class Rule:
                 log_e, n = log_evalue(c.mismatches, c.compared, limit), c.compared
             out.append(Test(scope, limit, share, c.compared, c.mismatches, log_e,
                             n >= self.min_comparisons and log_e >= math.log(1 / share), c if self.baseline else None))
-        for scope, limit, bad in health:
-            log_e = log_evalue(bad, served.requests, limit)
-            out.append(Test(scope, limit, share, served.requests, bad, log_e,
-                            served.requests >= self.min_comparisons and log_e >= math.log(1 / share)))
+        for scope, limit, n, bad in trials:  # one-sample tests of one more Bernoulli trial each
+            log_e = log_evalue(bad, n, limit)
+            out.append(Test(scope, limit, share, n, bad, log_e, n >= self.min_comparisons and log_e >= math.log(1 / share)))
         return out
 
 
@@ -202,10 +243,11 @@ class Segment:
     left: float  # the watch's alpha left when the segment began
     counts: dict[str, Count] = field(default_factory=dict)
     served: Served = field(default_factory=Served)
+    judged: Judged = field(default_factory=Judged)
     batches: list[int] = field(default_factory=list)
 
     def tests(self) -> list[Test]:
-        return self.rule.tests(self.counts, self.alpha, self.served)
+        return self.rule.tests(self.counts, self.alpha, self.served, self.judged)
 
     def record(self) -> dict[str, Any]:
         """What a batch says of its segment; ``new_test``: this batch starts it, no earlier batch is tested under it."""
@@ -222,6 +264,7 @@ class Segment:
                 "compared": total.compared, "mismatches": total.mismatches,
                 **({"aa_compared": total.paired, "aa_mismatches": total.aa_mismatches} if self.rule.baseline else {}),
                 **({"served": vars(self.served).copy()} if self.rule.live else {}),
+                **({"judged": vars(self.judged).copy()} if self.judged != Judged() else {}),
                 "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
 
 
@@ -258,6 +301,7 @@ class Watch:
         seg = self.segment(Rule.from_dict(b["summary"]["rule"]))
         seg.batches.append(b["id"])
         seg.served.add(Served.of(b["summary"]))
+        seg.judged.add(Judged.of(b["summary"]))
         for stage, c in tally([b]).items():
             seg.counts.setdefault(stage, Count()).add(c)
 
@@ -308,6 +352,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     dropped: dict[str, int] = {}
     shapes: dict[str, int] = {}
     served: dict[str, int] = {}  # the live side's failed and slow requests, where the rule tests them
+    judged = Judged()  # the evaluation's comparisons: read teacher-forced, graded by a case's assertions
     proxies: dict[str, int] = {}  # a fleet's proxies: the batches each wrote
     for b in batches:
         s = b["summary"]
@@ -317,6 +362,7 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
             totals[name] += s.get(name, 0)
         for name, n in s.get("served", {}).items():
             served[name] = served.get(name, 0) + n
+        judged.add(Judged.of(s))
         for stage, row in s["stages"].items():
             mine = stages.setdefault(stage, {"compared": 0, "mismatches": 0, "unpaired": 0})
             for name in dict.fromkeys((*mine, *AA, FAILED)):  # the A/A and failure counts where some batch has them
@@ -338,7 +384,8 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     ended = after[0] if after else None
     rollout = _rollout(batches, ended)
     return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
-            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}), "proxies": proxies, "compared": compared, "mismatches": mismatches, FAILED: failed,
+            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}),
+            **({"judged": vars(judged)} if judged != Judged() else {}), "proxies": proxies, "compared": compared, "mismatches": mismatches, FAILED: failed,
             "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
             "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
             "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
@@ -366,8 +413,8 @@ def _rollout(batches: list[dict[str, Any]], ended: dict[str, Any] | None) -> dic
 def scope_of(scope: str) -> str:
     """A test's scope as a person reads it (``ledger live``, the review app): its stages, or which of the live side's
     own rates it counts."""
-    return {ALL: "all stages", SUCCESS: "the live side's failures", SLOW: "the live side's slow requests"}.get(
-        scope, f"stage {scope}")
+    return {ALL: "all stages", SUCCESS: "the live side's failures", SLOW: "the live side's slow requests",
+            ASSERTIONS: "passes lost on graded requests", DISTANCE: "teacher-forced departures"}.get(scope, f"stage {scope}")
 
 
 def line(evidence: dict[str, Any] | None) -> str:
@@ -382,6 +429,9 @@ def line(evidence: dict[str, Any] | None) -> str:
     said = {"failed": "failed", "slow": "were slower than the ceiling"}
     health = (f"; of {evidence['requests']} live requests " + " and ".join(f"{n} {said[k]}" for k, n in served.items())
               if served else "")
+    j = evidence.get("judged")
+    health += (f"; {j['lost']} of {j['graded']} graded requests lost a pass, {j['departed']} of {j['read']} read "
+               "teacher-forced departed" if j else "")
     ro = evidence.get("rollout")
     steps = (f"; rollout step {ro['step'] + 1} of {len(ro['steps'])} ({ro['share']:.0%} of requests), next: {ro['next']}"
              if ro else "")

@@ -49,10 +49,27 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import GatekeeperError
-from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, Watch
+from ...gate.guard import (
+    AA,
+    ALL,
+    ASSERTIONS,
+    DISTANCE,
+    FAILED,
+    KEPT,
+    SLOW,
+    SUCCESS,
+    Count,
+    Judged,
+    Rule,
+    Segment,
+    Served,
+    Test,
+    Watch,
+)
 from ...gate.state import rollout as rollouts
 from ..captures.capture import metadata
 from . import shadow
+from .judge import Judge, Judgement, Reader
 
 if TYPE_CHECKING:
     import aiohttp
@@ -89,6 +106,7 @@ class Batch:
     unpaired: dict[str, int] = field(default_factory=dict)  # reason -> requests
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests
     shapes: dict[str, int] = field(default_factory=dict)  # prompt size class -> comparisons
+    judged: Judged = field(default_factory=Judged)  # the evaluation's comparisons (judge.py)
     mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     def compared(self) -> int:
@@ -102,7 +120,8 @@ class Batch:
 
     def summary(self) -> dict[str, Any]:
         return {"requests": self.requests, "shadowed": self.shadowed, "stages": self.stages,
-                "unpaired": self.unpaired, "dropped": self.dropped, "shapes": self.shapes}
+                "unpaired": self.unpaired, "dropped": self.dropped, "shapes": self.shapes,
+                **({"judged": vars(self.judged).copy()} if self.judged != Judged() else {})}
 
 
 class Guarded:
@@ -111,7 +130,7 @@ class Guarded:
     def __init__(self, ws: Workspace, ledger_url: str, flag: str, other: str, key: SigningKey, *,
                  operator: str = "guard", no_text: bool = False, webhook: str | None = None,
                  say: Callable[[str], None] = lambda line: None, seed: int | None = None, baseline: str | None = None,
-                 name: str | None = None):
+                 name: str | None = None, reader: Reader | None = None):
         import socket
 
         from ...ledger.stamp import LedgerStamp
@@ -126,6 +145,13 @@ class Guarded:
         self.policy = policy.guard
         self.rollout = policy.rollout  # by steps (gate/state/rollout.py): the share the flag-on side serves
         self.rule = Rule.of(self.policy)
+        if self.policy.distance and reader is None:
+            raise GatekeeperError(f"{ws.root / 'policies' / (flag + '.yaml')}: field 'guard.distance': the teacher-forced "
+                                  "distance is read from both servers through an http profile's dialect; run the proxy "
+                                  "with --shadow-engine NAME, or set 'distance: false' (in process it cannot be read)")
+        # the evaluation's comparisons on each compared request: the suite's assertions, the forced distance
+        self.judge = (Judge(ws, self.policy.assertions, reader, self.policy.max_kld)
+                      if self.policy.assertions or reader is not None else None)
         self.key, self.operator, self.no_text = key, operator, no_text
         self.salt = os.urandom(16)  # digests in the ledger cannot be looked up against known prompts
         self.webhook, self.say = webhook, say
@@ -138,7 +164,7 @@ class Guarded:
         self.on = True
         self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
         self.totals = {"requests": 0, "failed": 0, "slow": 0, "shadowed": 0, "compared": 0, "mismatches": 0, FAILED: 0,
-                       **dict.fromkeys(AA, 0)}
+                       **dict.fromkeys(AA, 0), **{f"judged_{k}": 0 for k in vars(Judged())}}
         self.unpaired: dict[str, int] = {}
         self.dropped: dict[str, int] = {}
         self.latency = [0] * (len(LATENCY) + 1)
@@ -303,13 +329,21 @@ class Guarded:
                 other = await self._ask(session, self.other, path, headers, request)
                 if twice and isinstance(other, shadow.Answer):
                     again = await self._ask(session, self.other, path, headers, request)
+            judged = (await asyncio.to_thread(self.judged, request, live, other)) if self.judge else None
         finally:
             self.in_flight -= 1
-        self.settle(stage, request, live, other, again)
+        self.settle(stage, request, live, other, again, judged)
+
+    def judged(self, request: dict, live: shadow.Answer | Failed, other: shadow.Answer | str) -> Judgement | None:
+        """The evaluation's comparisons of two answers (judge.py), off the request path; None where there are not two."""
+        if self.judge is None or not isinstance(live, shadow.Answer) or not isinstance(other, shadow.Answer):
+            return None
+        return self.judge.judge(request, live.text, other.text)
 
     def settle(self, stage: str, request: dict, live: shadow.Answer | Failed, other: shadow.Answer | str,
-               again: shadow.Answer | str | None) -> None:
-        """A shadow come back (its flag-off answer, or a drop reason; ``again``: the A/A twin): compared or dropped."""
+               again: shadow.Answer | str | None, judged: Judgement | None = None) -> None:
+        """A shadow come back (its flag-off answer, or a drop reason; ``again``: the A/A twin; ``judged``: what the
+        evaluation's comparisons said of the two): compared or dropped."""
         if isinstance(other, str):
             return self._drop(other)
         if isinstance(again, str):  # the A/B comparison stands; only its A/A twin is lost
@@ -319,7 +353,7 @@ class Guarded:
             return
         if isinstance(live, Failed):
             return self._failed(stage, request, live, other)
-        self._compare(stage, request, live, other, again)
+        self._compare(stage, request, live, other, again, judged)
 
     async def _ask(self, session, base: str, path: str, headers: dict[str, str], request: dict) -> shadow.Answer | str:
         """One flag-off answer, or why there is none (a drop reason)."""
@@ -345,8 +379,9 @@ class Guarded:
         self.latency_sum += seconds
 
     def _compare(self, stage: str, request: dict, live: shadow.Answer, other: shadow.Answer,
-                 again: shadow.Answer | None = None) -> None:
-        """Flag-on vs flag-off (A/B); with ``again``, flag-off vs flag-off (A/A) on the same request beside it."""
+                 again: shadow.Answer | None = None, judged: Judgement | None = None) -> None:
+        """Flag-on vs flag-off (A/B); with ``again``, flag-off vs flag-off (A/A) on the same request beside it; with
+        ``judged``, the evaluation's comparisons of the two counted (a request they part is kept like a mismatch)."""
         at = shadow.parting(live.text + f"\0{live.finish}", other.text + f"\0{other.finish}")
         row = self.batch.stage(stage)
         row["compared"] += 1
@@ -364,11 +399,24 @@ class Guarded:
         if at is not None:
             row["mismatches"] += 1
             self.totals["mismatches"] += 1
-            if len(self.batch.mismatches) < KEPT:
-                item = self._item(stage, prompt, live, other, at)
-                self.batch.mismatches.append(item if again is None else {**item, "aa_parting_char": aa_at})
+        counted = self._judged(judged)
+        if (at is not None or counted) and len(self.batch.mismatches) < KEPT:
+            item = self._item(stage, prompt, live, other, at)
+            item = item if again is None else {**item, "aa_parting_char": aa_at}
+            self.batch.mismatches.append(item if judged is None else {**item, **judged.record()})
         if self.batch.compared() >= self.policy.batch:
             self.flush()
+
+    def _judged(self, j: Judgement | None) -> bool:
+        """Count what the evaluation's comparisons said; whether they part the two answers (a lost pass, a departure)."""
+        if j is None:
+            return False
+        counts = Judged(read=int(j.kld is not None), departed=int(j.departed), graded=int(j.lost is not None),
+                        lost=int(bool(j.lost)))
+        self.batch.judged.add(counts)
+        for name, n in vars(counts).items():
+            self.totals[f"judged_{name}"] += n
+        return bool(counts.departed or counts.lost)
 
     def _failed(self, stage: str, request: dict, live: Failed, other: shadow.Answer) -> None:
         """The flag-on side failed a request the flag-off side answered: a parting, kept with its status and error."""
@@ -386,7 +434,7 @@ class Guarded:
         if self.batch.compared() >= self.policy.batch:
             self.flush()
 
-    def _item(self, stage: str, prompt: str, live: shadow.Answer, other: shadow.Answer, at: int) -> dict[str, Any]:
+    def _item(self, stage: str, prompt: str, live: shadow.Answer, other: shadow.Answer, at: int | None) -> dict[str, Any]:
         """A mismatch as the ledger keeps it: the texts, or under --no-text salted digests and lengths only."""
         item: dict[str, Any] = {"stage": stage, "parting_char": at, "finish": [live.finish, other.finish]}
         if self.no_text:
@@ -442,6 +490,7 @@ class Guarded:
             for stage, row in batch.stages.items():
                 self.counts.setdefault(stage, Count()).add(Count.of(row))
             self.segment.served.add(Served(batch.requests, batch.failed, batch.slow))
+            self.segment.judged.add(batch.judged)
             tests = self.segment.tests()
             breached = self.before + [(self.segment, t) for t in tests if t.breached]
             raised = self._raise(batch.compared()) if not breached else None
@@ -559,6 +608,12 @@ class Guarded:
         metric("discordant_total", "counter", "Requests compared both ways that parted one way only (only: ab, flag-on vs "
                "flag-off; aa, flag-off vs flag-off): the baseline-aware test's evidence.",
                [(',only="ab"', self.totals["ab_only"]), (',only="aa"', self.totals["aa_only"])])
+        metric("graded_total", "counter", "Compared requests whose messages are a suite case's, graded by its assertions "
+               "on both sides (lost: the flag-on answer fails what the flag-off answer passes).",
+               [(',outcome="graded"', self.totals["judged_graded"]), (',outcome="lost"', self.totals["judged_lost"])])
+        metric("read_total", "counter", "Compared requests read teacher-forced on both sides (departed: mean KL over the "
+               "rule's max_kld).", [(',outcome="read"', self.totals["judged_read"]),
+                                    (',outcome="departed"', self.totals["judged_departed"])])
         metric("unpaired_total", "counter", "Picked requests whose decoding cannot be paired (counted, not compared).",
                [(f',reason="{_label(r)}"', n) for r, n in sorted(self.unpaired.items())] or [(',reason=""', 0)])
         metric("dropped_total", "counter", "Shadows dropped (the live request is never affected).",
@@ -587,6 +642,12 @@ def _evidence(t: Test) -> str:
     if t.scope == SUCCESS:
         return (f"{t.mismatches} of {t.compared} live requests failed on the flag-on side (success rate >= "
                 f"{1 - t.limit:g} rejected at alpha {t.alpha:.3g})")
+    if t.scope == ASSERTIONS:
+        return (f"{t.mismatches} of {t.compared} graded requests lost a pass on the flag-on side (a share <= {t.limit:g} "
+                f"rejected at alpha {t.alpha:.3g})")
+    if t.scope == DISTANCE:
+        return (f"{t.mismatches} of {t.compared} requests read teacher-forced departed beyond the rule's max_kld (a "
+                f"share <= {t.limit:g} rejected at alpha {t.alpha:.3g})")
     if t.scope == SLOW:
         return (f"{t.mismatches} of {t.compared} live requests were slower than the rule's ceiling (a share <= "
                 f"{t.limit:g} rejected at alpha {t.alpha:.3g})")
@@ -601,7 +662,8 @@ def _evidence(t: Test) -> str:
 
 def _scope(seg: Segment, t: Test) -> str:
     """A test as a rollback's reason names it: its stages, and its rule segment when the rule changed in the watch."""
-    where = ("the live side's " + t.scope if t.scope in (SUCCESS, SLOW) else "stage " + t.scope if t.scope != ALL
+    where = ("the live side's " + t.scope if t.scope in (SUCCESS, SLOW) else "the " + t.scope if t.scope in
+             (ASSERTIONS, DISTANCE) else "stage " + t.scope if t.scope != ALL
              else "other stages" if seg.rule.stage_limits else "all stages")
     return where if seg.index == 1 else f"{where} (rule segment {seg.index}, rule {seg.rule.digest()[:12]})"
 

@@ -74,11 +74,12 @@ class InProcess:
             try:
                 other = self._ask(stage, values, history)
                 again = self._ask(stage, values, history) if twice and isinstance(other, shadow.Answer) else None
+                judged = self.guarded.judged(request, live, other)
             finally:
                 with self.lock:
                     self.guarded.in_flight -= 1
             with self.lock:
-                self.guarded.settle(stage, request, live, other, again)
+                self.guarded.settle(stage, request, live, other, again, judged)
 
     def _ask(self, stage: str, values: Mapping[str, str], history: Sequence[dict[str, str]]) -> shadow.Answer | str:
         """The flag-off answer, or why there is none (a drop reason)."""
