@@ -26,7 +26,9 @@ comparisons take about min_comparisons_per_step / s requests: the first step is 
 
 Real defects (``--parts real``): each ``bench/real_bugs/`` entry with a ``guard:`` section, at its last affected and
 first fixed release: its flag evaluated on a battery that does not reach the defect and flipped on where that PASSes,
-then live calls that reach it through ``Runtime(guard=...)`` (``real_bugs.guarded``), until a rollback or 60 calls.
+then live calls that reach it through ``Runtime(guard=...)``, and again through ``gatekeeper proxy --guard`` in front of
+the pipeline served flag on and flag off (``bench/runtime_server.py``), until a rollback or 60 calls
+(``real_bugs.guarded``).
 
     python bench/guard.py [--requests 200] [--calls 40] [--parts latency,detection,failures,fleet,rollout,runtime,real]
 """
@@ -352,12 +354,12 @@ def real(key: Path) -> None:
     print(f"real defects the battery missed, every call replayed (limit {rule['limit']}, alpha {rule['alpha']}, at least "
           f"{rule['min_comparisons']} comparisons):")
     for entry in (e for e in real_bugs.entries() if e.get("guard")):
-        for side in ("affected", "fixed"):
+        for side, proxy in (("affected", False), ("fixed", False), ("affected", True), ("fixed", True)):
             t0 = time.perf_counter()
-            r = real_bugs.guarded(entry, side, key, rule)
+            r = real_bugs.guarded(entry, side, key, rule, proxy=proxy)
             share = r["mismatches"] / r["compared"] if r["compared"] else 0.0
             predicted = f"; power analysis at that share: {to_detect(share, rule['limit'], rule['alpha'] / 2)}" if share else ""
-            print(f"  {entry['id']} {side:8} {r['release']:8} battery {r['evaluation']}: "
+            print(f"  {entry['id']} {side:8} {r['release']:8} {'behind the proxy' if proxy else 'in process':16} battery {r['evaluation']}: "
                   f"{'rolled back' if r['rolled_back'] else 'kept on'} after {r['calls']} calls, {r['compared']} compared, "
                   f"{r['mismatches']} parted{predicted} ({time.perf_counter() - t0:.0f} s)")
 

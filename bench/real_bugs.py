@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -218,12 +219,13 @@ def run(entry: dict, side: str, limit: int | None = None) -> dict:
             "first_divergent_position": int(found.group(1)) if found else None, "seconds": round(seconds, 1)}
 
 
-def guarded(entry: dict, side: str, key: Path, rule: dict, cap: int = 60) -> dict:
+def guarded(entry: dict, side: str, key: Path, rule: dict, cap: int = 60, proxy: bool = False) -> dict:
     """The guard after an honest flip (issue #61): the entry's flag evaluated on the suites of its ``guard.battery``,
     which do not reach the defect, and flipped on where that PASSes; then live calls of the ``guard.live`` stages' cases
-    (which do reach it), in turn, through ``gatekeeper.Runtime(guard=FLAG)`` under ``rule`` (the policy's ``guard:``)
-    until the guard rolls the flag back or ``cap`` calls. Returns the evaluation's verdict, the calls, comparisons and
-    partings, and whether and after how many comparisons the flag was rolled back."""
+    (which do reach it), in turn, through ``gatekeeper.Runtime(guard=FLAG)`` (``proxy``: through ``gatekeeper proxy
+    --guard FLAG`` in front of the pipeline served flag on, shadowing to it served flag off, ``bench/runtime_server.py``)
+    under ``rule`` (the policy's ``guard:``) until the guard rolls the flag back or ``cap`` calls. Returns the
+    evaluation's verdict, the calls, comparisons and partings, and whether the flag was rolled back."""
     from gatekeeper.battery.suites import all_suites
     from gatekeeper.ledger import Ledger, checkpoint
     from gatekeeper.runtime import Runtime
@@ -251,6 +253,8 @@ def guarded(entry: dict, side: str, key: Path, rule: dict, cap: int = 60) -> dic
             checkpoint.after_flip(Workspace(ws), ledger, None)
         live = [(s.stage, c.vars) for s in all_suites(Workspace(ws)).values() if s.suite in entry["guard"]["live"]
                 for c in s.cases]
+        if proxy:
+            return {**row, **behind_proxy(ws, flag, key, live, cap)}
         with Runtime(ws, engine="bug", response_cache=False, guard=flag, sign=key) as rt:
             assert rt.guard is not None
             watch = rt.guard.guarded
@@ -263,6 +267,74 @@ def guarded(entry: dict, side: str, key: Path, rule: dict, cap: int = 60) -> dic
             row.update(compared=watch.totals["compared"], mismatches=watch.totals["mismatches"],
                        rolled_back=watch.rollback is not None)
     return row
+
+
+def behind_proxy(ws: Path, flag: str, key: Path, live: list, cap: int) -> dict:
+    """``live`` calls (stage, values) in turn through ``gatekeeper proxy --guard FLAG`` in front of the workspace's
+    pipeline served with the flag on, shadowing to it served with the flag off, until a rollback or ``cap`` calls."""
+    import http.client
+    import socket
+
+    from gatekeeper.battery import partition
+    from gatekeeper.battery.suites import all_suites
+    from gatekeeper.ledger import Ledger
+    from gatekeeper.workspace import Workspace
+
+    procs: list[subprocess.Popen] = []
+
+    def started(args: list[str], ready: str) -> str:
+        """``args`` run by this python until it prints a line starting with ``ready``: that line."""
+        proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=child_env(PYTHONPATH=str(ROOT)))
+        procs.append(proc)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(ready):
+                threading.Thread(target=proc.stdout.read, daemon=True).start()  # drained, never blocking the child
+                return line
+        raise SystemExit(f"{' '.join(args[:3])} stopped before it was ready")
+
+    def call(where: str, body: dict | None = None) -> str:
+        """A chat completion (``body``) through the proxy, else its /metrics text."""
+        conn = http.client.HTTPConnection(*where.split(":"), timeout=600)
+        if body is None:
+            conn.request("GET", "/metrics")
+        else:
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json",
+                                                                           "X-Gatekeeper-Stage": body["gatekeeper"]["stage"]})
+        text = conn.getresponse().read().decode()
+        conn.close()
+        return text
+
+    stages = {s.stage: s for s in all_suites(Workspace(ws)).values()}
+    serve = [str(ROOT / "bench" / "runtime_server.py"), str(ws), "--engine", "bug", "--flag"]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        listen = f"127.0.0.1:{free.getsockname()[1]}"
+    flag_on, quiet = f'gatekeeper_guard_flag_on{{flag="{flag}"}} 1', f'gatekeeper_guard_in_flight{{flag="{flag}"}} 0'
+    row = {"calls": 0}
+    try:
+        on, off = (f"http://127.0.0.1:{started([*serve, f'{flag}={state}'], 'ready').split()[1]}" for state in ("on", "off"))
+        started(["-m", "gatekeeper.cli", "--workspace", str(ws), "proxy", "--upstream", on, "--listen", listen,
+                 "--guard", flag, "--shadow", off, "--sign", str(key)], "gatekeeper proxy: listening")
+        while row["calls"] < cap and flag_on in call(listen):
+            stage, values = live[row["calls"] % len(live)]
+            pieces = partition.pieces(Workspace(ws), stages[stage], values)
+            call(listen, {"messages": partition.messages(partition.order(pieces, "partitioned")), "temperature": 0,
+                          "gatekeeper": {"stage": stage, "values": values}})
+            row["calls"] += 1
+            while quiet not in call(listen):  # each call's shadow compared before the next: calls count comparisons
+                time.sleep(0.05)
+        metrics = call(listen)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(30)
+    counted = {name: int(float(m.group(1))) for name in ("compared", "mismatches")
+               if (m := re.search(rf'gatekeeper_guard_{name}_total{{flag="{flag}"}} (\S+)', metrics))}
+    with Ledger(f"sqlite:///{ws / 'ledger' / 'evidence.db'}") as ledger:
+        state = ledger.flag_states()[flag]
+    return {**row, **counted, "rolled_back": state["state"] == "off" and state["operator"] == "guard"}
 
 
 def judged(entry: dict, rows: dict) -> bool:

@@ -21,6 +21,8 @@ from served import (
     started,
     vllm_server,
 )
+from test_guard import _no_proxy_outlives_its_test, guarded_ws, metrics, start, stop, wait  # noqa: F401
+from trust import keys  # noqa: F401
 
 from gatekeeper.engines.served.http import HTTPEngine
 from gatekeeper.engines.torch import TorchEngine
@@ -157,3 +159,27 @@ def test_vllm_bad_answers_abort_the_evaluation_and_keep_the_ledger(vllm, workspa
         ws = served_ws(workspace, bad=profile(front, vllm["on"], f"timeout: {timeout}"))
         code, out = evaluate(run_cli, ws, "bad")
     assert_aborted(code, out, front, message, ws)
+
+
+def test_vllm_the_guard_reads_both_sides_prompt_log_probabilities(vllm, workspace, keys, tmp_path, run_cli):  # noqa: F811
+    """The guard's teacher-forced distance on vLLM (issue #61 item 2): each compared request's flag-off answer read by
+    both deployments in one prompt-log-probabilities request each; bfloat16 weights on the flag-on side move every
+    distribution (by construction), so the reads depart though the mismatch rule (limit 0.9) tolerates the texts."""
+    from test_guard_compared import chat, live
+
+    ws = guarded_ws(workspace, keys, {"rate": 1, "limit": 0.9, "assertions": False, "distance": True, "max_kld": 1e-6,
+                                      "alpha": 0.05, "min_comparisons": 3, "batch": 1, "flush_s": 0.5, "timeout_s": 120,
+                                      "aa_rate": 0})
+    (ws / "engines" / "off.yaml").write_text(profile(vllm["off"], vllm["off"]))
+    where, proc = start(ws, keys, vllm["bf16"], None, "--shadow-engine", "off", log=tmp_path / "proxy.log")
+    sent = 0
+    while sent < 8 and metrics(where)['gatekeeper_guard_flag_on{flag="prefix_cache"}'] == 1:
+        chat(where, sent)
+        sent += 1
+        wait(lambda: metrics(where)['gatekeeper_guard_in_flight{flag="prefix_cache"}'] == 0, what="the shadow")
+    assert stop(proc) == 1, (tmp_path / "proxy.log").read_text()
+    got = live(run_cli, ws)
+    assert got["rolled_back"] and "the distance: " in got["ended_by"]["reason"], got["ended_by"]
+    assert got["judged"]["read"] == got["compared"] >= 3 and got["judged"]["departed"] >= 1
+    kept = [i for i in got["mismatched"] if "kld" in i]
+    assert kept and all(i["kld"] > 1e-6 and i["compared_by"][-1] == "distance" for i in kept)
