@@ -53,12 +53,28 @@ def server(parts=lambda key: False):
         yield url, seen
 
 
-def send(where: str, key: str) -> None:
+def send(where: str, key: str, user: str | None = None) -> None:
+    """A completion whose rollout key is ``key`` (the X-Gatekeeper-Key header), or, with ``user``, the request's user
+    (its stream, as a replayed capture's requests carry it)."""
     conn = http.client.HTTPConnection(*where.split(":"), timeout=30)
-    conn.request("POST", "/v1/completions", json.dumps({"prompt": key, "max_tokens": 1, "temperature": 0}),
-                 {"Content-Type": "application/json", "X-Gatekeeper-Key": key})
+    body = {"prompt": key, "max_tokens": 1, "temperature": 0, **({"user": user} if user else {})}
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Content-Type": "application/json", **({} if user else {"X-Gatekeeper-Key": key})})
     assert conn.getresponse().read()
     conn.close()
+
+
+def captured(tmp_path, n: int) -> list[dict]:
+    """``n`` requests of as many users through the capturing proxy: the capture file's lines, as a replay reads them."""
+    from gatekeeper.traffic.live.proxy import running
+
+    capture = tmp_path / "capture.jsonl"
+    with server() as (upstream, _), running(upstream, capture) as proxy:
+        for i in range(n):
+            send(proxy.removeprefix("http://"), f"request {i}", user=f"user-{i}")
+    lines = [json.loads(line) for line in capture.read_text().splitlines()]
+    assert len(lines) == n and all(line["text"] == f"request {i}" for i, line in enumerate(lines))
+    return lines
 
 
 def watch_of(ws, keys, off):  # noqa: F811
@@ -69,7 +85,9 @@ def watch_of(ws, keys, off):  # noqa: F811
     return Guarded(Workspace(ws), f"sqlite:///{ws / 'ledger' / 'evidence.db'}", FLAG, off, load_key(keys["ci"]))
 
 
-def test_a_healthy_rollout_is_raised_step_by_step_each_raise_signed_and_each_key_on_its_steps_side(workspace, keys):  # noqa: F811
+def test_a_healthy_rollout_is_raised_step_by_step_each_raise_signed_and_each_key_on_its_steps_side(workspace, keys,  # noqa: F811
+                                                                                                     tmp_path):
+    """A capture of 400 users' requests, replayed through the guarding proxy: each request's key is its user."""
     from gatekeeper.traffic.live.proxy import running
 
     ws = rolled_ws(workspace, keys)
@@ -78,17 +96,17 @@ def test_a_healthy_rollout_is_raised_step_by_step_each_raise_signed_and_each_key
         watch = watch_of(ws, keys, off)
         with running(on, None, guard=watch) as proxy:
             where = proxy.removeprefix("http://")
-            for i in range(400):
+            for line in captured(tmp_path, 400):
                 share = watch.share
-                key = f"user-{i}"
+                key = line["stream"]
                 before = len(on_seen)
-                send(where, key)
+                send(where, line["text"], user=key)
                 # the flag-on side served this key exactly when it falls within the step's share (which the writer may
                 # raise while the request runs: within the share before or after)
                 after = watch.share
                 assert bucket(FLAG, key) < after if len(on_seen) > before else bucket(FLAG, key) >= share, (key, share)
                 shares.append(share)
-                if i % 2:
+                if len(shares) % 2:
                     wait(lambda: watch.in_flight == 0, what="the shadows")
                 if share == 1.0:
                     break
@@ -102,7 +120,8 @@ def test_a_healthy_rollout_is_raised_step_by_step_each_raise_signed_and_each_key
         assert r["signer"] == "guard" and r["compared"] >= ROLLOUT["min_comparisons_per_step"]
         signed = verify(r["signature"], message(FLAG, flip_id, r["step"], r["share"], r["batches"]))
         assert signed.fingerprint == watch.key.fingerprint
-    assert not any(k not in on_seen for k in off_seen if bucket(FLAG, k) < 0.1)  # the first step's keys: always on
+    # the first step's keys: always on (the servers see the prompts: "request i" is user-i's)
+    assert not any(p not in on_seen for p in off_seen if bucket(FLAG, "user-" + p.split()[-1]) < 0.1)
 
 
 def test_a_defect_met_at_the_ten_percent_step_rolls_the_flag_back_to_off(workspace, keys, run_cli):  # noqa: F811
