@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from ...battery import checks, graded, partition, similar
 from ...battery.suites import all_suites
+from ...errors import GatekeeperError
 
 if TYPE_CHECKING:
     from ...engines.base import Scored
@@ -86,7 +87,10 @@ class Judge:
             for case in suite.cases:
                 if not _gradable(case):
                     continue
-                items = partition.pieces(ws, suite, case.vars)
+                try:
+                    items = partition.pieces(ws, suite, case.vars)
+                except GatekeeperError:  # a template this process cannot render (its JS filters need node): unmatched
+                    continue
                 for mode in ("partitioned", "as_written"):
                     key = _key(partition.messages(partition.order(items, mode)))
                     if key is not None:
