@@ -10,6 +10,7 @@ import typer
 
 if TYPE_CHECKING:
     from ..evidence import EvaluationRecord
+    from ..summaries import CalibrationSummary
 
 
 def _share(x: Optional[float]) -> str:
@@ -380,12 +381,12 @@ def print_replay(r: dict) -> None:
                         "and snapshot policies do not apply")
 
 
-def print_calibration(c: dict) -> None:
+def print_calibration(c: CalibrationSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
     linked = f" of evaluation {c['evaluation_id']}" if c["evaluation_id"] else ""
-    linked += f" (measured on its twin {c['twin']['engine']}: the served weights)" if c.get("twin") else ""
+    linked += f" (measured on its twin {twin['engine']}: the served weights)" if (twin := c.get("twin")) else ""
     early = c.get("mode") == "early"
     table = Table("fault", "flagged", "share", "by outputs" + (" (at least)" if early else ""), "by drift",
                   "cached tok", "seconds",

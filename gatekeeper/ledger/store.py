@@ -6,14 +6,14 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable, Literal, overload
+from typing import Any, Callable, Literal, cast, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError, Superseded
-from gatekeeper.evidence import EvaluationRecord
+from gatekeeper.evidence import EvaluationRecord, HistoryRow
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
@@ -21,6 +21,7 @@ from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record
 from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
+from gatekeeper.summaries import ApprovalRow, CalibrationRow, FlipRow
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 FLIP_STATES = ("on", "off")
@@ -216,7 +217,7 @@ class Ledger:
         with read(self.engine) as conn:
             return evaluation_record(lambda kind, **equal: _rows(conn, kind, **equal), evaluation_id)
 
-    def history(self, flag: str) -> list[dict[str, Any]]:
+    def history(self, flag: str) -> list[HistoryRow]:
         """Every evaluation of ``flag``, oldest first, with its status and verdict but not its case evidence
         (``records.history``): the looks ``gate/stats/looks.py`` counts."""
         with read(self.engine) as conn:
@@ -230,11 +231,11 @@ class Ledger:
         """Every row of one kind, oldest first."""
         return self._read(kind)
 
-    def flips(self, flag: str | None = None) -> list[dict[str, Any]]:
-        return self._read("flip", flag=flag)
+    def flips(self, flag: str | None = None) -> list[FlipRow]:
+        return cast("list[FlipRow]", self._read("flip", flag=flag))
 
-    def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
-        return self._read("approval", flag=flag, evaluation_id=evaluation_id)
+    def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[ApprovalRow]:
+        return cast("list[ApprovalRow]", self._read("approval", flag=flag, evaluation_id=evaluation_id))
 
     def refusals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
         return self._read("refusal", flag=flag, evaluation_id=evaluation_id)
@@ -249,10 +250,10 @@ class Ledger:
         """The guard's batches, oldest first: of one flag, of the flip to on they watched, written after batch ``after``."""
         return self._read("shadow", after, flag=flag, flip_id=flip_id)
 
-    def calibrations(self, evaluation_id: int | None = None) -> list[dict[str, Any]]:
-        return self._read("calibration", evaluation_id=evaluation_id)
+    def calibrations(self, evaluation_id: int | None = None) -> list[CalibrationRow]:
+        return cast("list[CalibrationRow]", self._read("calibration", evaluation_id=evaluation_id))
 
-    def flag_states(self) -> dict[str, dict[str, Any]]:
+    def flag_states(self) -> dict[str, FlipRow]:
         """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""
         return latest_flips(self.flips())
 

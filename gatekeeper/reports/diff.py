@@ -12,17 +12,19 @@ from .outcomes import CaseOutcome, case_flips, case_outcomes, divergence_text, v
 
 def _header(record: EvaluationRecord) -> dict[str, Any]:
     summary = verdict_summary(record)
-    stats = summary.get("sequential") or summary.get("paired")
+    stats = (summary.get("sequential") or summary.get("paired")) if summary else None
     return {"id": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
             "operator": record["operator"], "started_at": record["started_at"],
-            "model_seconds": summary.get("model_seconds"), "reasons": record.get("reasons") or [],
+            "model_seconds": summary.get("model_seconds") if summary else None, "reasons": record.get("reasons") or [],
             # a paired or sequential verdict's totals (absent for the others, whose diff reads as it did)
-            **({"flips": {k: stats.get(k) for k in ("harmful", "beneficial", "loss", "lower", "upper", "margin")}}
+            **({"flips": {"harmful": stats.get("harmful"), "beneficial": stats.get("beneficial"), "loss": stats.get("loss"),
+                          "lower": stats.get("lower"), "upper": stats.get("upper"), "margin": stats.get("margin")}}
                if stats and "suites" not in stats else {}),
             # sampled decoding: what the seed-paired draws certify (absent for greedy evaluations)
-            **({"sampling": {k: s.get(k) for k in ("answers", "steps", "mismatches", "tv_bound", "tv_mean_bound",
-                                                   "classes", "alpha")}}
-               if (s := summary.get("sampling")) else {})}
+            **({"sampling": {"answers": s.get("answers"), "steps": s.get("steps"), "mismatches": s.get("mismatches"),
+                             "tv_bound": s.get("tv_bound"), "tv_mean_bound": s.get("tv_mean_bound"),
+                             "classes": s.get("classes"), "alpha": s.get("alpha")}}
+               if summary and (s := summary.get("sampling")) else {})}
 
 
 def _side(case: CaseOutcome | None, flips: dict[str, tuple[int, int]]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections import defaultdict
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..cache.trie import common_prefix
 from ..engines.base import plus
@@ -23,8 +23,21 @@ from ..evidence import CaseResultRow, Comparison, EvaluationRecord
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..gate.stats import looks
 from ..identity import flatten
+from ..summaries import (
+    CalibrationRow,
+    DepartureRecord,
+    DistanceSummary,
+    NotObservable,
+    OutcomeSummary,
+    ReferenceSummary,
+    SamplingSummary,
+    SequentialSummary,
+    Statistics,
+    Step,
+    SuiteCensus,
+)
 from . import junit
-from .outcomes import verdict_summary
+from .outcomes import observed, verdict_summary
 
 PROBE = "probe:"  # the case ids of the gate's cache probes (gate/arms/probes.py)
 
@@ -110,14 +123,21 @@ def _differences(record: EvaluationRecord) -> list[dict[str, Any]]:
     return out
 
 
-def _where(w: dict[str, Any] | None) -> str | None:
+def _where(w: Step | None) -> str | None:
     return None if w is None else f"{w['case']} turn {w['turn']} step {w['step']}"
 
 
-def _census(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _census(summary: OutcomeSummary | None) -> list[Census]:
     """The near-tie census per suite; a suite none of whose steps came near a tie is flagged insensitive."""
     return [{"suite": suite, **row, "insensitive": bool(row.get("steps")) and not row.get("near_ties")}
-            for suite, row in (summary.get("near_ties") or {}).items()]
+            for suite, row in ((summary.get("near_ties") if summary else None) or {}).items()]
+
+
+class Census(SuiteCensus):
+    """A suite's near-tie census as the view shows it: flagged insensitive where none of its steps came near a tie."""
+
+    suite: str
+    insensitive: bool
 
 
 def view(record: EvaluationRecord) -> dict[str, Any]:
@@ -126,13 +146,18 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
     off, on = flatten(identity.get("off", {})), flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
     verdict = record.get("verdict_record")
+    aborted = record.get("aborted_record")
     summary = verdict_summary(record)
-    strength = summary.get("strength")
+    strength = summary.get("strength") if summary else None
+    paired, sequential = (summary.get("paired"), summary.get("sequential")) if summary else (None, None)
+    look = summary.get("looks") if summary else None
+    moved, read = (summary.get("distance"), summary.get("reference")) if summary else (None, None)
+    sampling = summary.get("sampling") if summary else None
     return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
         "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
         "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict["finished_at"] if verdict else None,
-        "aborted": (record.get("aborted_record") or {}).get("reason"),
+        "aborted": aborted["reason"] if aborted else None,
         "config": record.get("config") or {},
         "identities": identity,
         "identity_rows": [{"part": k, "off": off.get(k), "on": on.get(k), "differs": off.get(k) != on.get(k)}
@@ -144,15 +169,16 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
         "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
-        "probes": summary.get("probes") or {}, "probe_seconds": summary.get("probe_seconds"),
+        "probes": (summary.get("probes") if summary else None) or {},
+        "probe_seconds": summary.get("probe_seconds") if summary else None,
         # records written before paired verdicts have none: their exports read as they did
-        **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
-        **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
+        **({"paired": _paired_rows(paired)} if paired else {}),
+        **({"sequential": _sequential_rows(sequential)} if sequential else {}),
         # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/stats/looks.py)
-        **({"looks": looks.line(summary["looks"])} if summary.get("looks") else {}),
-        **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
-        **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
-        **({"sampling": _sampling_view(summary["sampling"])} if summary.get("sampling") else {}),
+        **({"looks": looks.line(look)} if look else {}),
+        **({"distance": _distance_view(moved)} if moved else {}),
+        **({"reference": _reference_view(read)} if read else {}),
+        **({"sampling": _sampling_view(sampling)} if sampling else {}),
     }
 
 
@@ -160,11 +186,11 @@ PAIRED_HEAD = ["suite", "assertion pairs", "cases", "harmful", "beneficial", "lo
                "alpha", "needed", "supports margin", "verdict"]
 
 
-def _paired_rows(p: dict[str, Any] | None) -> list[list[str]]:
+def _paired_rows(p: Statistics | None) -> list[list[str]]:
     """The paired verdict as table rows: one for the battery, or one per suite under per-suite margins."""
     if not p:
         return []
-    judged = p["suites"].items() if "suites" in p else [("all", p)]
+    judged = list(p["suites"].items()) if "suites" in p else [("all", p)]
     return [[name, str(s["n"]), str(s["clusters"]), str(s["harmful"]), str(s["beneficial"]), f"{s['loss']:.3f}",
              f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
              "no finite number" if s["needed"] is None else str(s["needed"]), f"{s['supported_margin']:.3f}", s["verdict"]]
@@ -175,37 +201,42 @@ SEQUENTIAL_HEAD = ["cases run", "seed", "harmful", "beneficial", "loss per case"
                    "decision", "stopped"]
 
 
-def _sequential_rows(s: dict[str, Any]) -> list[list[str]]:
+def _sequential_rows(s: SequentialSummary) -> list[list[str]]:
     """A sequential evaluation's rule where it stopped (gate/stats/sequential.py), as one table row."""
     return [[f"{s['cases']} of {s['battery_cases']}", str(s["seed"]), str(s["harmful"]), str(s["beneficial"]),
              f"{s['loss']:.3f}", f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
-             s["decision"], s["stopped"]]]
+             s["decision"], str(s["stopped"])]]
 
 
 DISTANCE_HEAD = ["", "positions", "KLD mean ± SE", "KLD median", "KLD p99", "KLD max", "same top-1", "Δp RMS"]
-KLD_QUANTILES = ("min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max")
+KLD_QUANTILES: tuple[Literal["min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max"], ...] = (
+    "min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max")
 
 
-def _distance_view(d: dict[str, Any]) -> dict[str, Any]:
+def _distance_view(summary: DistanceSummary | NotObservable) -> dict[str, Any]:
     """The teacher-forced distance beside its A/A floor as table rows and KLD quantiles; or why it was not read."""
-    if "not_observable" in d:
-        return {"not_observable": d["not_observable"]}
+    d = observed(summary)
+    if d is None:
+        return {"not_observable": cast(NotObservable, summary)["not_observable"]}
+    floor = d["floor"]
+    assert floor is not None  # the evaluator reads the A/A floor with every distance it records
     rows = [[label, str(x["positions"]), f"{x['kld']['mean']:.3g} ± {x['kld']['se']:.2g}", f"{x['kld']['median']:.3g}",
              f"{x['kld']['p99']:.3g}", f"{x['kld']['max']:.3g}", f"{100 * x['same_top1']:.2f}% ± {100 * x['same_top1_se']:.2f}%",
-             f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", d["floor"]))]
-    quantiles = [{"q": q, "on": d["distance"]["kld"][q], "floor": d["floor"]["kld"][q]} for q in KLD_QUANTILES]
+             f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", floor))]
+    quantiles = [{"q": q, "on": d["distance"]["kld"][q], "floor": floor["kld"][q]} for q in KLD_QUANTILES]
     return {"rows": rows, "quantiles": quantiles, "reason": d.get("reason")}
 
 
 REFERENCE_HEAD = ["arm", "positions", "in the probes", "control reads", "flips", "departures", "largest gap", "first departure"]
 
 
-def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
+def _reference_view(summary: ReferenceSummary | NotObservable) -> dict[str, Any]:
     """The reference arm (gate/arms/reference.py): per arm, what a cache-free read of its answers says; or why none."""
-    if "not_observable" in r:
-        return {"not_observable": r["not_observable"]}
+    r = observed(summary)
+    if r is None:
+        return {"not_observable": cast(NotObservable, summary)["not_observable"]}
 
-    def first(d: list[dict[str, Any]]) -> str:
+    def first(d: list[DepartureRecord]) -> str:
         return (f"{d[0]['case']} turn {d[0]['turn']} token {d[0]['position']}: emitted {d[0]['emitted']}, the reference "
                 f"picks {d[0]['reference']} by {d[0]['margin']:.3g}" if d else "-")
 
@@ -227,7 +258,7 @@ SAMPLING_HEAD = ["side", "draws read", "Kolmogorov-Smirnov D", "p", "impossible 
 TV_HEAD = ["class", "coupled steps", "mismatched", "mean per-step TV at most"]
 
 
-def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
+def _sampling_view(s: SamplingSummary) -> dict[str, Any]:
     """Sampled decoding (gate/stats/coupling.py, gate/stats/pit.py): what the paired draws certify, per position class and stage,
     and each side's draws against the declared decoding."""
     rows = [[f"flag-{side}", str(d["steps"]), f"{d['statistic']:.3g}", f"{d['p']:.2g}", str(d["impossible"]),
@@ -243,20 +274,21 @@ def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
                                       for c in classes],
             "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
                     f"{s['mismatches']} mismatched: {tv}; {s['sampler_state']} coupled steps weighed differently by "
-                    f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"
+                    f"the samplers; sampler: {chain['sampler'] if (chain := s.get('chain')) else '-'}"
                     + (f"; controls: no shared seed {c['unpaired']}, the temperature doubled {c['planted']}"
                        if (c := s.get("controls")) else "")}
 
 
-def _calibration(c: dict[str, Any]) -> dict[str, Any]:
+def _calibration(c: CalibrationRow) -> dict[str, Any]:
     """One calibration of the evaluation: per planted fault, the share of cases the gate flagged."""
     result = c["result"]
     # Calibrations recorded before drift was counted flagged by outputs alone.
     return {"id": c["id"], "operator": c["operator"], "at": c["at"], "engine": result.get("engine"),
             "cases": result.get("cases"), "cost_flag_on_runs": (result.get("seconds") or {}).get("per_flag_on_run"),
-            "drift_rule": (result.get("drift_rule") or {}).get("rule"), "mode": result.get("mode", "full"),
-            "twin": (result.get("twin") or {}).get("engine"),
-            "faults": [{**{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")},
+            "drift_rule": rule["rule"] if (rule := result.get("drift_rule")) else None, "mode": result.get("mode", "full"),
+            "twin": twin["engine"] if (twin := result.get("twin")) else None,
+            "faults": [{"spec": f.get("spec"), "kind": f.get("kind"), "size": f.get("size"), "supported": f.get("supported"),
+                        "flagged": f.get("flagged"), "cases": f.get("cases"), "share": f.get("share"),
                         "share_outputs": f.get("share_outputs", f.get("share")), "share_drift": f.get("share_drift")}
                        for f in result["faults"]]}
 

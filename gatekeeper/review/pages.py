@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 from urllib.parse import quote, urlencode
 
 from .. import signing
@@ -16,7 +16,8 @@ from ..gate.state import flags as flag_states
 from ..identity import directory_digest
 from ..reports import export
 from ..reports.diff import diff
-from ..reports.outcomes import case_outcomes, divergence_text, flips, sides, verdict_summary
+from ..reports.outcomes import case_outcomes, divergence_text, flips, observed, sides, verdict_summary
+from ..summaries import ApprovalRow, FlipRow
 from .source import PAGE, NotFound, Source, View
 
 CASE_FILTERS = ("all", "differs", "regressed", "improved", "unchanged")
@@ -166,7 +167,8 @@ def _departures(record: EvaluationRecord, case_id: str, piece: dict[str, Callabl
     """Where each arm's answers in this case part from the reference arm (gate/arms/reference.py), among the departures the
     record keeps (the first few of each arm), with the tokens' text where the tokenizer is here."""
     summary = verdict_summary(record)
-    arms = (summary.get("reference") or {}).get("arms") or {}
+    read = observed(summary.get("reference")) if summary else None
+    arms = read["arms"] if read else {}
     return [{"arm": arm, **d, "emitted_piece": piece[arm](d["emitted"]), "reference_piece": piece[arm](d["reference"])}
             for arm, a in arms.items() for d in a.get("departures") or [] if d["case"] == case_id]
 
@@ -238,12 +240,13 @@ def _flips_by_suite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(suites.values())
 
 
-def _signed(row: dict[str, Any]) -> dict[str, Any]:
+def _signed(row: ApprovalRow | FlipRow) -> dict[str, object]:
     """An approval or flip with its signer's key fingerprint (read from its signature), as ssh-keygen -l prints it."""
-    out = {k: row.get(k) for k in ("id", "flag", "state", "evaluation_id", "operator", "reason", "at", "signer",
-                                    "signed_at") if k in row}
+    fields: Mapping[str, object] = row
+    out = {k: fields.get(k) for k in ("id", "flag", "state", "evaluation_id", "operator", "reason", "at", "signer",
+                                       "signed_at") if k in fields}
     try:
-        out["fingerprint"] = signing.parse(row["signature"]).fingerprint if row.get("signature") else None
+        out["fingerprint"] = signing.parse(signature).fingerprint if (signature := row.get("signature")) else None
     except Exception:  # noqa: BLE001 - a damaged signature: the integrity badge names it; here it is just unknown
         out["fingerprint"] = "unreadable"
     return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ...battery import partition
 from ...engines.base import Engine, Referenced
@@ -28,6 +28,7 @@ from ...engines.sampler import Draw
 from ...errors import GatekeeperError
 from ...evidence import NOT_FAIL, Ruling, Run, Turn
 from ...identity import sha256_hex
+from ...summaries import ReferenceSummary
 from ..run import runs
 from ..run.plans import Plan
 from . import independent
@@ -98,9 +99,9 @@ class Read:
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "reread"},
-                "departs": {k: self.departs(k) for k in self.arms}}
+    def to_dict(self) -> ReferenceSummary:
+        out = {k: v for k, v in asdict(self).items() if k != "reread"}
+        return cast(ReferenceSummary, {**out, "departs": {k: self.departs(k) for k in self.arms}})
 
 
 @dataclass

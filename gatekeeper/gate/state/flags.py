@@ -6,8 +6,9 @@ current is ``enable/current.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from ...summaries import Calibrated, CalibrationSummary
 from ...workspace import HASH_PARTS, MinPower, Workspace
 
 
@@ -28,7 +29,7 @@ def hash_parts(ws: Workspace) -> list[str]:
     return [p for p in HASH_PARTS if p in wanted]
 
 
-def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrations: list[dict[str, Any]]) -> list[str]:
+def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrations: Sequence[Calibrated]) -> list[str]:
     """Why no calibration of this evaluation shows the power the policy wants; empty when one does."""
     if not calibrations:
         return [f"underpowered: evaluation {evaluation_id} has no calibration; the policy wants planted noise of "
@@ -41,7 +42,7 @@ def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrati
     return []
 
 
-def detected(result: dict[str, Any], noise: float) -> float:
+def detected(result: CalibrationSummary, noise: float) -> float:
     """The share flagged at the largest planted noise no bigger than ``noise`` (0 if none was planted)."""
     rows = [r for r in result["faults"] if r["kind"] == "noise" and r.get("supported") and 0 < r["size"] <= noise * (1 + 1e-9)]
     return max(rows, key=lambda r: r["size"])["share"] if rows else 0.0

@@ -47,9 +47,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from ...engines.base import Scored
+from ...summaries import Compared as ComparedSummary
+from ...summaries import DistanceFigures
 
 APPROXIMATION = "top{k}, other mass lumped: a lower bound"
 QUANTILES = {"min": 0.0, "p1": 0.01, "p10": 0.10, "median": 0.5, "p90": 0.90, "p95": 0.95, "p99": 0.99,
@@ -103,8 +105,8 @@ class Distance:
     worst: list[list[float]] = field(default_factory=list)  # [position, KL] of the largest KLs, largest first
     tv_max: float | None = None  # the largest per-position TV (top-k: an upper bound on it); None: not read
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DistanceFigures:
+        return cast(DistanceFigures, asdict(self))
 
     def reason(self) -> str:
         """One line: the KL, same top-1 and Δp figures a reader needs."""
@@ -281,10 +283,13 @@ class Compared:
         """``beyond(distance, floor, bound, alpha)``: the bounds exceeded beyond doubt."""
         return beyond(self.distance, self.floor, bound, alpha)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None,
-                **({"seconds": self.seconds} if self.seconds is not None else {}),
-                **({"caveat": self.caveat} if self.caveat else {})}
+    def to_dict(self) -> ComparedSummary:
+        out = ComparedSummary(distance=self.distance.to_dict(), floor=self.floor.to_dict() if self.floor else None)
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        if self.caveat:
+            out["caveat"] = self.caveat
+        return out
 
     def reason(self) -> str:
         floor = self.floor

@@ -3,5 +3,5 @@ the guard after a flip: a live request seen twice (``shadow``), the two answers 
 acted on in the proxy (``guarded``), and the same guard inside a Runtime, its calls replayed on a background worker
 (``in_process``). The one group of traffic that imports the gate and the ledger.
 
-Imports: errors, listen, workspace, signing, engines, gate, ledger, traffic.captures.
+Imports: errors, listen, summaries, workspace, signing, engines, gate, ledger, traffic.captures.
 """

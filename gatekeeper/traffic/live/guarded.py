@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...errors import GatekeeperError
 from ...gate.guard import AA, ALL, FAILED, KEPT, SLOW, SUCCESS, Count, Rule, Segment, Served, Test, Watch
 from ...gate.state import rollout as rollouts
+from ...summaries import FlipRow
 from ..captures.capture import metadata
 from . import shadow
 
@@ -226,7 +227,7 @@ class Guarded:
                 self._stop(last)
         return self.on
 
-    def _stop(self, last: dict[str, Any] | None) -> None:
+    def _stop(self, last: FlipRow | None) -> None:
         self.on = False
         self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
                  f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
