@@ -79,7 +79,7 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> dict[str, Any]:
     if cases not in CASE_FILTERS:
         raise BadRequest(f"cases must be one of {', '.join(CASE_FILTERS)}, not {cases!r}")
     record = src.evaluation(ref)
-    v = export.view(record)
+    v: Mapping[str, object] = export.view(record)  # the page shows the view's sections by name
     rows = case_rows(record)
     with src.ledger() as ledger:
         assert ledger is not None  # src.evaluation found the record in it
