@@ -10,6 +10,7 @@ import typer
 
 if TYPE_CHECKING:
     from ..evidence import EvaluationRecord
+    from ..reports.diff import Diff
     from ..summaries import CalibrationSummary
 
 
@@ -17,7 +18,7 @@ def _share(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def print_diff(d: dict[str, Any]) -> None:
+def print_diff(d: Diff) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -44,8 +45,8 @@ def print_diff(d: dict[str, Any]) -> None:
     for title, rows in (("identity", d["identity"]), ("configuration", d["config"])):
         if rows:
             parts = Table("part", f"{a['id']}", f"{b['id']}", title=f"{title} that differs")
-            for r in rows:
-                parts.add_row(r["part"], json.dumps(r["a"]), json.dumps(r["b"]))
+            for part in rows:
+                parts.add_row(part["part"], json.dumps(part["a"]), json.dumps(part["b"]))
             console.print(parts)
         else:
             console.print(f"{title}: the same")
