@@ -6,7 +6,7 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable, Literal, cast, overload
+from typing import Any, Callable, Literal, TypedDict, cast, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
@@ -25,6 +25,14 @@ from gatekeeper.summaries import ApprovalRow, CalibrationRow, FlipRow
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 FLIP_STATES = ("on", "off")
+
+
+class Head(TypedDict):
+    """The chain's last entry and how many entries there are: what a checkpoint records."""
+
+    seq: int
+    hash: str
+    entries: int
 
 
 def _table(kind: str):
@@ -268,13 +276,15 @@ class Ledger:
         with read(self.engine) as conn:
             return verify(conn)
 
-    def head(self) -> dict[str, Any] | None:
+    def head(self) -> Head | None:
         """The chain's last entry (seq, hash) and how many entries there are; None when empty."""
         t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
             last = conn.execute(select(t.c.seq, t.c.hash).order_by(t.c.seq.desc()).limit(1)).first()
             count = conn.scalar(select(func.count()).select_from(t))
-        return None if last is None else {"seq": last.seq, "hash": last.hash, "entries": count}
+        if last is None:
+            return None
+        return {"seq": last.seq, "hash": last.hash, "entries": count or 0}  # count is None only for an empty table
 
     def entry(self, seq: int) -> dict[str, Any] | None:
         """One entry as stored (payload as text), or None."""

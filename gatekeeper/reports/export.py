@@ -43,9 +43,9 @@ from . import junit
 from .outcomes import observed, verdict_summary
 
 if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
+    from typing import TypedDict
 else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+    from typing_extensions import TypedDict
 
 PROBE = "probe:"  # the case ids of the gate's cache probes (gate/arms/probes.py)
 
@@ -189,9 +189,19 @@ class SamplingView(TypedDict):
     note: str
 
 
-class View(TypedDict):
-    """Everything an export shows, as plain JSON-able data; the keys from ``paired`` on are present only where the
-    verdict recorded them."""
+class Sections(TypedDict, total=False):
+    """The view's sections present only where the verdict recorded them (the review's evaluation page shows them too)."""
+
+    paired: list[list[str]]
+    sequential: list[list[str]]
+    looks: str
+    distance: Union[Unobserved, DistanceTable]
+    reference: Union[Unobserved, ReferenceTable]
+    sampling: SamplingView
+
+
+class View(Sections):
+    """Everything an export shows, as plain JSON-able data; its ``Sections`` follow the fixed keys."""
 
     evaluation: int
     flag: str
@@ -215,12 +225,6 @@ class View(TypedDict):
     calibrations: list[CalibrationView]
     probes: dict[str, str]
     probe_seconds: float | None
-    paired: NotRequired[list[list[str]]]
-    sequential: NotRequired[list[list[str]]]
-    looks: NotRequired[str]
-    distance: NotRequired[Union[Unobserved, DistanceTable]]
-    reference: NotRequired[Union[Unobserved, ReferenceTable]]
-    sampling: NotRequired[SamplingView]
 
 
 # --- the view ----------------------------------------------------------------------------------

@@ -6,16 +6,25 @@ current is ``enable/current.py``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Literal, Sequence, TypedDict
 
 from ...summaries import Calibrated, CalibrationSummary
 from ...workspace import HASH_PARTS, MinPower, Workspace
 
 
-def states(ws: Workspace, ledger) -> dict[str, dict[str, Any]]:
+class FlagState(TypedDict):
+    """A flag's state: its latest flip (the evaluation it enabled, who flipped it, when), else off."""
+
+    state: Literal["on", "off"]
+    evaluation_id: int | None
+    operator: str | None
+    since: str | None
+
+
+def states(ws: Workspace, ledger) -> dict[str, FlagState]:
     """Every policy's flag with its state: the latest flip, else the policy's default (off)."""
     flips = ledger.flag_states() if ledger else {}
-    out = {}
+    out: dict[str, FlagState] = {}
     for flag in ws.policies:
         last = flips.get(flag)
         out[flag] = {"state": last["state"], "evaluation_id": last.get("evaluation_id"), "operator": last["operator"],
