@@ -525,3 +525,13 @@ class FlipRow(Signed):
     reason: str
     at: str
     approval_ids: list[int] | None
+
+
+@final
+class CheckpointRecorded(TypedDict):
+    """A checkpoint of the ledger's head recorded in the workspace after a flip (``ledger.checkpoint.after_flip``):
+    the log it went to, its seq and signer."""
+
+    file: str
+    seq: int
+    signer: str | None

@@ -10,8 +10,11 @@ import typer
 
 if TYPE_CHECKING:
     from ..evidence import EvaluationRecord
+    from ..gate.enable.flip import CheckpointFailed, FlipResult
+    from ..gate.state.flags import StatusRow
+    from ..ledger.store import EvaluationLine
     from ..reports.diff import Diff
-    from ..summaries import CalibrationSummary
+    from ..summaries import CalibrationSummary, CheckpointRecorded, StrengthSummary, SuiteCensus
 
 
 def _share(x: Optional[float]) -> str:
@@ -55,7 +58,7 @@ def print_diff(d: Diff) -> None:
 # --- flags -------------------------------------------------------------------------------------
 
 
-def print_status(rows: list[dict[str, Any]]) -> None:
+def print_status(rows: list[StatusRow]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -102,7 +105,7 @@ def print_live(e: dict[str, Any]) -> None:
         console.print(f"parted at character {item['parting_char']} in stage {item['stage']}", highlight=False)
 
 
-def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -> None:
+def print_flip(flag: str, result: FlipResult, checkpoint: CheckpointRecorded | CheckpointFailed | None = None) -> None:
     signed = f" (signed by {result.signer})" if result.signer else ""
     if result.action == "refused":
         typer.echo(f"refused: {flag} stays {result.state}")
@@ -140,7 +143,7 @@ def print_pin(data: dict[str, Any]) -> None:
 # --- evidence ----------------------------------------------------------------------------------
 
 
-def _strength(s: dict[str, Any]) -> str:
+def _strength(s: StrengthSummary) -> str:
     """A byte-equivalence comparison's top-2 logit drift, in one line (rich markup escaped)."""
     from rich.markup import escape
 
@@ -154,13 +157,13 @@ def _strength(s: dict[str, Any]) -> str:
     return out + (f"; {s['unknown']} steps without top-2 logits" if s["unknown"] else "") + _flips(s)
 
 
-def _flips(s: dict[str, Any]) -> str:
+def _flips(s: StrengthSummary) -> str:
     """An exact gate's assertion flips, beside its drift (records before them have none)."""
     f = s.get("flips")
     return f"; {f['harmful']} harmful / {f['beneficial']} beneficial flips of {f['pairs']} assertions" if f else ""
 
 
-def _near_ties(row: dict[str, Any]) -> str:
+def _near_ties(row: SuiteCensus) -> str:
     from ..gate.kinds import NEAR_TIE
 
     smallest = "-" if row["min_margin"] is None else f"{row['min_margin']:.3g}"
@@ -317,7 +320,7 @@ def print_telemetry(console, stages: dict, total: dict) -> None:
 # --- the ledger --------------------------------------------------------------------------------
 
 
-def print_evaluations(evaluations: list[dict[str, Any]]) -> None:
+def print_evaluations(evaluations: list[EvaluationLine]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -27,6 +27,21 @@ VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 FLIP_STATES = ("on", "off")
 
 
+class EvaluationLine(TypedDict):
+    """An evaluation in ``ledger list``: how it ended and how much evidence it holds."""
+
+    id: int
+    flag: str
+    operator: str
+    gate: str
+    started_at: str
+    status: str
+    verdict: str | None
+    reasons: list[str]
+    case_results: int
+    comparisons: int
+
+
 class Head(TypedDict):
     """The chain's last entry and how many entries there are: what a checkpoint records."""
 
@@ -192,7 +207,7 @@ class Ledger:
 
     # -- reading -----------------------------------------------------------
 
-    def evaluations(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def evaluations(self, limit: int | None = None) -> list[EvaluationLine]:
         """Evaluations, newest first, with derived status and evidence counts."""
         with read(self.engine) as conn:
             t = _table("evaluation")
@@ -203,7 +218,7 @@ class Ledger:
             verdicts = {r["evaluation_id"]: r for r in _rows(conn, "verdict")}
             aborts = {r["evaluation_id"]: r for r in _rows(conn, "aborted")}
             counts = {kind: self._counts(conn, kind) for kind in ("case_result", "comparison")}
-        out = []
+        out: list[EvaluationLine] = []
         for s in started:
             v, a = verdicts.get(s["id"]), aborts.get(s["id"])
             out.append({

@@ -6,7 +6,7 @@ current is ``enable/current.py``.
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypedDict
+from typing import Any, Literal, Sequence, TypedDict
 
 from ...summaries import Calibrated, CalibrationSummary
 from ...workspace import HASH_PARTS, MinPower, Workspace
@@ -19,6 +19,17 @@ class FlagState(TypedDict):
     evaluation_id: int | None
     operator: str | None
     since: str | None
+
+
+class StatusRow(FlagState):
+    """A flag as ``gatekeeper status`` reports it: its state, whether the evidence in force is current, and what the
+    guard compared since the flip it watched."""
+
+    flag: str
+    evidence_current: bool | None
+    evidence_problems: list[str]
+    currency_error: str | None
+    live: dict[str, Any] | None  # gate.guard.live's record, as gate.guard.line reads it
 
 
 def states(ws: Workspace, ledger) -> dict[str, FlagState]:
