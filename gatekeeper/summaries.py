@@ -282,6 +282,19 @@ class SecondSummary(TypedDict):
     where: list[DisagreementRecord]
 
 
+class ReferenceCalibration(TypedDict):
+    """``reference.calibrate``: where the reference's floor came from: which reads, of how many answers, and the
+    order statistic taken of how many positions' gap differences."""
+
+    source: str
+    reads: int
+    of: int
+    positions: NotRequired[int]  # set with the floor it gave
+    order: NotRequired[int]
+    floor: NotRequired[float]
+    alpha: NotRequired[float]
+
+
 class ReferenceSummary(TypedDict):
     """``reference.Read``: the reference's reading of both arms and the floors it was judged against."""
 
@@ -292,7 +305,7 @@ class ReferenceSummary(TypedDict):
     seconds: float
     reads: int
     second: SecondSummary | None
-    calibration: dict[str, float | int | str]  # source, reads, of, positions, order, floor, alpha
+    calibration: ReferenceCalibration
     departs: dict[str, bool]
 
 
