@@ -67,6 +67,17 @@ class Listed(TypedDict):
     power: NotRequired[Power | None]
 
 
+class EntryRef(TypedDict):
+    """A ledger entry named by its hash: where it is in the chain, what it records, and its evaluation and flag."""
+
+    seq: int
+    hash: str
+    kind: str
+    record_id: int
+    evaluation_id: int | None
+    flag: str | None
+
+
 class Listing(TypedDict):
     """A page of evaluations, the total that match, and the ``before`` of the next page (None on the last)."""
 
@@ -184,7 +195,7 @@ class Source:
             raise NotFound(f"no evaluation {ref} in the ledger")
         return record
 
-    def entry(self, ref: str) -> dict[str, Any]:
+    def entry(self, ref: str) -> EntryRef:
         """The entry whose hash is ``ref`` (or starts with it): seq, hash, kind, record id, and its evaluation."""
         from sqlalchemy import text
 
@@ -205,11 +216,11 @@ class Source:
             raise NotFound(f"{ref} is the start of more than one entry's hash: give more of it")
         import json
 
-        row = dict(rows[0])
-        payload = json.loads(row.pop("payload"))
-        row["evaluation_id"] = row["record_id"] if row["kind"] == "evaluation" else payload.get("evaluation_id")
-        row["flag"] = payload.get("flag")
-        return row
+        row = rows[0]
+        payload = json.loads(row["payload"])
+        return {"seq": row["seq"], "hash": row["hash"], "kind": row["kind"], "record_id": row["record_id"],
+                "evaluation_id": row["record_id"] if row["kind"] == "evaluation" else payload.get("evaluation_id"),
+                "flag": payload.get("flag")}
 
     def scalar(self, sql: str, **args: Any) -> Any:
         """One value the ledger answers ``sql`` with; None while there is no ledger."""
