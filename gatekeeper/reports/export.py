@@ -200,10 +200,9 @@ class Sections(TypedDict, total=False):
     sampling: SamplingView
 
 
-class View(Sections):
-    """Everything an export shows, as plain JSON-able data; its ``Sections`` follow the fixed keys."""
+class Shown(Sections):
+    """The view's fields the review app's evaluation page shows as they are."""
 
-    evaluation: int
     flag: str
     gate: str
     status: str
@@ -214,16 +213,22 @@ class View(Sections):
     finished_at: str | None
     aborted: str | None
     config: dict[str, object]
-    identities: dict[str, object]
     identity_rows: list[IdentityRow]
     stages: list[StageRow]
     chart: list[ChartRow]
     strength: StrengthView | None
     near_ties: list[Census]
-    near_tie_threshold: float
-    differences: list[Difference]
     calibrations: list[CalibrationView]
     probes: dict[str, str]
+
+
+class View(Shown):
+    """Everything an export shows, as plain JSON-able data; its ``Sections`` follow the fixed keys."""
+
+    evaluation: int
+    identities: dict[str, object]
+    near_tie_threshold: float
+    differences: list[Difference]
     probe_seconds: float | None
 
 
@@ -329,11 +334,7 @@ def view(record: EvaluationRecord) -> View:
     aborted = record.get("aborted_record")
     summary = verdict_summary(record)
     strength = summary.get("strength") if summary else None
-    paired, sequential = (summary.get("paired"), summary.get("sequential")) if summary else (None, None)
-    look = summary.get("looks") if summary else None
-    moved, read = (summary.get("distance"), summary.get("reference")) if summary else (None, None)
-    sampling = summary.get("sampling") if summary else None
-    out: View = {
+    return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
         "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
         "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict["finished_at"] if verdict else None,
@@ -351,19 +352,27 @@ def view(record: EvaluationRecord) -> View:
         "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
         "probes": (summary.get("probes") if summary else None) or {},
         "probe_seconds": summary.get("probe_seconds") if summary else None,
+        **sections(summary),
     }
-    # records written before paired verdicts have none: their exports read as they did
-    if paired:
+
+
+def sections(summary: OutcomeSummary | None) -> Sections:
+    """The view's sections the verdict recorded, in their order; records written before paired verdicts have none,
+    so their exports read as they did."""
+    out: Sections = {}
+    if not summary:
+        return out
+    if paired := summary.get("paired"):
         out["paired"] = _paired_rows(paired)
-    if sequential:
+    if sequential := summary.get("sequential"):
         out["sequential"] = _sequential_rows(sequential)
-    if look:  # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/stats/looks.py)
+    if look := summary.get("looks"):  # a gate judged from a bound: which look at the change and the alpha it spent
         out["looks"] = looks.line(look)
-    if moved:
+    if moved := summary.get("distance"):
         out["distance"] = _distance_view(moved)
-    if read:
+    if read := summary.get("reference"):
         out["reference"] = _reference_view(read)
-    if sampling:
+    if sampling := summary.get("sampling"):
         out["sampling"] = _sampling_view(sampling)
     return out
 

@@ -102,7 +102,7 @@ class SuiteFlips(TypedDict):
     cases: int
 
 
-class EvaluationPage(export.Sections):
+class EvaluationPage(export.Shown):
     """One evaluation: its export view's fields, the per-case table under a filter, its approvals and flips."""
 
     page: Literal["evaluation"]
@@ -110,23 +110,6 @@ class EvaluationPage(export.Sections):
     id: int
     permalink: str
     previous: int | None
-    flag: str
-    gate: str
-    status: str
-    verdict: str | None
-    reasons: list[str]
-    operator: str
-    started_at: str
-    finished_at: str | None
-    aborted: str | None
-    config: dict[str, object]
-    identity_rows: list[export.IdentityRow]
-    stages: list[export.StageRow]
-    chart: list[export.ChartRow]
-    strength: export.StrengthView | None
-    near_ties: list[export.Census]
-    calibrations: list[export.CalibrationView]
-    probes: dict[str, str]
     flips_by_suite: list[SuiteFlips]
     cases_filter: str
     case_counts: dict[str, int]
@@ -306,19 +289,6 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> EvaluationPage:
         assert ledger is not None  # src.evaluation found the record in it
         flips = [f for f in ledger.flips(record["flag"]) if f["evaluation_id"] == record["id"]]
         refusals = ledger.refusals(record["flag"], record["id"])
-    sections: export.Sections = {}  # those the verdict recorded, in the view's order
-    if "paired" in v:
-        sections["paired"] = v["paired"]
-    if "sequential" in v:
-        sections["sequential"] = v["sequential"]
-    if "looks" in v:
-        sections["looks"] = v["looks"]
-    if "distance" in v:
-        sections["distance"] = v["distance"]
-    if "reference" in v:
-        sections["reference"] = v["reference"]
-    if "sampling" in v:
-        sections["sampling"] = v["sampling"]
     return {"page": "evaluation", "integrity": badge(src), "id": record["id"],
             "permalink": _permalink(src, record["id"]), "previous": src.previous(record["id"], record["flag"]),
             "flag": v["flag"], "gate": v["gate"], "status": v["status"], "verdict": v["verdict"], "reasons": v["reasons"],
@@ -326,7 +296,7 @@ def evaluation(src: Source, ref: str, cases: str = "all") -> EvaluationPage:
             "aborted": v["aborted"], "config": v["config"], "identity_rows": v["identity_rows"], "stages": v["stages"],
             "chart": v["chart"], "strength": v["strength"], "near_ties": v["near_ties"],
             "calibrations": v["calibrations"], "probes": v["probes"],
-            **sections,
+            **export.sections(verdict_summary(record)),
             "flips_by_suite": _flips_by_suite(rows),
             "cases_filter": cases, "case_counts": {f: sum(_matches(r, f) for r in rows) for f in CASE_FILTERS},
             "cases": [r for r in rows if _matches(r, cases)],
