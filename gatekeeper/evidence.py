@@ -9,7 +9,7 @@ Producers: ``engines`` (a turn's generation), ``gate.run.runs.run_case`` (a case
 ``gate.kinds`` (comparisons), ``gate.evaluator`` (the outcome's figures). Readers: the gate's kinds,
 calibration and mining, the reports, the CLI's tables.
 
-Imports: the standard library only.
+Imports: summaries (the verdict's summary and the rows beside it; the standard library only).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from .summaries import ApprovalRow, CalibrationRow, OutcomeSummary
 
 if sys.version_info >= (3, 11):
     from typing import NotRequired, TypedDict
@@ -93,14 +95,6 @@ class DivergentSide(TypedDict):
     margin: float | None  # None: no top-2 logits at that step
 
 
-class Step(TypedDict):
-    """A generated step: the case, the turn (from 1) and the step (from 0)."""
-
-    case: str
-    turn: int
-    step: int
-
-
 class Change(TypedDict):
     """One assertion whose outcome changed between the sides."""
 
@@ -128,35 +122,6 @@ class Comparison(TypedDict, total=False):
     outcomes_diff: dict[str, Any]  # DeepDiff of the two outcome lists ({} when equal)
     changed: list[Change]
     crash: list[Crash]
-
-
-class SuiteCensus(TypedDict):
-    """Per suite, the flag-off baseline's decode steps and how near a tie they came."""
-
-    steps: int  # steps with a known top-2 margin
-    near_ties: int  # of those, margins at or below kinds.NEAR_TIE
-    min_margin: float | None
-    unknown: int  # steps without top-2 logits
-
-
-class StageTelemetry(TypedDict):
-    """Per stage, what one side's calls cost, as its engine reports it."""
-
-    calls: int
-    prompt_tokens: int
-    cached_tokens: int | None  # None once a call did not report it
-    prefill_s: float
-    decode_s: float
-    prefill_share: NotRequired[float | None]  # prefill over model seconds; None when there were none
-
-
-class Tokens(TypedDict):
-    """An outcome's prompt-token figures: the tax with the flag off, what the flag-on side computed and reused."""
-
-    prompt_off: int
-    computed_on: int | None  # None where the flag-on engine reports no cached tokens
-    cached_on: int | None
-    stable_prefix_bound: int
 
 
 class CaseResultRow(TypedDict):
@@ -188,8 +153,17 @@ class VerdictRow(TypedDict):
     evaluation_id: int
     verdict: str  # PASS | FAIL | INCONCLUSIVE
     reasons: list[str]
-    summary: dict[str, Any]
+    summary: OutcomeSummary
     finished_at: str
+
+
+class AbortedRow(TypedDict):
+    """An ``aborted`` row: why an evaluation ended without a verdict."""
+
+    id: int
+    evaluation_id: int
+    reason: str
+    at: str
 
 
 class EvaluationRecord(TypedDict):
@@ -209,11 +183,29 @@ class EvaluationRecord(TypedDict):
     verdict: str | None
     reasons: list[str]
     verdict_record: VerdictRow | None
-    aborted_record: dict[str, Any] | None
+    aborted_record: AbortedRow | None
     case_results: list[CaseResultRow]
     comparisons: list[ComparisonRow]
-    approvals: list[dict[str, Any]]
-    calibrations: list[dict[str, Any]]
+    approvals: list[ApprovalRow]
+    calibrations: list[CalibrationRow]
+
+
+class HistoryRow(TypedDict):
+    """One evaluation of a flag without its case evidence (``Ledger.history``): what the looks at one change are judged
+    on (``gate/stats/looks.py``). ``summary`` and ``finished_at`` are None while it runs or once it aborted."""
+
+    id: int
+    flag: str
+    operator: str
+    gate: str
+    started_at: str
+    identity: dict[str, Any]
+    config: dict[str, Any]
+    status: str
+    verdict: str | None
+    reasons: list[str]
+    summary: OutcomeSummary | None
+    finished_at: str | None
 
 
 UNDECIDED = (None,)  # no verdict yet: what the judges that decide whether there is a comparison at all overrule

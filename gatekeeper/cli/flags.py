@@ -24,17 +24,17 @@ def status(ctx: typer.Context, json_: Json = False) -> None:
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
-    rows = []
+    rows: list[flags.StatusRow] = []
     with settings.reading_ledger(ws) as ledger:
         for flag, st in flags.states(ws, ledger).items():
-            row = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [], "currency_error": None,
-                   "live": guard.live(ledger, flag)}
+            row: flags.StatusRow = {"flag": flag, **st, "evidence_current": None, "evidence_problems": [],
+                                    "currency_error": None, "live": guard.live(ledger, flag)}
             if st["state"] == "on" and st["evaluation_id"] is not None:
                 from ..gate.enable import current  # the battery and engines: only to check the evidence of a flag that is on
 
                 try:  # an engine that cannot be reached now: said beside the ledger's facts, never instead of them
                     problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
-                    row.update(evidence_current=not problems, evidence_problems=problems)
+                    row["evidence_current"], row["evidence_problems"] = not problems, problems
                 except GatekeeperError as e:
                     row["currency_error"] = str(e)
             rows.append(row)

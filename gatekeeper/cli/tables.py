@@ -10,13 +10,18 @@ import typer
 
 if TYPE_CHECKING:
     from ..evidence import EvaluationRecord
+    from ..gate.enable.flip import CheckpointFailed, FlipResult
+    from ..gate.state.flags import StatusRow
+    from ..ledger.store import EvaluationLine
+    from ..reports.diff import Diff
+    from ..summaries import CalibrationSummary, CheckpointRecorded, StrengthSummary, SuiteCensus
 
 
 def _share(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def print_diff(d: dict[str, Any]) -> None:
+def print_diff(d: Diff) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -43,8 +48,8 @@ def print_diff(d: dict[str, Any]) -> None:
     for title, rows in (("identity", d["identity"]), ("configuration", d["config"])):
         if rows:
             parts = Table("part", f"{a['id']}", f"{b['id']}", title=f"{title} that differs")
-            for r in rows:
-                parts.add_row(r["part"], json.dumps(r["a"]), json.dumps(r["b"]))
+            for part in rows:
+                parts.add_row(part["part"], json.dumps(part["a"]), json.dumps(part["b"]))
             console.print(parts)
         else:
             console.print(f"{title}: the same")
@@ -53,7 +58,7 @@ def print_diff(d: dict[str, Any]) -> None:
 # --- flags -------------------------------------------------------------------------------------
 
 
-def print_status(rows: list[dict[str, Any]]) -> None:
+def print_status(rows: list[StatusRow]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -103,7 +108,7 @@ def print_live(e: dict[str, Any]) -> None:
         console.print(f"{how} in stage {item['stage']}{judged}", highlight=False)
 
 
-def print_flip(flag: str, result, checkpoint: Optional[dict[str, Any]] = None) -> None:
+def print_flip(flag: str, result: FlipResult, checkpoint: CheckpointRecorded | CheckpointFailed | None = None) -> None:
     signed = f" (signed by {result.signer})" if result.signer else ""
     if result.action == "refused":
         typer.echo(f"refused: {flag} stays {result.state}")
@@ -141,7 +146,7 @@ def print_pin(data: dict[str, Any]) -> None:
 # --- evidence ----------------------------------------------------------------------------------
 
 
-def _strength(s: dict[str, Any]) -> str:
+def _strength(s: StrengthSummary) -> str:
     """A byte-equivalence comparison's top-2 logit drift, in one line (rich markup escaped)."""
     from rich.markup import escape
 
@@ -155,13 +160,13 @@ def _strength(s: dict[str, Any]) -> str:
     return out + (f"; {s['unknown']} steps without top-2 logits" if s["unknown"] else "") + _flips(s)
 
 
-def _flips(s: dict[str, Any]) -> str:
+def _flips(s: StrengthSummary) -> str:
     """An exact gate's assertion flips, beside its drift (records before them have none)."""
     f = s.get("flips")
     return f"; {f['harmful']} harmful / {f['beneficial']} beneficial flips of {f['pairs']} assertions" if f else ""
 
 
-def _near_ties(row: dict[str, Any]) -> str:
+def _near_ties(row: SuiteCensus) -> str:
     from ..gate.kinds import NEAR_TIE
 
     smallest = "-" if row["min_margin"] is None else f"{row['min_margin']:.3g}"
@@ -318,7 +323,7 @@ def print_telemetry(console, stages: dict, total: dict) -> None:
 # --- the ledger --------------------------------------------------------------------------------
 
 
-def print_evaluations(evaluations: list[dict[str, Any]]) -> None:
+def print_evaluations(evaluations: list[EvaluationLine]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -383,12 +388,12 @@ def print_replay(r: dict) -> None:
                         "and snapshot policies do not apply")
 
 
-def print_calibration(c: dict) -> None:
+def print_calibration(c: CalibrationSummary) -> None:
     from rich.console import Console
     from rich.table import Table
 
     linked = f" of evaluation {c['evaluation_id']}" if c["evaluation_id"] else ""
-    linked += f" (measured on its twin {c['twin']['engine']}: the served weights)" if c.get("twin") else ""
+    linked += f" (measured on its twin {twin['engine']}: the served weights)" if (twin := c.get("twin")) else ""
     early = c.get("mode") == "early"
     table = Table("fault", "flagged", "share", "by outputs" + (" (at least)" if early else ""), "by drift",
                   "cached tok", "seconds",

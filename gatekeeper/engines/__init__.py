@@ -9,5 +9,5 @@ any in-process adapter in another Python environment (``worker``, its child ``wo
 the ``http`` adapter with each server's dialects and telemetry, and the servers gatekeeper starts. Session options: the
 prefill plan (``prefill``: where a prompt's prefill is cut into forward passes) and planted faults (``faults``).
 
-Imports: gatekeeper (the version), errors, identity, evidence, workspace, cache, setup.
+Imports: gatekeeper (the version), errors, identity, evidence, summaries, workspace, cache, setup.
 """

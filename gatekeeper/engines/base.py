@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, ContextManager, Hashable, Iterator, 
 
 from ..errors import GatekeeperError
 from ..evidence import Generated, Top2
+from ..summaries import SamplerChain
 from ..workspace import Decoding, EngineProfile
 from .faults import Fault
 from .sampler import Draw
@@ -405,7 +406,7 @@ class Engine(ABC):
         return None
 
     @classmethod
-    def sampler_chain(cls, profile: EngineProfile) -> dict[str, Any] | None:
+    def sampler_chain(cls, profile: EngineProfile) -> SamplerChain | None:
         """The sampler a sampled suite runs through, as the identity records it (its chain order and what each penalty
         counts); None where this adapter decodes greedy only. In process it is gatekeeper's own (``sampler.chain``)."""
         from .sampler import chain
@@ -416,7 +417,7 @@ class Engine(ABC):
         """Why this engine cannot run a sampled ``decoding`` as declared; None: it can."""
         return None if self.samples else "decodes greedy only as configured"
 
-    def sampler(self) -> dict[str, Any] | None:
+    def sampler(self) -> SamplerChain | None:
         """The sampler this loaded engine runs a sampled suite through, as its record names it."""
         return type(self).sampler_chain(self.profile)
 

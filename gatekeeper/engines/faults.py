@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
+
+from ..summaries import FaultSpec
 
 KINDS = ("noise", "shift", "drop", "other_prefix")
 NOISE = (0.0, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
@@ -34,7 +36,7 @@ class Fault:
     def spec(self) -> str:
         return f"noise:{self.size:g}" if self.kind == "noise" else self.kind
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FaultSpec:
         return {"kind": self.kind, "size": self.size, "seed": self.seed, "spec": self.spec}
 
 

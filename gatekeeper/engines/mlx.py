@@ -17,6 +17,7 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, load_prompt_cache, make_prompt_cache, save_prompt_cache
 
 from ..errors import GatekeeperError
+from ..summaries import SamplerChain
 from .base import Referenced, versions
 from .greedy import GreedyEngine
 from .hf_tokenizer import ChatTokenizer
@@ -87,7 +88,7 @@ class MLXEngine(GreedyEngine):
         return model, wrapper
 
     @classmethod
-    def sampler_chain(cls, profile) -> dict[str, Any] | None:
+    def sampler_chain(cls, profile) -> SamplerChain | None:
         return MlxLmSampler.SPEC if profile.options.get("sampler") == "mlx_lm" else super().sampler_chain(profile)
 
     def unsampled(self, decoding) -> str | None:
@@ -117,7 +118,7 @@ class MlxLmSampler(Sampler):
 
     # mlx_lm.sample_utils (0.26.4 to 0.32): the penalty over every token seen, then top-p, min-p and top-k on the
     # log-probabilities, then the temperature (the same chain mlx_lm.server runs, engines/served/dialects.py)
-    SPEC = {"sampler": "mlx_lm", "chain": ["penalties", "top_p", "min_p", "top_k", "temperature"],
+    SPEC: SamplerChain = {"sampler": "mlx_lm", "chain": ["penalties", "top_p", "min_p", "top_k", "temperature"],
             "window": {"repetition_penalty": "prompt+answer"}, "draw": "mlx's generator, reseeded from the key each turn"}
 
     def __init__(self, decoding, key):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GatekeeperError
+from ..summaries import SamplerChain
 from ..workspace import EngineProfile
 from .base import Engine
 
@@ -101,7 +102,7 @@ def identity(profile: EngineProfile, *, workspace_root: Path | None = None) -> d
         return model.identity()
 
 
-def sampler_chain(profile: EngineProfile) -> dict[str, Any] | None:
+def sampler_chain(profile: EngineProfile) -> SamplerChain | None:
     """The sampler the profile's adapter runs a sampled suite through (``Engine.sampler_chain``), with no load."""
     profile = resolve_profile(profile)
     return engine_class(profile.adapter).sampler_chain(profile)

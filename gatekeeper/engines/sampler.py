@@ -17,6 +17,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..summaries import SamplerChain
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -28,7 +30,7 @@ WINDOW = {"repetition_penalty": "prompt+answer", "presence_penalty": "answer", "
 EDGE = 1e-3  # nats: a token this far outside the declared support's lowest raw log-probability is outside, read anywhere
 
 
-def chain() -> dict[str, Any]:
+def chain() -> SamplerChain:
     """gatekeeper's own sampler as the identity records it (an in-process engine's chain order and windows)."""
     return {"sampler": "gatekeeper", "chain": list(CHAIN), "window": WINDOW,
             "draw": "gumbel-max, philox(seed, case, sample, turn), one stream per step"}
@@ -86,7 +88,7 @@ class Sampler:
     what the draw weighed. ``spec``: the chain order and penalty windows (``chain()``'s keys; a server's own, as its
     dialect states them, to read its draws against)."""
 
-    def __init__(self, decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any] | None = None):
+    def __init__(self, decoding: "Decoding", key: tuple[int, int], spec: SamplerChain | None = None):
         self.d = decoding
         self.key = key
         self.spec = spec or chain()
@@ -186,7 +188,7 @@ def log_softmax(x: "np.ndarray") -> "np.ndarray":
     return x - top - np.log(np.sum(np.exp(x - top)))
 
 
-def reread(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any] | None, rows: "np.ndarray",
+def reread(decoding: "Decoding", key: tuple[int, int], spec: SamplerChain | None, rows: "np.ndarray",
            prompt: Sequence[int], answer: Sequence[int]) -> list[float | None]:
     """Each token of a sampled ``answer`` transformed under the declared decoding applied (through ``spec``'s chain)
     to a reference's full rows, one per answer position: what a side that gives no full rows drew, read from another
@@ -215,7 +217,7 @@ def untouched(d: "Decoding") -> bool:
             and not d.presence_penalty and not d.frequency_penalty)
 
 
-def served(decoding: "Decoding", key: tuple[int, int], spec: dict[str, Any], tokens: Sequence[int],
+def served(decoding: "Decoding", key: tuple[int, int], spec: SamplerChain, tokens: Sequence[int],
            tops: Sequence[dict[int, float]]) -> list[list[float]] | str:
     """What each draw of a served answer weighed (``Sampler.pick``'s row, the transform included), read from the top
     raw log-probabilities the server returned per step through its own chain (``spec``); or why they cannot be

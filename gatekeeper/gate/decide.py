@@ -21,7 +21,8 @@ from typing import Callable
 
 from ..battery import suites as battery
 from ..engines.base import Engine
-from ..evidence import UNDECIDED, Ruling, SuiteCensus
+from ..evidence import UNDECIDED, Ruling
+from ..summaries import SuiteCensus
 from ..workspace import MinedOn
 from . import kinds
 from .arms import controls as controls_

@@ -18,13 +18,27 @@ import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 from ..battery import partition
 from ..battery import suites as battery
 from ..engines.base import Engine, plus
 from ..errors import described
-from ..evidence import CaseResult, Comparison, Run, StageTelemetry, SuiteCensus, Tokens
+from ..evidence import CaseResult, Comparison, Run
+from ..summaries import (
+    DistanceSummary,
+    LookSummary,
+    NotObservable,
+    OutcomeSummary,
+    ReferenceSummary,
+    SamplingSummary,
+    SequentialSummary,
+    StageTelemetry,
+    Statistics,
+    StrengthSummary,
+    SuiteCensus,
+    Tokens,
+)
 from . import decide, kinds, planning
 from .arms import controls as controls_
 from .arms import crashes as crashes_
@@ -60,27 +74,27 @@ class Outcome:
     overhead_seconds: float
     telemetry: dict[str, dict[str, StageTelemetry]]  # per side, per stage
     # byte equivalence: the top-2 logit drift off#0~on#0 (kinds.Strength as a dict), None for other kinds
-    strength: dict[str, Any] | None = None
+    strength: StrengthSummary | None = None
     near_ties: dict[str, SuiteCensus] = field(default_factory=dict)  # per suite, the flag-off baseline's
     # the cache probes: per probe, equal | differs | baseline_unstable | crashed | skipped (why); and their seconds
     probes: dict[str, str] = field(default_factory=dict)
     probe_seconds: float = 0.0
     reached: dict[str, list[str]] = field(default_factory=dict)  # served sides: the servers that answered each
     # kinds judged on paired outcomes: flips, the bound on the loss and what the margin needs (gate/stats/paired.py)
-    paired: dict[str, Any] | None = None
+    paired: Statistics | None = None
     # teacher-forced: KL(off||on), same top-1, delta-p and the A/A floor (gate/arms/forced.py); or {not_observable}
-    distance: dict[str, Any] | None = None
+    distance: DistanceSummary | NotObservable | None = None
     # the reference arm: each arm against a cache-free read of its answers (gate/arms/reference.py); or {not_observable}
-    reference: dict[str, Any] | None = None
+    reference: ReferenceSummary | NotObservable | None = None
     # sampled decoding: coupled steps, mismatches and the TV bounds they certify per position class and stage (gate/stats/coupling.py)
-    sampling: dict[str, Any] | None = None
+    sampling: SamplingSummary | None = None
     # evaluate --max-cases/--max-seconds: the rule, its parameters, its bounds and where it stopped (gate/stats/sequential.py)
-    sequential: dict[str, Any] | None = None
+    sequential: SequentialSummary | None = None
     # gates judged from a bound: which look at this change the evaluation is and the alpha it spent (gate/stats/looks.py)
-    looks: dict[str, Any] | None = None
+    looks: LookSummary | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> OutcomeSummary:
+        return cast(OutcomeSummary, dict(self.__dict__))
 
 
 class Parted(enum.Enum):
@@ -425,13 +439,26 @@ def _decide(p: Plan, ledger, models: dict[str, Engine], evaluation_id: int, runs
         reached={k: v for k, v in reached.items() if v},
         paired=p.kind.statistics(evidence) if runs.rule is None else None,
         sequential=runs.rule.to_dict() if runs.rule is not None else None,
-        sampling={**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None,
-                  "controls": checked.to_dict() if checked and not unkeyed else None,
-                  "unpaired": unkeyed.to_dict() if unkeyed else None} if coupled else None,
-        reference=({"not_observable": read} if isinstance(read, str) else read.to_dict() if read is not None else None),
-        distance=({"not_observable": moved} if isinstance(moved, str) else {**moved.to_dict(), "reason": moved.reason()}
+        sampling=_sampling(coupled, declared, checked, unkeyed) if coupled else None,
+        reference=NotObservable(not_observable=read) if isinstance(read, str) else read.to_dict() if read is not None else None,
+        distance=(NotObservable(not_observable=moved) if isinstance(moved, str) else _distance_summary(moved)
                   if moved is not None else None),
     )
+
+
+def _sampling(coupled: coupling.Coupled, declared: dict[str, pit.Side] | None, checked: controls_.Controls | None,
+              unkeyed: unpaired.Unpaired | None) -> SamplingSummary:
+    """The sampled decoding as the outcome records it: the coupling, then each side's draws against the declared
+    decoding, the controls (not where the draws are unpaired) and the unpaired comparison."""
+    out: SamplingSummary = {**coupled.to_dict(), "declared": pit.to_dict(declared) if declared else None,
+                            "controls": checked.to_dict() if checked and not unkeyed else None,
+                            "unpaired": unkeyed.to_dict() if unkeyed else None}
+    return out
+
+
+def _distance_summary(moved: distance.Compared) -> DistanceSummary:
+    out: DistanceSummary = {**moved.to_dict(), "reason": moved.reason()}
+    return out
 
 
 def _unstable(p: Plan, item: battery.Item, off: list[Run], r: int, d: Comparison) -> tuple[Parted, str]:

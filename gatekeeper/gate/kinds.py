@@ -9,10 +9,11 @@ policy's ``gate``; the gate runs the configurations, asks the kind to compare ea
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Literal
 
-from ..evidence import CaseResult, Change, Comparison, DivergentSide, Step, SuiteCensus, Top2
+from ..evidence import CaseResult, Change, Comparison, DivergentSide, Top2
+from ..summaries import Flips, Statistics, Step, StrengthSummary, SuiteCensus
 from ..workspace import Policy
 from .stats import paired
 from .stats.sequential import Sequential
@@ -42,10 +43,12 @@ class Strength:
     unknown: int  # of those, steps where a side gave no top-2 logits: drift unknown there
     unknown_where: Step | None  # the first such step
     # the assertion outcome pairs beside the drift: {pairs, harmful, beneficial} (paired.flip_counts); None: not counted
-    flips: dict[str, int] | None = None
+    flips: Flips | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> StrengthSummary:
+        return StrengthSummary(grade=self.grade, max_drift=self.max_drift, where=self.where,
+                               steps_at_risk=self.steps_at_risk, steps=self.steps, unknown=self.unknown,
+                               unknown_where=self.unknown_where, flips=self.flips)
 
     def reason(self) -> str:
         """The grade of a PASS, as its reason."""
@@ -291,7 +294,7 @@ class GateKind:
     def decide(self, e: Evidence) -> Decision:
         raise NotImplementedError
 
-    def statistics(self, e: Evidence) -> dict[str, Any] | None:
+    def statistics(self, e: Evidence) -> Statistics | None:
         """What the kind's verdict rests on beyond the reasons (a paired bound), for the record; None: nothing."""
         return None
 
@@ -358,7 +361,7 @@ class Paired(GateKind):
     def judge(self, e: Evidence) -> paired.Paired | paired.Suites:
         raise NotImplementedError
 
-    def statistics(self, e: Evidence) -> dict[str, Any] | None:
+    def statistics(self, e: Evidence) -> Statistics | None:
         return self.judge(e).to_dict()
 
     def flips(self, e: Evidence) -> list[str]:

@@ -84,7 +84,7 @@ def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[
             audit = _reached(report, "signatures", lambda: signatures(ledger))
             where = cp.location(ledger.url, ws.root)
 
-            def against(c: dict[str, Any], name: str) -> Callable[[], cp.CheckpointReport]:
+            def against(c: cp.Checkpoint, name: str) -> Callable[[], cp.CheckpointReport]:
                 return lambda: cp.check(c, name, ledger, where, ws.allowed_signers)
 
             checked = [_reached(report, f"checkpoint {name}", against(c, name)) for name, c in loaded]

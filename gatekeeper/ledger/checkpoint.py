@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from sqlalchemy.engine import make_url
 
@@ -26,9 +27,41 @@ from gatekeeper import signing
 from gatekeeper.errors import GatekeeperError
 from gatekeeper.identity import canonical_json, digest
 from gatekeeper.ledger.tables import utc_now
+from gatekeeper.summaries import CheckpointRecorded
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
 
 FORMAT = "gatekeeper.checkpoint"
 BODY = ("type", "ledger", "seq", "hash", "entries", "at")  # what a signature covers
+
+
+class Checkpoint(TypedDict):
+    """A checkpoint as written and read (``parse`` checks the shape): the ledger's head, where it lives (a digest),
+    when, and its signature where it was signed."""
+
+    type: str  # FORMAT
+    ledger: str  # digest of ``location``
+    seq: int
+    hash: str
+    entries: int
+    at: str
+    signer: NotRequired[str]  # both or neither
+    signature: NotRequired[str]
+
+
+class Checked(TypedDict):
+    """``CheckpointReport.to_dict``: whether the ledger still extends a checkpoint, and each problem if not."""
+
+    file: str
+    seq: int
+    hash: str
+    at: str
+    signer: str | None
+    ok: bool
+    problems: list[str]
 
 
 def location(url: str, root: Path | None = None) -> str:
@@ -47,18 +80,20 @@ def location(url: str, root: Path | None = None) -> str:
     return u.set(drivername=u.get_backend_name(), password=None).render_as_string(hide_password=False)
 
 
-def message(checkpoint: dict[str, Any]) -> bytes:
-    """The signed bytes: the checkpoint's body (not its signature) as canonical JSON and a newline."""
-    return canonical_json({k: checkpoint[k] for k in BODY}) + b"\n"
+def message(checkpoint: Checkpoint) -> bytes:
+    """The signed bytes: the checkpoint's body (``BODY``, not its signature) as canonical JSON and a newline."""
+    c = checkpoint
+    return canonical_json({"type": c["type"], "ledger": c["ledger"], "seq": c["seq"], "hash": c["hash"],
+                           "entries": c["entries"], "at": c["at"]}) + b"\n"
 
 
-def make(ledger, where: str, key: signing.SigningKey | None = None, allowed=None) -> dict[str, Any]:
+def make(ledger, where: str, key: signing.SigningKey | None = None, allowed=None) -> Checkpoint:
     """The ledger's head as a checkpoint, signed when ``key`` is given (its key must be in ``allowed``)."""
     head = ledger.head()
     if head is None:
         raise GatekeeperError(f"the ledger at {ledger.url} is empty; there is nothing to checkpoint yet")
-    cp = {"type": FORMAT, "ledger": digest(where), "seq": head["seq"], "hash": head["hash"],
-          "entries": head["entries"], "at": utc_now()}
+    cp: Checkpoint = {"type": FORMAT, "ledger": digest(where), "seq": head["seq"], "hash": head["hash"],
+                      "entries": head["entries"], "at": utc_now()}
     if key is not None:
         if allowed is None:
             raise GatekeeperError("no policies/allowed_signers: it says whose key may sign a checkpoint "
@@ -67,15 +102,16 @@ def make(ledger, where: str, key: signing.SigningKey | None = None, allowed=None
         if principal is None:
             raise GatekeeperError(f"unknown_signer: key {key.fingerprint} of {key.path} is not in {allowed.path}; "
                                   "add it there to sign checkpoints with it")
-        cp.update(signer=principal, signature=signing.sign(key, message(cp)))
+        cp["signer"] = principal
+        cp["signature"] = signing.sign(key, message(cp))
     return cp
 
 
-def text(checkpoint: dict[str, Any]) -> str:
+def text(checkpoint: Checkpoint) -> str:
     return json.dumps(checkpoint, indent=2, sort_keys=True) + "\n"
 
 
-def write(checkpoint: dict[str, Any], path: Path) -> None:
+def write(checkpoint: Checkpoint, path: Path) -> None:
     """Write atomically: a reader never sees half a checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -83,7 +119,7 @@ def write(checkpoint: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load(path: Path, where: str | None = None) -> dict[str, Any]:
+def load(path: Path, where: str | None = None) -> Checkpoint:
     """A checkpoint file, checked for shape; GatekeeperError (exit 2) when it is not one."""
     where = where or f"--checkpoint {path}"
     try:
@@ -94,7 +130,7 @@ def load(path: Path, where: str | None = None) -> dict[str, Any]:
         raise GatekeeperError(f"{where}: not a JSON checkpoint ({e}); write one with 'gatekeeper ledger checkpoint'") from None
 
 
-def parse(text: str, where: str, fix: str) -> dict[str, Any]:
+def parse(text: str, where: str, fix: str) -> Checkpoint:
     """One checkpoint's JSON text, checked for shape; errors name ``where`` and say ``fix``."""
     try:
         data = json.loads(text)
@@ -118,7 +154,7 @@ def parse(text: str, where: str, fix: str) -> dict[str, Any]:
         signing.parse_time(data["at"])
     except ValueError:
         raise GatekeeperError(f"{where}: field 'at' is not an ISO-8601 time") from None
-    return data
+    return cast(Checkpoint, data)  # its shape checked above
 
 
 # --- the workspace's own record ---------------------------------------------------------------
@@ -131,7 +167,7 @@ def log_path(ws) -> Path:
     return ws.checkpoint_path.with_name(LOG)
 
 
-def record(checkpoint: dict[str, Any], ws) -> Path:
+def record(checkpoint: Checkpoint, ws) -> Path:
     """Append ``checkpoint`` to the workspace's log (one line, synced) and make it the newest; the log's path."""
     path = log_path(ws)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,7 +182,7 @@ def record(checkpoint: dict[str, Any], ws) -> Path:
     return path
 
 
-def after_flip(ws, ledger, key: signing.SigningKey | None) -> dict[str, Any]:
+def after_flip(ws, ledger, key: signing.SigningKey | None) -> CheckpointRecorded:
     """The ledger's head, signed with ``key`` when given, recorded in the workspace: {file, seq, signer}."""
     cp = make(ledger, location(ledger.url, ws.root), key, ws.allowed_signers if key is not None else None)
     return {"file": str(record(cp, ws)), "seq": cp["seq"], "signer": cp.get("signer")}
@@ -161,11 +197,11 @@ def _cut_short(f) -> bool:
     return f.read(1) != b"\n"
 
 
-def recorded(ws) -> list[tuple[str, dict[str, Any]]]:
+def recorded(ws) -> list[tuple[str, Checkpoint]]:
     """Every checkpoint the workspace records, named: each line of the log (``FILE:LINE``), then the newest
     (``ledger/checkpoint.json``) where it is not in the log (a workspace from before the log, or one written
     by hand). A line or file that is no checkpoint is GatekeeperError (exit 2), naming it."""
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[tuple[str, Checkpoint]] = []
     path = log_path(ws)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -198,12 +234,12 @@ class CheckpointReport:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Checked:
         return {"file": self.file, "seq": self.seq, "hash": self.hash, "at": self.at, "signer": self.signer,
                 "ok": self.ok, "problems": list(self.problems)}
 
 
-def check(checkpoint: dict[str, Any], file: str, ledger, where: str, allowed) -> CheckpointReport:
+def check(checkpoint: Checkpoint, file: str, ledger, where: str, allowed) -> CheckpointReport:
     """Does the ledger still extend this checkpoint? Each problem names the attack it shows."""
     seq = checkpoint["seq"]
     report = CheckpointReport(file, seq, checkpoint["hash"], checkpoint["at"], checkpoint.get("signer"))

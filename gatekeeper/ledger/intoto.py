@@ -74,7 +74,7 @@ def subjects(predicate: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def predicate(ledger, evaluation: dict[str, Any], checkpoint: dict[str, Any], signer: dict[str, str]) -> dict[str, Any]:
+def predicate(ledger, evaluation: dict[str, Any], checkpoint: cp.Checkpoint, signer: dict[str, str]) -> dict[str, Any]:
     verdict = evaluation["verdict_record"] or {}
     summary = verdict.get("summary") or {}
     return {

@@ -7,7 +7,7 @@ else the full ``Ledger``, so a database it would migrate, refuse (a newer schema
 database), and PostgreSQL, behave exactly as in every other command. The reads are ``Ledger``'s own
 (``records``): the same rows, decoded the same way.
 
-Imports: errors, ledger.records (the standard library only).
+Imports: errors, evidence, summaries, ledger.records (the standard library only).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 from gatekeeper.errors import LedgerReadError
-from gatekeeper.evidence import EvaluationRecord
+from gatekeeper.evidence import EvaluationRecord, HistoryRow
 from gatekeeper.ledger.records import (
     BUSY_TIMEOUT_S,
     CURRENT_VERSION,
@@ -29,6 +29,7 @@ from gatekeeper.ledger.records import (
     history,
     latest_flips,
 )
+from gatekeeper.summaries import FlipRow
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -111,11 +112,11 @@ class SQLiteReader:
         names = [d[0] for d in cursor.description]
         return [decode(kind, dict(zip(names, row))) for row in cursor]
 
-    def flips(self, flag: str | None = None) -> list[dict[str, Any]]:
+    def flips(self, flag: str | None = None) -> list[FlipRow]:
         with self._snapshot():
-            return self._rows("flip", flag=flag)
+            return cast("list[FlipRow]", self._rows("flip", flag=flag))
 
-    def flag_states(self) -> dict[str, dict[str, Any]]:
+    def flag_states(self) -> dict[str, FlipRow]:
         return latest_flips(self.flips())
 
     def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[dict[str, Any]]:
@@ -126,6 +127,6 @@ class SQLiteReader:
         with self._snapshot():
             return evaluation_record(self._rows, evaluation_id)
 
-    def history(self, flag: str) -> list[dict[str, Any]]:
+    def history(self, flag: str) -> list[HistoryRow]:
         with self._snapshot():
             return history(self._rows, flag)

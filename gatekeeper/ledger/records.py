@@ -6,7 +6,7 @@ waits for another's lock.
 ``store.Ledger`` and the SQLite ``reader`` both read through these, so both return the same dicts; the
 table models (``tables``) and the migrations take their names and version from here.
 
-Imports: evidence, identity, ledger.status (the standard library only).
+Imports: evidence, summaries, identity, ledger.status (the standard library only).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, cast
 
-from gatekeeper.evidence import EvaluationRecord
+from gatekeeper.evidence import EvaluationRecord, HistoryRow
 from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.status import derive_status
+from gatekeeper.summaries import FlipRow
 
 # The number of the last migration (``migrations.MIGRATIONS``): the schema the table models describe.
 CURRENT_VERSION = 5
@@ -91,16 +92,17 @@ def evaluation_record(rows: Rows, evaluation_id: int) -> EvaluationRecord | None
     })
 
 
-def history(rows: Rows, flag: str) -> list[dict[str, Any]]:
+def history(rows: Rows, flag: str) -> list[HistoryRow]:
     """Every evaluation of ``flag``, oldest first, without its case evidence: what the looks at one change are
     judged on (``gate/stats/looks.py``). Each holds its started record's id, flag, operator, gate, started_at, identity and
     config, its status, its verdict and the verdict record's reasons, summary and finished_at (None while it runs)."""
-    out = []
+    out: list[HistoryRow] = []
     for started in rows("evaluation", flag=flag):
         verdict = next(iter(rows("verdict", evaluation_id=started["id"])), None)
         aborted = next(iter(rows("aborted", evaluation_id=started["id"])), None)
         out.append({
-            **{k: started[k] for k in ("id", "flag", "operator", "gate", "started_at", "identity", "config")},
+            "id": started["id"], "flag": started["flag"], "operator": started["operator"], "gate": started["gate"],
+            "started_at": started["started_at"], "identity": started["identity"], "config": started["config"],
             "status": derive_status(started, verdict, aborted),
             "verdict": verdict["verdict"] if verdict else None,
             "reasons": verdict["reasons"] if verdict else [],
@@ -110,6 +112,6 @@ def history(rows: Rows, flag: str) -> list[dict[str, Any]]:
     return out
 
 
-def latest_flips(flips: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def latest_flips(flips: list[FlipRow]) -> dict[str, FlipRow]:
     """Flag -> its latest flip, from every flip oldest first; a flag never flipped is absent (at its default)."""
     return {f["flag"]: f for f in flips}

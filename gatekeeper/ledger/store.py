@@ -6,14 +6,14 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable, Literal, overload
+from typing import Any, Callable, Literal, TypedDict, cast, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError, Superseded
-from gatekeeper.evidence import EvaluationRecord
+from gatekeeper.evidence import EvaluationRecord, HistoryRow
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
@@ -21,9 +21,33 @@ from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record
 from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
+from gatekeeper.summaries import ApprovalRow, CalibrationRow, FlipRow
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 FLIP_STATES = ("on", "off")
+
+
+class EvaluationLine(TypedDict):
+    """An evaluation in ``ledger list``: how it ended and how much evidence it holds."""
+
+    id: int
+    flag: str
+    operator: str
+    gate: str
+    started_at: str
+    status: str
+    verdict: str | None
+    reasons: list[str]
+    case_results: int
+    comparisons: int
+
+
+class Head(TypedDict):
+    """The chain's last entry and how many entries there are: what a checkpoint records."""
+
+    seq: int
+    hash: str
+    entries: int
 
 
 def _table(kind: str):
@@ -183,7 +207,7 @@ class Ledger:
 
     # -- reading -----------------------------------------------------------
 
-    def evaluations(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def evaluations(self, limit: int | None = None) -> list[EvaluationLine]:
         """Evaluations, newest first, with derived status and evidence counts."""
         with read(self.engine) as conn:
             t = _table("evaluation")
@@ -194,7 +218,7 @@ class Ledger:
             verdicts = {r["evaluation_id"]: r for r in _rows(conn, "verdict")}
             aborts = {r["evaluation_id"]: r for r in _rows(conn, "aborted")}
             counts = {kind: self._counts(conn, kind) for kind in ("case_result", "comparison")}
-        out = []
+        out: list[EvaluationLine] = []
         for s in started:
             v, a = verdicts.get(s["id"]), aborts.get(s["id"])
             out.append({
@@ -216,7 +240,7 @@ class Ledger:
         with read(self.engine) as conn:
             return evaluation_record(lambda kind, **equal: _rows(conn, kind, **equal), evaluation_id)
 
-    def history(self, flag: str) -> list[dict[str, Any]]:
+    def history(self, flag: str) -> list[HistoryRow]:
         """Every evaluation of ``flag``, oldest first, with its status and verdict but not its case evidence
         (``records.history``): the looks ``gate/stats/looks.py`` counts."""
         with read(self.engine) as conn:
@@ -230,11 +254,11 @@ class Ledger:
         """Every row of one kind, oldest first."""
         return self._read(kind)
 
-    def flips(self, flag: str | None = None) -> list[dict[str, Any]]:
-        return self._read("flip", flag=flag)
+    def flips(self, flag: str | None = None) -> list[FlipRow]:
+        return cast("list[FlipRow]", self._read("flip", flag=flag))
 
-    def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
-        return self._read("approval", flag=flag, evaluation_id=evaluation_id)
+    def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[ApprovalRow]:
+        return cast("list[ApprovalRow]", self._read("approval", flag=flag, evaluation_id=evaluation_id))
 
     def refusals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
         return self._read("refusal", flag=flag, evaluation_id=evaluation_id)
@@ -249,10 +273,10 @@ class Ledger:
         """The guard's batches, oldest first: of one flag, of the flip to on they watched, written after batch ``after``."""
         return self._read("shadow", after, flag=flag, flip_id=flip_id)
 
-    def calibrations(self, evaluation_id: int | None = None) -> list[dict[str, Any]]:
-        return self._read("calibration", evaluation_id=evaluation_id)
+    def calibrations(self, evaluation_id: int | None = None) -> list[CalibrationRow]:
+        return cast("list[CalibrationRow]", self._read("calibration", evaluation_id=evaluation_id))
 
-    def flag_states(self) -> dict[str, dict[str, Any]]:
+    def flag_states(self) -> dict[str, FlipRow]:
         """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""
         return latest_flips(self.flips())
 
@@ -267,13 +291,15 @@ class Ledger:
         with read(self.engine) as conn:
             return verify(conn)
 
-    def head(self) -> dict[str, Any] | None:
+    def head(self) -> Head | None:
         """The chain's last entry (seq, hash) and how many entries there are; None when empty."""
         t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
             last = conn.execute(select(t.c.seq, t.c.hash).order_by(t.c.seq.desc()).limit(1)).first()
             count = conn.scalar(select(func.count()).select_from(t))
-        return None if last is None else {"seq": last.seq, "hash": last.hash, "entries": count}
+        if last is None:
+            return None
+        return {"seq": last.seq, "hash": last.hash, "entries": count or 0}  # count is None only for an empty table
 
     def entry(self, seq: int) -> dict[str, Any] | None:
         """One entry as stored (payload as text), or None."""

@@ -4,5 +4,5 @@ Markdown, a self-contained HTML page, JSON or JUnit XML (``export``), two evalua
 CI summary (``junit``). Each takes the plain records the ledger returns and never opens a ledger; it sits above
 both the gate (whose near-tie thresholds and divergence labels it reads) and the ledger.
 
-Imports: evidence, identity, cache, engines, gate.
+Imports: evidence, summaries, identity, cache, engines, gate.
 """

@@ -14,17 +14,38 @@ import html
 import json
 import math
 import re
+import sys
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal, Union, cast, final
 
 from ..cache.trie import common_prefix
 from ..engines.base import plus
-from ..evidence import CaseResultRow, Comparison, EvaluationRecord
+from ..evidence import CaseResultRow, Comparison, DivergentSide, EvaluationRecord
 from ..gate.kinds import AT_RISK, NEAR_TIE, divergence
 from ..gate.stats import looks
 from ..identity import flatten
+from ..summaries import (
+    CalibrationRow,
+    DepartureRecord,
+    DistanceSummary,
+    NotObservable,
+    OutcomeSummary,
+    ReferenceSummary,
+    SamplingSummary,
+    SequentialSummary,
+    Statistics,
+    Step,
+    StrengthSummary,
+    SuiteCensus,
+)
 from . import junit
-from .outcomes import verdict_summary
+from .outcomes import observed, verdict_summary
+
+if sys.version_info >= (3, 11):
+    from typing import TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import TypedDict
 
 PROBE = "probe:"  # the case ids of the gate's cache probes (gate/arms/probes.py)
 
@@ -32,41 +53,225 @@ FORMATS = ("md", "html", "json", "junit")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 MARK = "\u258c"  # in Markdown, where two outputs part (code blocks cannot be styled)
 
+# --- the view's records: what render(fmt="json") prints beside the record, and what review pages show ----------------
+
+
+class StageRow(TypedDict):
+    """Per stage and configuration, the first run of each case: calls, tokens and model seconds."""
+
+    stage: str
+    config: str
+    calls: int
+    prompt_tokens: int
+    cached_tokens: int | None  # None once a call did not report it
+    computed_tokens: int | None
+    prefill_s: float
+    decode_s: float
+
+
+class ChartRow(TypedDict):
+    """A stage's two bars: prompt tokens with the flag off, tokens computed with it on."""
+
+    stage: str
+    prompt_off: int
+    computed_on: int
+
+
+class IdentityRow(TypedDict):
+    """One dotted identity part, both sides' values and whether they differ."""
+
+    part: str
+    off: object
+    on: object
+    differs: bool
+
+
+class Difference(TypedDict):
+    """A differing comparison as a reviewer reads it: where the outputs part, both sides, both texts."""
+
+    case_id: str
+    pair: str
+    label_a: str
+    label_b: str
+    turn: int | None
+    first_divergent_position: int | None
+    a: DivergentSide | None
+    b: DivergentSide | None
+    near_tie: bool | None
+    collapse: Literal["a", "b"] | None
+    collapse_recorded: bool  # False for entries recorded before the collapse label
+    divergence: str | None
+    text_a: str
+    text_b: str
+    divergent_char: int
+    outcomes_diff: dict[str, object]
+
+
+class StrengthView(StrengthSummary):
+    """The strength with where its largest drift was, in words."""
+
+    where_text: str | None
+
+
+class Census(SuiteCensus):
+    """A suite's near-tie census as the view shows it: flagged insensitive where none of its steps came near a tie."""
+
+    suite: str
+    insensitive: bool
+
+
+class FaultView(TypedDict):
+    """A planted fault's line in a calibration: None where its row does not hold the figure."""
+
+    spec: str
+    kind: str
+    size: float
+    supported: bool
+    flagged: int | None
+    cases: int | None
+    share: float | None
+    share_outputs: float | None
+    share_drift: float | None
+
+
+class CalibrationView(TypedDict):
+    """One calibration of the evaluation: per planted fault, the share of cases the gate flagged."""
+
+    id: int
+    operator: str
+    at: str
+    engine: str
+    cases: int
+    cost_flag_on_runs: float | None
+    drift_rule: str | None
+    mode: str
+    twin: str | None
+    faults: list[FaultView]
+
+
+class Quantile(TypedDict):
+    """A KLD quantile, flag on and the A/A floor."""
+
+    q: str
+    on: float
+    floor: float
+
+
+@final
+class Unobserved(TypedDict):
+    """A section the engine could not give: why."""
+
+    not_observable: str
+
+
+@final
+class DistanceTable(TypedDict):
+    """The teacher-forced distance beside its A/A floor."""
+
+    rows: list[list[str]]
+    quantiles: list[Quantile]
+    reason: str | None
+
+
+@final
+class ReferenceTable(TypedDict):
+    """The reference arm: a row per arm and a note on its floors."""
+
+    rows: list[list[str]]
+    note: str
+
+
+class SamplingView(TypedDict):
+    """Sampled decoding: each side's draws, the bound per position class, and a note on the coupling."""
+
+    rows: list[list[str]]
+    classes: list[list[str]]
+    note: str
+
+
+class Sections(TypedDict, total=False):
+    """The view's sections present only where the verdict recorded them (the review's evaluation page shows them too)."""
+
+    paired: list[list[str]]
+    sequential: list[list[str]]
+    looks: str
+    distance: Union[Unobserved, DistanceTable]
+    reference: Union[Unobserved, ReferenceTable]
+    sampling: SamplingView
+
+
+class Shown(Sections):
+    """The view's fields the review app's evaluation page shows as they are."""
+
+    flag: str
+    gate: str
+    status: str
+    verdict: str | None
+    reasons: list[str]
+    operator: str
+    started_at: str
+    finished_at: str | None
+    aborted: str | None
+    config: dict[str, object]
+    identity_rows: list[IdentityRow]
+    stages: list[StageRow]
+    chart: list[ChartRow]
+    strength: StrengthView | None
+    near_ties: list[Census]
+    calibrations: list[CalibrationView]
+    probes: dict[str, str]
+
+
+class View(Shown):
+    """Everything an export shows, as plain JSON-able data; its ``Sections`` follow the fixed keys."""
+
+    evaluation: int
+    identities: dict[str, object]
+    near_tie_threshold: float
+    differences: list[Difference]
+    probe_seconds: float | None
+
+
 # --- the view ----------------------------------------------------------------------------------
 
 
-def _stages(case_results: list[CaseResultRow]) -> list[dict[str, Any]]:
+@dataclass
+class _Totals:
+    """A stage's running totals on one side."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int | None = 0  # a server that did not report cached tokens makes the stage's figure unknown, not 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def _stages(case_results: list[CaseResultRow]) -> list[StageRow]:
     """Per stage (a case id's suite part) and configuration: first run of each, so off and on compare like for like."""
-    totals: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: defaultdict(float))  # cached_tokens: int | None
+    totals: dict[tuple[str, str], _Totals] = defaultdict(_Totals)
     for r in case_results:
         if r["repeat"] != 0 or r["case_id"].startswith(PROBE):  # the cache probes are no stage: their own section
             continue
         row = totals[(r["case_id"].split("/", 1)[0], r["config"])]
         for t in r["result"]["turns"]:
-            row["calls"] += 1
-            for key in ("prompt_tokens", "prefill_s", "decode_s"):
-                row[key] += t.get(key) or 0
-            # a server that did not report cached tokens makes the stage's figure unknown, not 0
-            row["cached_tokens"] = plus(row.get("cached_tokens", 0), t.get("cached_tokens"))
-    out = []
-    for (stage, config), row in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1] != "off")):
-        out.append({"stage": stage, "config": config, "calls": int(row["calls"]),
-                    "prompt_tokens": int(row["prompt_tokens"]), "cached_tokens": _int(row["cached_tokens"]),
-                    "computed_tokens": _int(None if row["cached_tokens"] is None else row["prompt_tokens"] - row["cached_tokens"]),
-                    "prefill_s": round(row["prefill_s"], 4), "decode_s": round(row["decode_s"], 4)})
-    return out
+            row.calls += 1
+            row.prompt_tokens += t.get("prompt_tokens") or 0
+            row.prefill_s += t.get("prefill_s") or 0
+            row.decode_s += t.get("decode_s") or 0
+            row.cached_tokens = plus(row.cached_tokens, t.get("cached_tokens"))
+    return [{"stage": stage, "config": config, "calls": row.calls, "prompt_tokens": row.prompt_tokens,
+             "cached_tokens": row.cached_tokens,
+             "computed_tokens": None if row.cached_tokens is None else row.prompt_tokens - row.cached_tokens,
+             "prefill_s": round(row.prefill_s, 4), "decode_s": round(row.decode_s, 4)}
+            for (stage, config), row in sorted(totals.items(), key=lambda kv: (kv[0][0], kv[0][1] != "off"))]
 
 
-def _int(x: float | None) -> int | None:
-    return None if x is None else int(x)
-
-
-def _na(x: Any) -> Any:
+def _na(x: int | None) -> int | str:
     return "n/a" if x is None else x
 
 
-def _chart(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
+def _chart(stages: list[StageRow]) -> list[ChartRow]:
+    rows: dict[str, ChartRow] = {}
     for s in stages:
         row = rows.setdefault(s["stage"], {"stage": s["stage"], "prompt_off": 0, "computed_on": 0})
         if s["config"] == "off":
@@ -88,8 +293,8 @@ def _texts(record: EvaluationRecord, case_id: str, pair: str) -> tuple[str, str]
     return (sides + ["", ""])[0], (sides + ["", ""])[1]
 
 
-def _differences(record: EvaluationRecord) -> list[dict[str, Any]]:
-    out = []
+def _differences(record: EvaluationRecord) -> list[Difference]:
+    out: list[Difference] = []
     for c in record["comparisons"]:
         if c["equal"]:
             continue
@@ -110,29 +315,30 @@ def _differences(record: EvaluationRecord) -> list[dict[str, Any]]:
     return out
 
 
-def _where(w: dict[str, Any] | None) -> str | None:
+def _where(w: Step | None) -> str | None:
     return None if w is None else f"{w['case']} turn {w['turn']} step {w['step']}"
 
 
-def _census(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def _census(summary: OutcomeSummary | None) -> list[Census]:
     """The near-tie census per suite; a suite none of whose steps came near a tie is flagged insensitive."""
     return [{"suite": suite, **row, "insensitive": bool(row.get("steps")) and not row.get("near_ties")}
-            for suite, row in (summary.get("near_ties") or {}).items()]
+            for suite, row in ((summary.get("near_ties") if summary else None) or {}).items()]
 
 
-def view(record: EvaluationRecord) -> dict[str, Any]:
+def view(record: EvaluationRecord) -> View:
     """Everything an export shows, as plain JSON-able data."""
     identity = record.get("identity") or {}
     off, on = flatten(identity.get("off", {})), flatten(identity.get("on", {}))
     stages = _stages(record["case_results"])
     verdict = record.get("verdict_record")
+    aborted = record.get("aborted_record")
     summary = verdict_summary(record)
-    strength = summary.get("strength")
+    strength = summary.get("strength") if summary else None
     return {
         "evaluation": record["id"], "flag": record["flag"], "gate": record["gate"], "status": record["status"],
         "verdict": record.get("verdict"), "reasons": record.get("reasons") or [],
         "operator": record["operator"], "started_at": record["started_at"], "finished_at": verdict["finished_at"] if verdict else None,
-        "aborted": (record.get("aborted_record") or {}).get("reason"),
+        "aborted": aborted["reason"] if aborted else None,
         "config": record.get("config") or {},
         "identities": identity,
         "identity_rows": [{"part": k, "off": off.get(k), "on": on.get(k), "differs": off.get(k) != on.get(k)}
@@ -144,27 +350,42 @@ def view(record: EvaluationRecord) -> dict[str, Any]:
         "near_tie_threshold": NEAR_TIE,
         "differences": _differences(record),
         "calibrations": [_calibration(c) for c in record.get("calibrations") or []],
-        "probes": summary.get("probes") or {}, "probe_seconds": summary.get("probe_seconds"),
-        # records written before paired verdicts have none: their exports read as they did
-        **({"paired": _paired_rows(summary["paired"])} if summary.get("paired") else {}),
-        **({"sequential": _sequential_rows(summary["sequential"])} if summary.get("sequential") else {}),
-        # a gate judged from a bound: which look at the change it was and the alpha it spent (gate/stats/looks.py)
-        **({"looks": looks.line(summary["looks"])} if summary.get("looks") else {}),
-        **({"distance": _distance_view(summary["distance"])} if summary.get("distance") else {}),
-        **({"reference": _reference_view(summary["reference"])} if summary.get("reference") else {}),
-        **({"sampling": _sampling_view(summary["sampling"])} if summary.get("sampling") else {}),
+        "probes": (summary.get("probes") if summary else None) or {},
+        "probe_seconds": summary.get("probe_seconds") if summary else None,
+        **sections(summary),
     }
+
+
+def sections(summary: OutcomeSummary | None) -> Sections:
+    """The view's sections the verdict recorded, in their order; records written before paired verdicts have none,
+    so their exports read as they did."""
+    out: Sections = {}
+    if not summary:
+        return out
+    if paired := summary.get("paired"):
+        out["paired"] = _paired_rows(paired)
+    if sequential := summary.get("sequential"):
+        out["sequential"] = _sequential_rows(sequential)
+    if look := summary.get("looks"):  # a gate judged from a bound: which look at the change and the alpha it spent
+        out["looks"] = looks.line(look)
+    if moved := summary.get("distance"):
+        out["distance"] = _distance_view(moved)
+    if read := summary.get("reference"):
+        out["reference"] = _reference_view(read)
+    if sampling := summary.get("sampling"):
+        out["sampling"] = _sampling_view(sampling)
+    return out
 
 
 PAIRED_HEAD = ["suite", "assertion pairs", "cases", "harmful", "beneficial", "loss", "bounds (one-sided)", "margin",
                "alpha", "needed", "supports margin", "verdict"]
 
 
-def _paired_rows(p: dict[str, Any] | None) -> list[list[str]]:
+def _paired_rows(p: Statistics | None) -> list[list[str]]:
     """The paired verdict as table rows: one for the battery, or one per suite under per-suite margins."""
     if not p:
         return []
-    judged = p["suites"].items() if "suites" in p else [("all", p)]
+    judged = list(p["suites"].items()) if "suites" in p else [("all", p)]
     return [[name, str(s["n"]), str(s["clusters"]), str(s["harmful"]), str(s["beneficial"]), f"{s['loss']:.3f}",
              f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
              "no finite number" if s["needed"] is None else str(s["needed"]), f"{s['supported_margin']:.3f}", s["verdict"]]
@@ -175,37 +396,42 @@ SEQUENTIAL_HEAD = ["cases run", "seed", "harmful", "beneficial", "loss per case"
                    "decision", "stopped"]
 
 
-def _sequential_rows(s: dict[str, Any]) -> list[list[str]]:
+def _sequential_rows(s: SequentialSummary) -> list[list[str]]:
     """A sequential evaluation's rule where it stopped (gate/stats/sequential.py), as one table row."""
     return [[f"{s['cases']} of {s['battery_cases']}", str(s["seed"]), str(s["harmful"]), str(s["beneficial"]),
              f"{s['loss']:.3f}", f"[{s['lower']:.3f}, {s['upper']:.3f}]", f"{s['margin']:g}", f"{s['alpha']:g}",
-             s["decision"], s["stopped"]]]
+             s["decision"], str(s["stopped"])]]
 
 
 DISTANCE_HEAD = ["", "positions", "KLD mean ± SE", "KLD median", "KLD p99", "KLD max", "same top-1", "Δp RMS"]
-KLD_QUANTILES = ("min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max")
+KLD_QUANTILES: tuple[Literal["min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max"], ...] = (
+    "min", "p1", "p10", "median", "p90", "p95", "p99", "p999", "max")
 
 
-def _distance_view(d: dict[str, Any]) -> dict[str, Any]:
+def _distance_view(summary: DistanceSummary | NotObservable) -> Unobserved | DistanceTable:
     """The teacher-forced distance beside its A/A floor as table rows and KLD quantiles; or why it was not read."""
-    if "not_observable" in d:
-        return {"not_observable": d["not_observable"]}
+    d = observed(summary)
+    if d is None:
+        return {"not_observable": cast(NotObservable, summary)["not_observable"]}
+    floor = d["floor"]
+    assert floor is not None  # the evaluator reads the A/A floor with every distance it records
     rows = [[label, str(x["positions"]), f"{x['kld']['mean']:.3g} ± {x['kld']['se']:.2g}", f"{x['kld']['median']:.3g}",
              f"{x['kld']['p99']:.3g}", f"{x['kld']['max']:.3g}", f"{100 * x['same_top1']:.2f}% ± {100 * x['same_top1_se']:.2f}%",
-             f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", d["floor"]))]
-    quantiles = [{"q": q, "on": d["distance"]["kld"][q], "floor": d["floor"]["kld"][q]} for q in KLD_QUANTILES]
+             f"{100 * x['delta_p_rms']:.3g}%"] for label, x in (("off~on", d["distance"]), ("A/A floor", floor))]
+    quantiles: list[Quantile] = [{"q": q, "on": d["distance"]["kld"][q], "floor": floor["kld"][q]} for q in KLD_QUANTILES]
     return {"rows": rows, "quantiles": quantiles, "reason": d.get("reason")}
 
 
 REFERENCE_HEAD = ["arm", "positions", "in the probes", "control reads", "flips", "departures", "largest gap", "first departure"]
 
 
-def _reference_view(r: dict[str, Any]) -> dict[str, Any]:
+def _reference_view(summary: ReferenceSummary | NotObservable) -> Unobserved | ReferenceTable:
     """The reference arm (gate/arms/reference.py): per arm, what a cache-free read of its answers says; or why none."""
-    if "not_observable" in r:
-        return {"not_observable": r["not_observable"]}
+    r = observed(summary)
+    if r is None:
+        return {"not_observable": cast(NotObservable, summary)["not_observable"]}
 
-    def first(d: list[dict[str, Any]]) -> str:
+    def first(d: list[DepartureRecord]) -> str:
         return (f"{d[0]['case']} turn {d[0]['turn']} token {d[0]['position']}: emitted {d[0]['emitted']}, the reference "
                 f"picks {d[0]['reference']} by {d[0]['margin']:.3g}" if d else "-")
 
@@ -227,7 +453,7 @@ SAMPLING_HEAD = ["side", "draws read", "Kolmogorov-Smirnov D", "p", "impossible 
 TV_HEAD = ["class", "coupled steps", "mismatched", "mean per-step TV at most"]
 
 
-def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
+def _sampling_view(s: SamplingSummary) -> SamplingView:
     """Sampled decoding (gate/stats/coupling.py, gate/stats/pit.py): what the paired draws certify, per position class and stage,
     and each side's draws against the declared decoding."""
     rows = [[f"flag-{side}", str(d["steps"]), f"{d['statistic']:.3g}", f"{d['p']:.2g}", str(d["impossible"]),
@@ -243,20 +469,21 @@ def _sampling_view(s: dict[str, Any]) -> dict[str, Any]:
                                       for c in classes],
             "note": f"{decoding}. {s['answers']} answers paired by seed, {s['steps']} coupled steps, "
                     f"{s['mismatches']} mismatched: {tv}; {s['sampler_state']} coupled steps weighed differently by "
-                    f"the samplers; sampler: {(s.get('chain') or {}).get('sampler', '-')}"
+                    f"the samplers; sampler: {chain['sampler'] if (chain := s.get('chain')) else '-'}"
                     + (f"; controls: no shared seed {c['unpaired']}, the temperature doubled {c['planted']}"
                        if (c := s.get("controls")) else "")}
 
 
-def _calibration(c: dict[str, Any]) -> dict[str, Any]:
+def _calibration(c: CalibrationRow) -> CalibrationView:
     """One calibration of the evaluation: per planted fault, the share of cases the gate flagged."""
     result = c["result"]
     # Calibrations recorded before drift was counted flagged by outputs alone.
     return {"id": c["id"], "operator": c["operator"], "at": c["at"], "engine": result.get("engine"),
             "cases": result.get("cases"), "cost_flag_on_runs": (result.get("seconds") or {}).get("per_flag_on_run"),
-            "drift_rule": (result.get("drift_rule") or {}).get("rule"), "mode": result.get("mode", "full"),
-            "twin": (result.get("twin") or {}).get("engine"),
-            "faults": [{**{k: f.get(k) for k in ("spec", "kind", "size", "supported", "flagged", "cases", "share")},
+            "drift_rule": rule["rule"] if (rule := result.get("drift_rule")) else None, "mode": result.get("mode", "full"),
+            "twin": twin["engine"] if (twin := result.get("twin")) else None,
+            "faults": [{"spec": f.get("spec"), "kind": f.get("kind"), "size": f.get("size"), "supported": f.get("supported"),
+                        "flagged": f.get("flagged"), "cases": f.get("cases"), "share": f.get("share"),
                         "share_outputs": f.get("share_outputs", f.get("share")), "share_drift": f.get("share_drift")}
                        for f in result["faults"]]}
 
@@ -270,11 +497,11 @@ def render(record: EvaluationRecord, fmt: str) -> str:
     return markdown(v) if fmt == "md" else page(v)
 
 
-def _value(x: Any) -> str:
+def _value(x: object) -> str:
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False, default=str)
 
 
-def _fmt(x: Any) -> str:
+def _fmt(x: object) -> str:
     if x is None:
         return "-"
     return f"{x:.4g}" if isinstance(x, float) else str(x)
@@ -283,7 +510,7 @@ def _fmt(x: Any) -> str:
 # --- Markdown ----------------------------------------------------------------------------------
 
 
-def _md(text: Any) -> str:
+def _md(text: object) -> str:
     """Plain text in a table cell or a line: no raw HTML, no table breaks."""
     return html.escape(_value(text), quote=False).replace("|", "\\|").replace("\n", " ")
 
@@ -299,14 +526,14 @@ def _block(text: str) -> str:
     return f"{fence}text\n{text}\n{fence}"
 
 
-def _labels(d: dict[str, Any]) -> str:
+def _labels(d: Difference) -> str:
     """``near-tie: yes/no; one-sided collapse: ...``, shared by Markdown and HTML."""
     collapse = ("not recorded" if not d["collapse_recorded"] else "no" if d["collapse"] not in ("a", "b")
-                else f"yes, {d['label_' + d['collapse']]}")
+                else f"yes, {d['label_a'] if d['collapse'] == 'a' else d['label_b']}")
     return f"near-tie: {'yes' if d['near_tie'] else 'no'}; one-sided collapse: {collapse}"
 
 
-def _side_md(side: dict[str, Any] | None) -> str:
+def _side_md(side: DivergentSide | None) -> str:
     if not side:
         return "-"
     piece = side.get("piece")
@@ -315,24 +542,24 @@ def _side_md(side: dict[str, Any] | None) -> str:
             f"margin {_fmt(side.get('margin'))}")
 
 
-def _strength_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+def _strength_rows(s: StrengthView) -> list[tuple[str, str]]:
     """The strength figures as (label, value) rows, shared by Markdown and HTML."""
     return [("grade", s["grade"] or "none: the outputs differ"),
             ("max top-2 logit drift", _fmt(s["max_drift"]) if s["max_drift"] is not None else "unknown"),
             ("where", s["where_text"] or "-"),
             (f"steps at risk (top-2 margin within {AT_RISK}× the drift)", f"{s['steps_at_risk']} of {s['steps']}"),
             ("steps without top-2 logits (drift unknown)", str(s["unknown"]))] + (
-        [("assertion flips (harmful / beneficial of pairs)", "{harmful} / {beneficial} of {pairs}".format(**s["flips"]))]
-        if s.get("flips") else [])
+        [("assertion flips (harmful / beneficial of pairs)", f"{f['harmful']} / {f['beneficial']} of {f['pairs']}")]
+        if (f := s.get("flips")) else [])
 
 
-def _strength_md(s: dict[str, Any] | None) -> list[str]:
+def _strength_md(s: StrengthView | None) -> list[str]:
     if s is None:
         return ["Not recorded (byte-equivalence evaluations are graded)."]
     return [f"- {label}: {'**' + _md(value) + '**' if label == 'grade' else _md(value)}" for label, value in _strength_rows(s)]
 
 
-def markdown(v: dict[str, Any]) -> str:
+def markdown(v: View) -> str:
     lines = [f"# Evaluation {v['evaluation']}: {_md(v['flag'])} — {v['verdict'] or v['status']}", ""]
     lines += [f"- status: **{v['status']}**", f"- gate: {_md(v['gate'])}", f"- operator: {_md(v['operator'])}",
               f"- started: {v['started_at']}", f"- finished: {v['finished_at'] or '-'}",
@@ -405,16 +632,17 @@ def markdown(v: dict[str, Any]) -> str:
     lines += ["", f"## Calibrations ({len(v['calibrations'])})", ""]
     if not v["calibrations"]:
         lines.append("None: run gatekeeper calibrate --evaluation ID to measure the gate's power to say no.")
-    for c in v["calibrations"]:
-        cost = f", cost {c['cost_flag_on_runs']:g} flag-on runs" if c["cost_flag_on_runs"] else ""
-        twin = f", measured on the twin {_md(c['twin'])} (the served weights, checked by digest)" if c["twin"] else ""
-        lines += [f"Calibration {c['id']} by {_md(c['operator'])} at {c['at']} ({_md(c['engine'])}, {c['cases']} cases{cost}{twin}):", "",
+    for cal in v["calibrations"]:
+        cost = f", cost {cal['cost_flag_on_runs']:g} flag-on runs" if cal["cost_flag_on_runs"] else ""
+        twin = f", measured on the twin {_md(cal['twin'])} (the served weights, checked by digest)" if cal["twin"] else ""
+        lines += [f"Calibration {cal['id']} by {_md(cal['operator'])} at {cal['at']} ({_md(cal['engine'])}, {cal['cases']} cases{cost}{twin}):", "",
                   "| planted fault | flagged | share | by outputs | by drift | |", "|---|---:|---:|---:|---:|---|"]
-        lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {f['share']:.0%} | {_pct(f['share_outputs'])} | "
-                  f"{_pct(f['share_drift'])} | {'█' * round(20 * f['share'])} |"
-                  if f["supported"] else f"| {f['spec']} | - | - | - | - | not supported by this engine |" for f in c["faults"]]
-        if c["drift_rule"]:
-            lines += ["", f"By drift: {_md(c['drift_rule'])}."]
+        lines += [f"| {f['spec']} | {f['flagged']} / {f['cases']} | {share:.0%} | {_pct(f['share_outputs'])} | "
+                  f"{_pct(f['share_drift'])} | {'█' * round(20 * share)} |"
+                  if f["supported"] and (share := f["share"]) is not None
+                  else f"| {f['spec']} | - | - | - | - | not supported by this engine |" for f in cal["faults"]]
+        if cal["drift_rule"]:
+            lines += ["", f"By drift: {_md(cal['drift_rule'])}."]
         lines.append("")
 
     lines += ["", f"## Differing cases ({len(v['differences'])})", ""]
@@ -457,7 +685,7 @@ tr.insensitive,p.insensitive{background:#ddf4ff}td.grade{font-weight:700}
 """
 
 
-def _distance_md(d: dict[str, Any]) -> list[str]:
+def _distance_md(d: Unobserved | DistanceTable) -> list[str]:
     if "not_observable" in d:
         return [f"Not observable: {_md(d['not_observable'])}"]
     return (["| " + " | ".join(DISTANCE_HEAD) + " |", "|---|" + "---:|" * (len(DISTANCE_HEAD) - 1)]
@@ -466,7 +694,7 @@ def _distance_md(d: dict[str, Any]) -> list[str]:
             + [f"| {q['q']} | {q['on']:.3g} | {q['floor']:.3g} |" for q in d["quantiles"]])
 
 
-def _e(x: Any) -> str:
+def _e(x: object) -> str:
     return html.escape(_value(x), quote=True)
 
 
@@ -478,11 +706,11 @@ def _table(head: list[str] | None, rows: list[list[str]], classes: list[str] | N
     return "".join(out) + "</tbody></table>"
 
 
-def _num(x: Any) -> str:
+def _num(x: object) -> str:
     return f'<td class="n">{_e(_fmt(x))}</td>'
 
 
-def chart_svg(chart: list[dict[str, Any]]) -> str:
+def chart_svg(chart: list[ChartRow]) -> str:
     """Grouped horizontal bars, two per stage: prompt tokens with the flag off, tokens computed with it on."""
     label_w, bar_w, bar_h, gap = 160, 440, 16, 14
     peak = max([max(c["prompt_off"], c["computed_on"]) for c in chart] + [1])
@@ -503,11 +731,12 @@ def chart_svg(chart: list[dict[str, Any]]) -> str:
     return "".join(parts) + "</svg>"
 
 
-def curve_svg(faults: list[dict[str, Any]]) -> str:
+def curve_svg(faults: list[FaultView]) -> str:
     """The detection curve: share of cases flagged against planted noise (log scale), with the
     positional faults as points on the right."""
-    noise = [f for f in faults if f["kind"] == "noise" and f["supported"] and f["size"] > 0]
-    other = [f for f in faults if f["kind"] != "noise" and f["supported"]]
+    # a supported fault holds its share: (fault, share) pairs, so the share reads as a number
+    noise = [(f, s) for f in faults if f["kind"] == "noise" and f["supported"] and f["size"] > 0 and (s := f["share"]) is not None]
+    other = [(f, s) for f in faults if f["kind"] != "noise" and f["supported"] and (s := f["share"]) is not None]
     left, top, w, h = 50, 20, 360, 160
     width = left + w + 40 + 90 * len(other)
     parts = [f'<svg role="img" width="{width}" height="{top + h + 50}" font-size="12" font-family="system-ui,sans-serif">'
@@ -518,25 +747,25 @@ def curve_svg(faults: list[dict[str, Any]]) -> str:
              f'<text x="{left - 8}" y="{top + h + 4}" text-anchor="end">0%</text>',
              f'<text x="{left + w / 2}" y="{top + h + 36}" text-anchor="middle">relative noise on the restored state</text>']
     if noise:
-        lo, hi = math.log10(min(f["size"] for f in noise)), math.log10(max(f["size"] for f in noise))
-        xs = [left + (w * (math.log10(f["size"]) - lo) / (hi - lo) if hi > lo else w / 2) for f in noise]
-        ys = [top + h * (1 - f["share"]) for f in noise]
+        lo, hi = math.log10(min(f["size"] for f, _ in noise)), math.log10(max(f["size"] for f, _ in noise))
+        xs = [left + (w * (math.log10(f["size"]) - lo) / (hi - lo) if hi > lo else w / 2) for f, _ in noise]
+        ys = [top + h * (1 - share) for _, share in noise]
         parts.append('<polyline fill="none" stroke="#1a7f37" stroke-width="2" points="'
                      + " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys)) + '"/>')
-        for f, x, y in zip(noise, xs, ys):
+        for (f, _), x, y in zip(noise, xs, ys):
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="#1a7f37"/>'
                          f'<text x="{x:.1f}" y="{top + h + 16}" text-anchor="middle">{_e(format(f["size"], "g"))}</text>')
-    for n, f in enumerate(other):
-        x, y = left + w + 60 + 90 * n, top + h * (1 - f["share"])
+    for n, (f, share) in enumerate(other):
+        x, y = left + w + 60 + 90 * n, top + h * (1 - share)
         parts.append(f'<circle cx="{x}" cy="{y:.1f}" r="4" fill="#cf222e"/>'
                      f'<text x="{x}" y="{top + h + 16}" text-anchor="middle">{_e(f["spec"])}</text>'
-                     f'<text x="{x + 7}" y="{y + 4:.1f}">{f["share"]:.0%}</text>')
+                     f'<text x="{x + 7}" y="{y + 4:.1f}">{share:.0%}</text>')
     return "".join(parts) + "</svg>"
 
 
-def kld_svg(quantiles: list[dict[str, Any]]) -> str:
+def kld_svg(quantiles: list[Quantile]) -> str:
     """KLD quantiles, flag on against the A/A floor, as bars on a log scale (1e-8 nats at the baseline)."""
-    floor_, top = -8.0, max(-1.0, *(math.log10(max(q[k], 1e-8)) for q in quantiles for k in ("on", "floor")))
+    floor_, top = -8.0, max(-1.0, *(math.log10(max(x, 1e-8)) for q in quantiles for x in (q["on"], q["floor"])))
     w, row = 420, 16
 
     def bar(x: float) -> float:
@@ -554,7 +783,7 @@ def kld_svg(quantiles: list[dict[str, Any]]) -> str:
     return "\n".join(out + ["</svg>"])
 
 
-def _distance_html(d: dict[str, Any]) -> str:
+def _distance_html(d: Unobserved | DistanceTable) -> str:
     if "not_observable" in d:
         return f"<p>Not observable: {_e(d['not_observable'])}</p>"
     return (_table(DISTANCE_HEAD, [[f"<td>{_e(x)}</td>" for x in row] for row in d["rows"]])
@@ -565,7 +794,7 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
 
 
-def _calibration_html(c: dict[str, Any]) -> str:
+def _calibration_html(c: CalibrationView) -> str:
     cost = f", cost {_e(c['cost_flag_on_runs'])} flag-on runs" if c["cost_flag_on_runs"] else ""
     rows = [[f"<td>{_e(f['spec'])}</td>", f"<td class=\"n\">{_e(f['flagged'])} / {_e(f['cases'])}</td>",
              f"<td class=\"n\">{f['share']:.0%}</td>", f"<td class=\"n\">{_pct(f['share_outputs'])}</td>",
@@ -579,15 +808,14 @@ def _calibration_html(c: dict[str, Any]) -> str:
             _table(["planted fault", "flagged", "share", "by outputs", "by drift"], rows) + rule)
 
 
-def _side_html(label: str, side: dict[str, Any] | None) -> list[str]:
-    side = side or {}
-    piece = side.get("piece")
-    return [f"<td>{_e(label)}</td>", _num(side.get("token")),
+def _side_html(label: str, side: DivergentSide | None) -> list[str]:
+    piece = side.get("piece") if side else None
+    return [f"<td>{_e(label)}</td>", _num(side.get("token") if side else None),
             f"<td><code>{_e(json.dumps(piece, ensure_ascii=False)) if piece is not None else '(output ended)'}</code></td>",
-            _num(side.get("margin"))]
+            _num(side.get("margin") if side else None)]
 
 
-def _difference_html(d: dict[str, Any]) -> str:
+def _difference_html(d: Difference) -> str:
     turn = f", turn {d['turn']}" if d["turn"] else ""
     out = [f'<section class="difference"><h3>{_e(d["case_id"])} <small>({_e(d["pair"])}{turn})</small></h3>']
     if d["first_divergent_position"] is not None:
@@ -609,7 +837,7 @@ def _difference_html(d: dict[str, Any]) -> str:
     return "".join(out) + "</section>"
 
 
-def _strength_html(s: dict[str, Any] | None) -> str:
+def _strength_html(s: StrengthView | None) -> str:
     if s is None:
         return "<p>Not recorded (byte-equivalence evaluations are graded).</p>"
     return _table(None, [[f'<th scope="row">{_e(label)}</th>',
@@ -617,7 +845,7 @@ def _strength_html(s: dict[str, Any] | None) -> str:
                          for label, value in _strength_rows(s)])
 
 
-def _near_ties_html(rows: list[dict[str, Any]]) -> str:
+def _near_ties_html(rows: list[Census]) -> str:
     if not rows:
         return "<p>Not recorded.</p>"
     out = [_table(["suite", "decode steps", "near-ties", "smallest margin", "without top-2"],
@@ -629,7 +857,7 @@ def _near_ties_html(rows: list[dict[str, Any]]) -> str:
     return "".join(out)
 
 
-def page(v: dict[str, Any]) -> str:
+def page(v: View) -> str:
     shown = v["verdict"] or v["status"]
     body = [f"<h1>Evaluation {v['evaluation']}: {_e(v['flag'])}</h1>",
             f'<p><span class="verdict {_e(shown)}">{_e(shown)}</span></p>',
@@ -644,7 +872,8 @@ def page(v: dict[str, Any]) -> str:
             "<h2>Per stage</h2><p>First run of each configuration.</p>",
             _table(["stage", "config", "calls", "prompt tokens", "cached tokens", "computed tokens", "prefill s", "decode s"],
                    [[f"<td>{_e(s['stage'])}</td>", f"<td>{_e(s['config'])}</td>"] +
-                    [_num(s[k]) for k in ("calls", "prompt_tokens", "cached_tokens", "computed_tokens", "prefill_s", "decode_s")]
+                    [_num(x) for x in (s["calls"], s["prompt_tokens"], s["cached_tokens"], s["computed_tokens"], s["prefill_s"],
+                                       s["decode_s"])]
                     for s in v["stages"]]),
             "<h2>Prompt tokens per stage: off vs computed on</h2>", chart_svg(v["chart"]),
             "<h2>Strength <small>(off#0~on#0)</small></h2>", _strength_html(v["strength"]),

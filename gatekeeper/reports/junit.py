@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from ..evidence import EvaluationRecord
-from .outcomes import DIFFERS, CaseOutcome, case_flips, case_outcomes, divergence_text, verdict_summary
+from .outcomes import DIFFERS, CaseOutcome, case_flips, case_outcomes, divergence_text, observed, verdict_summary
 
 # What XML 1.0 cannot carry (control characters, lone surrogates): shown as escapes instead.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -31,7 +31,8 @@ def _verdict_of(record: EvaluationRecord, case: CaseOutcome) -> tuple[str, str, 
     verdict, reasons = record.get("verdict"), record.get("reasons") or []
     own = [r for r in reasons if _concerns(r, case.case_id)]
     if verdict is None:
-        why = (record.get("aborted_record") or {}).get("reason") or record.get("status", "aborted")
+        aborted = record.get("aborted_record")
+        why = (aborted["reason"] if aborted else None) or record.get("status", "aborted")
         return "error", f"{record.get('status', 'aborted')}: the evaluation has no verdict ({why})", ""
     if verdict == "INCONCLUSIVE":
         return "skipped", "; ".join(own or reasons), ""
@@ -48,15 +49,19 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
     """What a paired or sequential verdict rests on, the teacher-forced distance, sampled decoding's coupling and the
     reference arm, as suite properties (none for the evaluations that have none of them, so their XML reads as it did)."""
     summary = verdict_summary(record)
-    stats, out = summary.get("sequential") or summary.get("paired"), []
+    if summary is None:
+        return []
+    sequential = summary.get("sequential")
+    stats, out = sequential or summary.get("paired"), []
     if stats and "suites" not in stats:  # per-suite margins: each suite's bound is in the reasons
         out += [("harmful_flips", str(stats["harmful"])), ("beneficial_flips", str(stats["beneficial"])),
                 ("loss", f"{stats['loss']:.4g}"), ("loss_bounds", f"[{stats['lower']:.4g}, {stats['upper']:.4g}]"),
                 ("margin", f"{stats['margin']:g}"), ("alpha", f"{stats['alpha']:g}")]
-        if summary.get("sequential"):
-            out += [("sequential_cases", f"{stats['cases']} of {stats['battery_cases']}"), ("sequential_stopped", stats["stopped"])]
-    moved = (summary.get("distance") or {}).get("distance")
-    if moved:
+        if sequential:
+            out += [("sequential_cases", f"{sequential['cases']} of {sequential['battery_cases']}"),
+                    ("sequential_stopped", str(sequential["stopped"]))]
+    read = observed(summary.get("distance"))
+    if read and (moved := read["distance"]):
         out += [("kld_mean", f"{moved['kld']['mean']:.4g}"), ("same_top1", f"{moved['same_top1']:.4f}")]
     s = summary.get("sampling")
     if s:  # sampled decoding: what the seed-paired draws certify, and the controls
@@ -65,9 +70,10 @@ def _statistics(record: EvaluationRecord) -> list[tuple[str, str]]:
         if s.get("classes"):  # per position class and stage, each at alpha/m; tv_bound is the largest
             out += [("tv_mean_bound", f"{s['tv_mean_bound']:.4g}")]
             out += [(f"tv_bound {c['class']}", f"{c['bound']:.4g} ({c['mismatches']} of {c['steps']})") for c in s["classes"]]
-        out += [(f"control_{k}", v) for k, v in sorted((s.get("controls") or {}).items()) if k in ("unpaired", "planted")]
-    arms = (summary.get("reference") or {}).get("arms")
-    if arms:  # the reference arm: answer positions where each arm parts from a cache-free read
+        if controls := s.get("controls"):
+            out += [("control_planted", controls["planted"]), ("control_unpaired", controls["unpaired"])]
+    reference = observed(summary.get("reference"))
+    if reference and (arms := reference["arms"]):  # the reference arm: answer positions where each arm parts from a cache-free read
         out += [(f"reference_departed_{name}", f"{a['departed']} of {a['positions']}") for name, a in arms.items()]
     return out
 

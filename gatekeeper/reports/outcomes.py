@@ -5,12 +5,14 @@ through this one view."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypeVar, cast
 
 from gatekeeper.evidence import AssertionOutcome, CaseResult, Comparison, EvaluationRecord
 from gatekeeper.gate.kinds import divergence, drifts
+from gatekeeper.summaries import NotObservable, OutcomeSummary
 
 EQUAL, DIFFERS, UNSTABLE = "equal", "differs", "baseline_unstable"
+T = TypeVar("T", bound=Mapping[str, object])
 
 
 @dataclass
@@ -64,18 +66,23 @@ def case_outcomes(record: EvaluationRecord) -> list[CaseOutcome]:
     return list(out.values())
 
 
-def verdict_summary(record: EvaluationRecord) -> dict[str, Any]:
-    """The summary the verdict recorded (gate-specific figures: paired, sequential, distance, reference...); empty
+def verdict_summary(record: EvaluationRecord) -> OutcomeSummary | None:
+    """The summary the verdict recorded (gate-specific figures: paired, sequential, distance, reference...); None
     where the evaluation has no verdict."""
     verdict = record.get("verdict_record")
-    return (verdict["summary"] if verdict else None) or {}
+    return (verdict["summary"] if verdict else None) or None
+
+
+def observed(part: T | NotObservable | None) -> T | None:
+    """A summary the engine gave (distance, reference); None where it was not read or not observable."""
+    return None if part is None or "not_observable" in part else cast(T, part)
 
 
 def case_flips(record: EvaluationRecord) -> dict[str, tuple[int, int]]:
     """Per case, its (harmful, beneficial) assertion flips, off#0 against on#0, for the gates judged on them
     (a paired or sequential verdict); empty for the others, whose reports then read as they did."""
     summary = verdict_summary(record)
-    if not (summary.get("paired") or summary.get("sequential")):
+    if not summary or not (summary.get("paired") or summary.get("sequential")):
         return {}
     firsts = {(r["case_id"], r["config"]): r["result"].get("outcomes") or [] for r in record["case_results"] if r["repeat"] == 0}
     return {cid: flips(off, firsts[(cid, "on")]) for (cid, config), off in firsts.items()

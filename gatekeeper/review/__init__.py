@@ -8,5 +8,5 @@ SQL that pages the evaluations list), ``pages`` turns it into each page's data (
 (loopback, a Host allow-list, Origin checks, a strict Content-Security-Policy). Templates and the stylesheet sit
 beside them; there is no script. Only ``gatekeeper review`` imports this package.
 
-Imports: errors, evidence, identity, listen, signing, workspace, cache, engines, gate, ledger, reports.
+Imports: errors, evidence, summaries, identity, listen, signing, workspace, cache, engines, gate, ledger, reports.
 """

@@ -24,7 +24,7 @@ import asyncio
 import json
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Literal, Mapping, TypedDict
 
 from ..errors import GatekeeperError
 from ..listen import bind as listening
@@ -54,7 +54,7 @@ def templates():
     return env
 
 
-def _num(x: Any) -> str:
+def _num(x: object) -> str:
     if x is None:
         return "-"
     return f"{x:.4g}" if isinstance(x, float) else str(x)
@@ -62,6 +62,15 @@ def _num(x: Any) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
+
+
+class ErrorPage(TypedDict):
+    """A page that could not be made: its status and why, under the integrity badge."""
+
+    page: Literal["error"]
+    status: int
+    error: str
+    integrity: pages.Badge
 
 
 class Review:
@@ -133,7 +142,7 @@ class Review:
 
     # -- pages ------------------------------------------------------------------------------------
 
-    def page(self, build: Callable[[dict[str, str], dict[str, str]], dict[str, Any]], template: str):
+    def page(self, build: Callable[[dict[str, str], dict[str, str]], pages.Page], template: str):
         from aiohttp import web
 
         async def handler(request):
@@ -142,6 +151,7 @@ class Review:
             if template == "case" and match["case"].endswith(".json"):
                 as_json, match["case"] = True, match["case"][: -len(".json")]
             loop = asyncio.get_running_loop()
+            data: pages.Page | ErrorPage
             try:  # the ledger is read off the event loop: one slow page never stalls the others
                 data = await loop.run_in_executor(None, build, dict(request.query), match)
                 status = 200
@@ -159,14 +169,14 @@ class Review:
 
         return handler
 
-    def _error(self, status: int, message: str) -> dict[str, Any]:
+    def _error(self, status: int, message: str) -> ErrorPage:
         try:
             badge = pages.badge(self.source)
         except Exception:  # noqa: BLE001 - the error page must render even when the ledger cannot be read
             badge = {"ok": False, "problem": "the ledger could not be read", "problems": 1, "entries": None, "head": None}
         return {"page": "error", "status": status, "error": message, "integrity": badge}
 
-    def render(self, template: str, data: dict[str, Any]) -> str:
+    def render(self, template: str, data: Mapping[str, object]) -> str:
         return self.env.get_template(f"{template}.html").render(data=data, **data)
 
     async def home(self, request):

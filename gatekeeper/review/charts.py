@@ -5,9 +5,9 @@ curve, the prompt-token chart and the KLD quantiles are the export's own (``repo
 from __future__ import annotations
 
 from html import escape
-from typing import Any
 
-from ..reports.export import chart_svg, curve_svg, kld_svg
+from ..reports.export import StageRow, chart_svg, curve_svg, kld_svg
+from .pages import DriftPoint, SuiteFlips
 
 __all__ = ["chart_svg", "curve_svg", "drift_svg", "flips_svg", "kld_svg", "telemetry_svg"]
 
@@ -15,7 +15,7 @@ OFF, ON, HARM = "#57606a", "#1a7f37", "#cf222e"
 FONT = 'font-size="12" font-family="system-ui,sans-serif"'
 
 
-def _e(x: Any) -> str:
+def _e(x: object) -> str:
     return escape(str(x), quote=True)
 
 
@@ -23,7 +23,7 @@ def _n(x: float) -> str:
     return f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
-def drift_svg(points: list[dict[str, Any]]) -> str:
+def drift_svg(points: list[DriftPoint]) -> str:
     """Top-2 logit drift (flag off vs on) at each generated step, turn after turn, with the largest one labelled."""
     if not points:
         return "<p>No step has top-2 logits on both sides: the drift is unknown.</p>"
@@ -73,22 +73,24 @@ def _bars(title: str, groups: list[tuple[str, list[tuple[str, float | None]]]], 
     return "".join(parts) + "</svg>"
 
 
-def telemetry_svg(stages: list[dict[str, Any]]) -> tuple[str, str]:
+def telemetry_svg(stages: list[StageRow]) -> tuple[str, str]:
     """Per stage, off vs on: prompt, cached and computed tokens; and prefill and decode seconds."""
-    by_stage: dict[str, dict[str, dict[str, Any]]] = {}
+    by_stage: dict[str, dict[str, StageRow]] = {}
     for s in stages:
         by_stage.setdefault(s["stage"], {})[s["config"]] = s
-    tokens, seconds = [], []
+    tokens: list[tuple[str, list[tuple[str, float | None]]]] = []
+    seconds: list[tuple[str, list[tuple[str, float | None]]]] = []
     for stage, sides in by_stage.items():
-        tokens.append((stage, [(f"{c} {k.split('_')[0]}", sides[c][k]) for c in ("off", "on") if c in sides
-                               for k in ("prompt_tokens", "cached_tokens", "computed_tokens")]))
-        seconds.append((stage, [(f"{c} {k.split('_')[0]}", sides[c][k]) for c in ("off", "on") if c in sides
-                                for k in ("prefill_s", "decode_s")]))
+        tokens.append((stage, [(f"{c} {k}", x) for c in ("off", "on") if c in sides for k, x in (
+            ("prompt", sides[c]["prompt_tokens"]), ("cached", sides[c]["cached_tokens"]),
+            ("computed", sides[c]["computed_tokens"]))]))
+        seconds.append((stage, [(f"{c} {k}", x) for c in ("off", "on") if c in sides for k, x in (
+            ("prefill", sides[c]["prefill_s"]), ("decode", sides[c]["decode_s"]))]))
     return (_bars("Tokens per stage, flag off vs on: prompt, cached, computed", tokens, ""),
             _bars("Model seconds per stage, flag off vs on: prefill, decode", seconds, " s"))
 
 
-def flips_svg(suites: list[dict[str, Any]]) -> str:
+def flips_svg(suites: list[SuiteFlips]) -> str:
     """Assertion flips per suite, off -> on: harmful (a pass became a fail) beside beneficial."""
     return _bars("Assertion flips per suite: harmful and beneficial",
                  [(s["suite"], [("harmful", s["harmful"]), ("beneficial", s["beneficial"])]) for s in suites], "")

@@ -6,7 +6,8 @@ stays in the terminal: the page only says what to type.
 from __future__ import annotations
 
 import shlex
-from typing import Any
+import sys
+from typing import Mapping
 
 from ..engines.registry import identity
 from ..errors import GatekeeperError
@@ -15,10 +16,50 @@ from ..gate.enable import current
 from ..gate.enable.flip import approvers_since_last_flip
 from ..gate.state import flags as flag_states
 from ..gate.state import pipeline
+from ..gate.state.flags import FlagState
 from ..workspace import Workspace
 
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
 
-def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[str, Any]]:
+
+class Approvals(TypedDict):
+    """The approvals a flip of the flag has and needs, and by whom."""
+
+    recorded: int
+    required: int
+    signed: bool
+    by: NotRequired[list[str]]  # absent while no evaluation of the flag has passed
+
+
+class NextFlip(TypedDict):
+    """What turning a flag on (again) needs now, and the commands that do it."""
+
+    evaluation_id: int | None  # its newest passing evaluation
+    needs: list[str]
+    approvals: Approvals
+    commands: list[str]
+
+
+class FlagRow(FlagState):
+    """A flag as the flags page shows it: its state, the evidence in force, what a flip still needs."""
+
+    flag: str
+    description: str
+    gate: str
+    pipeline_hash: str | None
+    pipeline_hash_error: str | None
+    evidence_problems: list[str]
+    evidence_current: bool | None
+    currency_error: str | None
+    next: NextFlip | None
+    live: Mapping[str, object] | None  # gate.guard.live: what the guard compared since the flip it watched
+    safely_on: bool
+
+
+def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[FlagRow]:
     """One row per policy. ``ledger``: None while nothing was recorded. ``trusted``: the ledger verified; a flag is
     shown as safely on only then."""
     states = flag_states.states(ws, ledger)
@@ -29,17 +70,18 @@ def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[s
         hash_error = None
     except GatekeeperError as e:
         pipeline_hash, hash_error = None, str(e)
-    rows = []
+    rows: list[FlagRow] = []
     for flag, st in states.items():
         policy = ws.policy(flag)
-        row: dict[str, Any] = {"flag": flag, **st, "description": policy.description, "gate": policy.gate,
-                               "pipeline_hash": pipeline_hash, "pipeline_hash_error": hash_error,
-                               "evidence_problems": [], "evidence_current": None, "currency_error": None, "next": None}
-        row["live"] = guard.live(ledger, flag)  # what the guard compared since the flip it watched: the ledger's alone
+        row: FlagRow = {"flag": flag, **st, "description": policy.description, "gate": policy.gate,
+                        "pipeline_hash": pipeline_hash, "pipeline_hash_error": hash_error,
+                        "evidence_problems": [], "evidence_current": None, "currency_error": None, "next": None,
+                        # what the guard compared since the flip it watched: the ledger's alone
+                        "live": guard.live(ledger, flag), "safely_on": False}
         try:  # currency asks the engines what they are now: an engine that cannot be reached is said beside the facts
             if st["state"] == "on" and st["evaluation_id"] is not None:
                 problems = current.evidence_problems(ws, ledger, flag, ledger.evaluation(st["evaluation_id"]))
-                row.update(evidence_problems=problems, evidence_current=not problems)
+                row["evidence_problems"], row["evidence_current"] = problems, not problems
             if st["state"] == "off" or row["evidence_current"] is False:
                 row["next"] = _next_flip(ws, ledger, flag)
         except GatekeeperError as e:
@@ -50,7 +92,7 @@ def flags_view(ws: Workspace, ledger, engine: str, trusted: bool) -> list[dict[s
     return rows
 
 
-def _next_flip(ws: Workspace, ledger, flag: str) -> dict[str, Any]:
+def _next_flip(ws: Workspace, ledger, flag: str) -> NextFlip:
     """What turning ``flag`` on (again) needs now, from its newest passing evaluation, and the commands that do it."""
     policy = ws.policy(flag)
     approvals = policy.approvals

@@ -8,24 +8,82 @@ one SQL query a page, keyed by id (``before``), so the 2,000th page costs what t
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import GatekeeperError
 from ..evidence import EvaluationRecord
 from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.status import derive_status
-from ..ledger.store import Ledger, shown
+from ..ledger.store import Head, Ledger, shown
+from ..summaries import Calibrated, OutcomeSummary
 from ..workspace import Workspace, files_stamp
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from .flags import FlagRow
 
 RECHECK_S = 60.0  # databases without a commit counter (PostgreSQL): integrity is rechecked at least this often
 FILES_EVERY_S = 1.0  # the workspace's files are looked at no more often than this
 PAGE = 50  # evaluations per page
+
+
+class Power(TypedDict):
+    """The share of cases the best calibration flagged at the policy's noise, and the share it wants."""
+
+    share: float
+    noise: float
+    wanted: float | None
+    calibrations: int
+
+
+class Listed(TypedDict):
+    """An evaluation in the list: how it ended and what its verdict is worth. The query hands the page its
+    calibrations, which the page turns into its power."""
+
+    id: int
+    flag: str
+    status: str
+    verdict: str | None
+    gate: str
+    operator: str
+    started_at: str
+    finished_at: str | None
+    engine: str | None
+    cases: int
+    reasons: list[str]
+    strength: str | None
+    calibrations: NotRequired[list[Calibrated]]
+    power: NotRequired[Power | None]
+
+
+class EntryRef(TypedDict):
+    """A ledger entry named by its hash: where it is in the chain, what it records, and its evaluation and flag."""
+
+    seq: int
+    hash: str
+    kind: str
+    record_id: int
+    evaluation_id: int | None
+    flag: str | None
+
+
+class Listing(TypedDict):
+    """A page of evaluations, the total that match, and the ``before`` of the next page (None on the last)."""
+
+    rows: list[Listed]
+    total: int
+    next_before: int | None
 
 
 @dataclass
@@ -33,9 +91,9 @@ class View:
     """What every page shows: the ledger's integrity (what ``ledger verify --json`` prints) and the flags."""
 
     integrity: dict[str, Any]
-    flags: list[dict[str, Any]] = field(default_factory=list)
+    flags: list[FlagRow] = field(default_factory=list)
     flags_error: str | None = None  # the flags could not be worked out (a workspace that does not resolve)
-    head: dict[str, Any] | None = None
+    head: Head | None = None
 
     @property
     def ok(self) -> bool:
@@ -137,7 +195,7 @@ class Source:
             raise NotFound(f"no evaluation {ref} in the ledger")
         return record
 
-    def entry(self, ref: str) -> dict[str, Any]:
+    def entry(self, ref: str) -> EntryRef:
         """The entry whose hash is ``ref`` (or starts with it): seq, hash, kind, record id, and its evaluation."""
         from sqlalchemy import text
 
@@ -158,11 +216,11 @@ class Source:
             raise NotFound(f"{ref} is the start of more than one entry's hash: give more of it")
         import json
 
-        row = dict(rows[0])
-        payload = json.loads(row.pop("payload"))
-        row["evaluation_id"] = row["record_id"] if row["kind"] == "evaluation" else payload.get("evaluation_id")
-        row["flag"] = payload.get("flag")
-        return row
+        row = rows[0]
+        payload = json.loads(row["payload"])
+        return {"seq": row["seq"], "hash": row["hash"], "kind": row["kind"], "record_id": row["record_id"],
+                "evaluation_id": row["record_id"] if row["kind"] == "evaluation" else payload.get("evaluation_id"),
+                "flag": payload.get("flag")}
 
     def scalar(self, sql: str, **args: Any) -> Any:
         """One value the ledger answers ``sql`` with; None while there is no ledger."""
@@ -181,7 +239,7 @@ class Source:
         return self.scalar("SELECT hash FROM entry WHERE kind = :k AND record_id = :r", k=kind, r=record_id)
 
     def evaluations(self, *, flag: str | None = None, verdict: str | None = None, since: str | None = None,
-                    until: str | None = None, before: int | None = None, limit: int = PAGE) -> dict[str, Any]:
+                    until: str | None = None, before: int | None = None, limit: int = PAGE) -> Listing:
         """A page of evaluations, newest first, with the filters applied in SQL: rows, the total that match, and the
         ``before`` of the next page (None on the last)."""
         import json
@@ -225,13 +283,13 @@ class Source:
                 cases: dict[int, int] = dict(conn.execute(text(
                     f"SELECT evaluation_id, COUNT(DISTINCT case_id) FROM comparison WHERE evaluation_id IN ({marks}) "
                     "GROUP BY evaluation_id")).all())
-                calibrations: dict[int, list[dict[str, Any]]] = {}
+                calibrations: dict[int, list[Calibrated]] = {}
                 for cal in conn.execute(text(
                         f"SELECT evaluation_id, result FROM calibration WHERE evaluation_id IN ({marks})")).mappings():
                     calibrations.setdefault(cal["evaluation_id"], []).append({"result": json.loads(cal["result"])})
-        out = []
+        out: list[Listed] = []
         for r in rows:
-            summary = json.loads(r["summary"]) if r["summary"] else {}
+            summary = json.loads(r["summary"]) if r["summary"] else None
             started = {"pid": r["pid"], "host": r["host"]}
             verdict_row = {"verdict": r["verdict"]} if r["verdict"] else None
             aborted_row = {"reason": aborted[r["id"]]} if r["id"] in aborted else None
@@ -273,8 +331,10 @@ class Source:
         return out
 
 
-def strength_text(summary: dict[str, Any]) -> str | None:
+def strength_text(summary: OutcomeSummary | None) -> str | None:
     """What a verdict is worth, in a few words: the grade of an exact gate, or the bound of a paired one."""
+    if not summary:
+        return None
     if s := summary.get("strength"):
         return s.get("grade") or "outputs differ"
     if p := summary.get("sequential") or summary.get("paired"):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol, Sequence
 
 from ...errors import GatekeeperError
+from ...summaries import SamplerChain
 from ...workspace import Decoding, EngineProfile
 from ..sampler import Draw
 
@@ -57,7 +58,7 @@ class Dialect:
     reference_read: ClassVar[str] = "server"
     # the server's own sampler as its documentation states it (chain order, what each penalty counts, its seed); None:
     # gatekeeper decodes greedy only on this server
-    sampler: ClassVar[dict[str, Any] | None] = None
+    sampler: ClassVar[SamplerChain | None] = None
 
     def __init__(self, engine: Server):
         self.engine = engine

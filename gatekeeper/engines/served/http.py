@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from ... import __version__
 from ...errors import EngineCrash, GatekeeperError
 from ...identity import digest, flatten
+from ...summaries import SamplerChain
 from ...workspace import Decoding, EngineProfile
 from .. import sampler
 from ..base import (
@@ -365,10 +366,10 @@ class HTTPEngine(Engine):
                                   f"{e}); check that {self._where} points at a {self.dialect_name} server") from None
 
     @classmethod
-    def sampler_chain(cls, profile: EngineProfile) -> dict[str, Any] | None:
+    def sampler_chain(cls, profile: EngineProfile) -> SamplerChain | None:
         return {"sampler": f"the {profile.dialect} server's own, seeded per request"}
 
-    def sampler(self) -> dict[str, Any] | None:
+    def sampler(self) -> SamplerChain | None:
         return self.dialect.sampler
 
     def unsampled(self, decoding: Decoding) -> str | None:

@@ -3,5 +3,5 @@ crashes as evidence (``crashes``), the controls that show a sampled evaluation c
 reference arm, each side read again with no cache object (``reference``), and its independent second reader
 (``independent``), and the teacher-forced distance between the sides (``forced``).
 
-Imports: errors, identity, evidence, workspace, battery, engines, gate.stats, gate.kinds, gate.run.
+Imports: errors, identity, evidence, summaries, workspace, battery, engines, gate.stats, gate.kinds, gate.run.
 """

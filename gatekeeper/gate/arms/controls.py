@@ -19,13 +19,14 @@ that records no weights and whose tokens happened to agree). A missed control tu
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ...battery import partition
 from ...engines import sampler
 from ...engines.base import Session, labelled
 from ...evidence import Ruling, Run
+from ...summaries import ControlsSummary
 from ..run import runs
 from ..run.plans import Plan
 from ..stats.coupling import PROCESSED
@@ -55,8 +56,8 @@ class Controls:
                                        "show a sampled change on this engine, so agreement proves nothing; check that it "
                                        "honours per-request seeds and records its draws"], over=("PASS",))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> ControlsSummary:
+        return ControlsSummary(case=self.case, unpaired=self.unpaired, planted=self.planted, chance=self.chance)
 
 
 def run(session: Session, p: Plan, mode: partition.Mode) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from ...battery import partition
 from ...engines.base import Engine, Referenced
@@ -28,6 +28,7 @@ from ...engines.sampler import Draw
 from ...errors import GatekeeperError
 from ...evidence import NOT_FAIL, Ruling, Run, Turn
 from ...identity import sha256_hex
+from ...summaries import ReferenceCalibration, ReferenceSummary
 from ..run import runs
 from ..run.plans import Plan
 from . import independent
@@ -81,6 +82,11 @@ class Arm:
     p: float = 1.0  # the chance of at least ``exceeded`` under exchangeable positions
 
 
+def _uncalibrated() -> ReferenceCalibration:
+    """What ``calibrate`` records when it reads nothing."""
+    return {"source": "none", "reads": 0, "of": 0}
+
+
 @dataclass
 class Read:
     """R's reading of both arms, the floors it was judged against, and what it took."""
@@ -93,14 +99,14 @@ class Read:
     reads: int = 0  # cache-free reads made: an answer both arms gave, on the same weights, is read once
     second: independent.Second | None = None
     reread: dict[str, independent.Reread] = field(default_factory=dict)  # gate/stats/pit.py reads it (pit's counts record it)
-    calibration: dict[str, Any] = field(default_factory=dict)  # where the floor came from (``calibrate``)
+    calibration: ReferenceCalibration = field(default_factory=_uncalibrated)  # where the floor came from (``calibrate``)
 
     def departs(self, arm: str) -> bool:
         return self.arms[arm].departed > 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "reread"},
-                "departs": {k: self.departs(k) for k in self.arms}}
+    def to_dict(self) -> ReferenceSummary:
+        out = {k: v for k, v in asdict(self).items() if k != "reread"}
+        return cast(ReferenceSummary, {**out, "departs": {k: self.departs(k) for k in self.arms}})
 
 
 @dataclass
@@ -250,13 +256,16 @@ def read(p: Plan, models: dict[str, Engine], results: dict[str, list[Run]],
     tolerance = {"flip_margin": FLIP * noise, "gap": GAP * noise}
     for name, arm in arms.items():
         _judge(arm, rows[name], chosen, tolerance, len(values), k)
-    calibration.update(positions=len(values), order=k, floor=floor["calibration"], alpha=ALPHA)
+    calibration["positions"] = len(values)
+    calibration["order"] = k
+    calibration["floor"] = floor["calibration"]
+    calibration["alpha"] = ALPHA
     loaded: dict[str, Any] = {}
     return Read(dtype, arms, floor, tolerance, reads=len(memo), second=independent.compare(p, memo, where, tolerance, progress, loaded),
                 reread=independent.reread(p, models, pending, progress, loaded), calibration=calibration)
 
 
-def calibrate(memo: dict[tuple, Referenced], engines: dict[tuple, Engine]) -> tuple[list[float], set[tuple], dict[str, Any]]:
+def calibrate(memo: dict[tuple, Referenced], engines: dict[tuple, Engine]) -> tuple[list[float], set[tuple], ReferenceCalibration]:
     """The floor's calibration: one distinct answer in ``SHARE`` (at least ``CONTROLS``, at most ``CALIBRATED``),
     chosen by a hash of its tokens, so never by what was read there, read again by its arm's engine on the path its
     decode takes with none of the pipeline's cache handling (``Engine.stepped``: its own model stepping through the
@@ -427,7 +436,7 @@ def count_line(off: Arm, on: Arm) -> str:
     return f"gaps depart only by a count whose chance is at most {ALPHA:g} for exchangeable noise: {', '.join(each)}"
 
 
-def floor_line(c: dict[str, Any]) -> str:
+def floor_line(c: ReferenceCalibration) -> str:
     """Where the floor came from, in words: which reads, how many positions, which order statistic."""
     if not c.get("positions"):
         return "no calibration read (the batch and repeat floors alone; gaps are not judged)"

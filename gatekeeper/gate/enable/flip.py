@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict, final
 
 from ...errors import GatekeeperError
 from ...workspace import Workspace
@@ -22,10 +22,19 @@ from ..state.flags import states
 from .current import evidence_problems
 
 if TYPE_CHECKING:  # imported only where a flip is signed
+    from ...signing import SigningKey
+    from ...summaries import CheckpointRecorded
     from .attestation import Attestation
 
 # Given the flip's signing key (or None), records the ledger's head in the workspace: {file, seq, signer}.
-RecordCheckpoint = Callable[[Any], dict[str, Any]]
+RecordCheckpoint = Callable[["SigningKey | None"], "CheckpointRecorded"]
+
+
+@final
+class CheckpointFailed(TypedDict):
+    """A flip's checkpoint that could not be recorded: why, and the command that records it."""
+
+    error: str
 
 
 @dataclass
@@ -39,7 +48,7 @@ class FlipResult:
     evaluation_id: int | None = None
     signer: str | None = None  # the allowed_signers principal whose key signed this act
     # under the policy's checkpoint_after_flip: {file, seq, signer} recorded after the flip, or {error}
-    checkpoint: dict[str, Any] | None = None
+    checkpoint: CheckpointRecorded | CheckpointFailed | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

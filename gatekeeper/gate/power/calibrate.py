@@ -15,14 +15,15 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from ...engines.faults import Fault, graded
 from ...engines.registry import check_profile
 from ...errors import GatekeeperError
 from ...evidence import CaseResult, EvaluationRecord, Run
+from ...summaries import CalibrationSummary, DriftRuleRecord, FaultRow, TwinRecord
 from ...workspace import Workspace
 from .. import kinds, planning
 from ..enable import current
@@ -39,14 +40,16 @@ class Calibration:
     evaluation_id: int | None
     engine: str
     cases: int
-    faults: list[dict[str, Any]]  # per fault: spec, kind, size, flagged, share, cached tokens, seconds
-    seconds: dict[str, float] = field(default_factory=dict)  # reference run, faults, cost per flag-on run
-    drift_rule: dict[str, Any] = field(default_factory=dict)  # when a fault counts as flagged by drift (DriftRule)
+    faults: list[FaultRow]  # per fault: spec, kind, size, flagged, share, cached tokens, seconds
+    seconds: dict[str, float]  # reference run, faults, cost per flag-on run
+    drift_rule: DriftRuleRecord  # when a fault counts as flagged by drift (DriftRule)
     mode: str = "full"  # early: each case of a fault run stopped at its first flag; full: every case decoded whole
-    twin: dict[str, Any] | None = None  # measured on a served evaluation's twin (twin.check): its weights and theirs
+    twin: TwinRecord | None = None  # measured on a served evaluation's twin (twin.check): its weights and theirs
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> CalibrationSummary:
+        return CalibrationSummary(calibration_id=self.calibration_id, flag=self.flag, evaluation_id=self.evaluation_id,
+                                  engine=self.engine, cases=self.cases, faults=self.faults, seconds=self.seconds,
+                                  drift_rule=self.drift_rule, mode=self.mode, twin=self.twin)
 
 
 def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit: int | None, *, force,
@@ -83,7 +86,7 @@ def plan(ws: Workspace, flag: str, engine: str, suites: list[str] | None, limit:
     return p
 
 
-def twin_of(evaluation: EvaluationRecord, model, name: str) -> dict[str, Any]:
+def twin_of(evaluation: EvaluationRecord, model, name: str) -> TwinRecord:
     """The twin's weights checked against those the served evaluation reported (``twin.check``)."""
     if model.weights is None:
         raise GatekeeperError(f"--twin {name}: a twin loads weights in this process (torch, mlx or llamacpp), not a server's")
@@ -194,8 +197,9 @@ def _reference(p: Plan, models: dict, progress: Callable[[str], None], graders) 
 
 
 def _faults(p: Plan, model, ref: Run, progress, early: bool, layer: Path,
-            graders, faults: list[Fault]) -> list[dict[str, Any]]:
-    on, rows = p.configs["on"], []
+            graders, faults: list[Fault]) -> list[FaultRow]:
+    on = p.configs["on"]
+    rows: list[FaultRow] = []
     rule = DriftRule.of(p.policy)
     unfaulted: dict[str, dict[tuple[int, int], float]] = {}
     for fault in faults:
@@ -224,12 +228,13 @@ def _faults(p: Plan, model, ref: Run, progress, early: bool, layer: Path,
                      "by_outputs": len(by_outputs), "share_outputs": round(len(by_outputs) / n, 4),
                      "by_drift": len(by_drift), "share_drift": round(len(by_drift) / n, 4),
                      "stopped_early": sum(w.fired is not None for w in watches.values()),
-                     "cached_tokens": sum(t["cached_tokens"] for r in results.values() for t in r["turns"]),
+                     # an engine that plants faults is in process: it reports its cached tokens
+                     "cached_tokens": sum(t["cached_tokens"] or 0 for r in results.values() for t in r["turns"]),
                      "seconds": round(elapsed, 3)})
     return rows
 
 
-def _summary(p: Plan, rows: list[dict[str, Any]], seconds: dict[str, float], early: bool) -> Calibration:
+def _summary(p: Plan, rows: list[FaultRow], seconds: dict[str, float], early: bool) -> Calibration:
     rule = DriftRule.of(p.policy)
     zero = next((r for r in rows if r["spec"] == "noise:0" and r["supported"]), None)
     if zero is not None and zero["flagged"]:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ...errors import GatekeeperError
 from ...identity import directory_digest, file_digest
+from ...summaries import TwinRecord
 
 
 def served_weights(engine_identity: dict[str, Any]) -> list[Path]:
@@ -43,7 +44,7 @@ def digests(path: Path) -> set[str]:
     return out
 
 
-def check(engine_identity: dict[str, Any], twin_weights: Path, twin_name: str) -> dict[str, Any]:
+def check(engine_identity: dict[str, Any], twin_weights: Path, twin_name: str) -> TwinRecord:
     """The match between the served weights and the twin's, or GatekeeperError naming both digests."""
     twin = digests(twin_weights)
     served = []

@@ -6,15 +6,36 @@ current is ``enable/current.py``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, Sequence, TypedDict
 
+from ...summaries import Calibrated, CalibrationSummary
 from ...workspace import HASH_PARTS, MinPower, Workspace
 
 
-def states(ws: Workspace, ledger) -> dict[str, dict[str, Any]]:
+class FlagState(TypedDict):
+    """A flag's state: its latest flip (the evaluation it enabled, who flipped it, when), else off."""
+
+    state: Literal["on", "off"]
+    evaluation_id: int | None
+    operator: str | None
+    since: str | None
+
+
+class StatusRow(FlagState):
+    """A flag as ``gatekeeper status`` reports it: its state, whether the evidence in force is current, and what the
+    guard compared since the flip it watched."""
+
+    flag: str
+    evidence_current: bool | None
+    evidence_problems: list[str]
+    currency_error: str | None
+    live: dict[str, Any] | None  # gate.guard.live's record, as gate.guard.line reads it
+
+
+def states(ws: Workspace, ledger) -> dict[str, FlagState]:
     """Every policy's flag with its state: the latest flip, else the policy's default (off)."""
     flips = ledger.flag_states() if ledger else {}
-    out = {}
+    out: dict[str, FlagState] = {}
     for flag in ws.policies:
         last = flips.get(flag)
         out[flag] = {"state": last["state"], "evaluation_id": last.get("evaluation_id"), "operator": last["operator"],
@@ -28,7 +49,7 @@ def hash_parts(ws: Workspace) -> list[str]:
     return [p for p in HASH_PARTS if p in wanted]
 
 
-def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrations: list[dict[str, Any]]) -> list[str]:
+def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrations: Sequence[Calibrated]) -> list[str]:
     """Why no calibration of this evaluation shows the power the policy wants; empty when one does."""
     if not calibrations:
         return [f"underpowered: evaluation {evaluation_id} has no calibration; the policy wants planted noise of "
@@ -41,7 +62,7 @@ def power_problems(min_power: MinPower, flag: str, evaluation_id: int, calibrati
     return []
 
 
-def detected(result: dict[str, Any], noise: float) -> float:
+def detected(result: CalibrationSummary, noise: float) -> float:
     """The share flagged at the largest planted noise no bigger than ``noise`` (0 if none was planted)."""
     rows = [r for r in result["faults"] if r["kind"] == "noise" and r.get("supported") and 0 < r["size"] <= noise * (1 + 1e-9)]
     return max(rows, key=lambda r: r["size"])["share"] if rows else 0.0

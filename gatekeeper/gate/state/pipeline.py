@@ -26,7 +26,7 @@ from .switches import InForce
 def in_force(ws: Workspace, ledger, forced: Mapping[str, str] | None = None) -> InForce:
     """Flag states from the ledger (``forced`` overrides some), and what they mean."""
     recorded = flags.states(ws, ledger)
-    states = {flag: s["state"] for flag, s in recorded.items()}
+    states: dict[str, str] = {flag: s["state"] for flag, s in recorded.items()}
     for flag, state in (forced or {}).items():
         if flag not in states:
             raise GatekeeperError(f"unknown flag {flag!r}; flags with a policy in {ws.root / 'policies'}: "

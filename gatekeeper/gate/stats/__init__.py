@@ -6,5 +6,5 @@ against the declared decoding (``pit``), the teacher-forced distribution distanc
 by their distributions where draws do not follow their keys (``unpaired``), and the guard's e-values on live
 mismatch counts with the requests a rate needs to breach them (``evalues``).
 
-Imports: identity, evidence, battery, engines.
+Imports: identity, evidence, summaries, battery, engines.
 """

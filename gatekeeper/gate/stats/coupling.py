@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from ...battery.suites import Item
 from ...engines import sampler
 from ...evidence import Ruling, Run
+from ...summaries import Coupling, SamplerChain, TVClass
 
 KEPT = 5  # sampler-state positions kept in the record (the count holds them all)
 PROCESSED = 1e-6  # processed log-probabilities further apart than this, from equal raw ones, part
@@ -48,7 +49,7 @@ class Coupled:
 
     decoding: dict[str, str]  # suite -> its decoding in one line
     answers: int  # sampled answers compared (cases times samples)
-    chain: dict[str, Any] | None = None  # the flag-on engine's sampler: its chain, penalty windows and draw
+    chain: SamplerChain | None = None  # the flag-on engine's sampler: its chain, penalty windows and draw
     steps: int = 0  # generated positions both sides drew from the same history
     mismatches: int = 0  # of those, where they drew different tokens or one stopped (at most one per answer: they part)
     alpha: float = 0.05
@@ -60,7 +61,7 @@ class Coupled:
     bound: str = "Clopper-Pearson"  # or "confidence sequence": valid at whatever step a sequential run stopped
     tv_mean_bound: float = 1.0  # the average of per-step TV over all compared steps (early-weighted), at most this
     edges: list[int] = field(default_factory=list)  # the position classes: [0, e1), [e1, e2), [e2, ...)
-    classes: list[dict[str, Any]] = field(default_factory=list)  # each: class, steps, mismatches, answers, bound
+    classes: list[TVClass] = field(default_factory=list)  # each: class, steps, mismatches, answers, bound
     tally: dict[str, list[int]] = field(default_factory=dict, repr=False)  # class -> [steps, mismatches, answers]
 
     def upper(self, k: int, n: int, alpha: float | None = None) -> float:
@@ -129,7 +130,7 @@ class Coupled:
         over = [c for c in self.classes if c["bound"] > max_tv]
         if not over:  # no class recorded (nothing walked): the pooled figure is all there is
             over = [{"class": "all compared steps", "steps": self.steps, "mismatches": self.mismatches,
-                     "bound": self.tv_bound}]
+                     "answers": self.answers, "bound": self.tv_bound}]
         worst = max(over, key=lambda c: c["bound"])
         head = (f"tv_bound: {worst['steps']} coupled steps in {worst['class']} ({worst['mismatches']} mismatched) bound "
                 f"its mean per-step total variation at {worst['bound']:.3g}, above the policy's max_tv {max_tv:g}"
@@ -151,13 +152,13 @@ class Coupled:
         return (f"{head}; at its mismatch rate it needs about {needed} coupled steps in {c['class']} (each class at "
                 f"alpha/{m}), {more} sampled answers ({more - self.answers} more): raise the suite's samples")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Coupling:
         out = asdict(self)
         del out["tally"]
-        return out
+        return cast(Coupling, out)
 
 
-def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: dict[str, Any] | None,
+def couple(items: Iterable[Item], off: Run, on: Run, alpha: float, chain: SamplerChain | None,
            anytime: bool = False) -> Coupled | None:
     """The coupled steps of the sampled cases both sides answered, with each class's bound; None where no suite
     samples. ``anytime``: the run stopped when its data said (sequential), so the bounds must hold at every stop

@@ -45,11 +45,13 @@ numpy is imported inside the functions (the CLI's start-up never pays for it).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any, Sequence
 
 from ...engines.base import Scored
+from ...summaries import Compared as ComparedSummary
+from ...summaries import DistanceFigures, Quantiles
 
 APPROXIMATION = "top{k}, other mass lumped: a lower bound"
 QUANTILES = {"min": 0.0, "p1": 0.01, "p10": 0.10, "median": 0.5, "p90": 0.90, "p95": 0.95, "p99": 0.99,
@@ -85,6 +87,11 @@ class Summary:
         qs = np.quantile(x, list(QUANTILES.values())) if np.isfinite(x).all() else _quantiles_with_inf(x)
         return cls(mean=mean, se=se, **{k: float(v) for k, v in zip(QUANTILES, qs)})
 
+    def to_dict(self) -> Quantiles:
+        return {"mean": self.mean, "se": self.se, "min": self.min, "p1": self.p1, "p10": self.p10,
+                "median": self.median, "p90": self.p90, "p95": self.p95, "p99": self.p99, "p999": self.p999,
+                "max": self.max}
+
 
 @dataclass
 class Distance:
@@ -103,8 +110,13 @@ class Distance:
     worst: list[list[float]] = field(default_factory=list)  # [position, KL] of the largest KLs, largest first
     tv_max: float | None = None  # the largest per-position TV (top-k: an upper bound on it); None: not read
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> DistanceFigures:
+        """The figures, field for field in declaration order (what ``asdict`` gave)."""
+        return {"positions": self.positions, "kld": self.kld.to_dict(), "same_top1": self.same_top1,
+                "same_top1_se": self.same_top1_se, "delta_p": self.delta_p.to_dict(), "delta_p_rms": self.delta_p_rms,
+                "delta_p_rms_se": self.delta_p_rms_se, "ln_ppl_ratio": self.ln_ppl_ratio,
+                "ln_ppl_ratio_se": self.ln_ppl_ratio_se, "approximation": self.approximation,
+                "worst": [list(w) for w in self.worst], "tv_max": self.tv_max}
 
     def reason(self) -> str:
         """One line: the KL, same top-1 and Δp figures a reader needs."""
@@ -281,10 +293,13 @@ class Compared:
         """``beyond(distance, floor, bound, alpha)``: the bounds exceeded beyond doubt."""
         return beyond(self.distance, self.floor, bound, alpha)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"distance": self.distance.to_dict(), "floor": self.floor.to_dict() if self.floor else None,
-                **({"seconds": self.seconds} if self.seconds is not None else {}),
-                **({"caveat": self.caveat} if self.caveat else {})}
+    def to_dict(self) -> ComparedSummary:
+        out = ComparedSummary(distance=self.distance.to_dict(), floor=self.floor.to_dict() if self.floor else None)
+        if self.seconds is not None:
+            out["seconds"] = self.seconds
+        if self.caveat:
+            out["caveat"] = self.caveat
+        return out
 
     def reason(self) -> str:
         floor = self.floor

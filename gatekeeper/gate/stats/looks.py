@@ -30,10 +30,12 @@ Standard library only, beside ``identity`` and ``paired``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ...evidence import EvaluationRecord, HistoryRow
 from ...identity import digest
+from ...summaries import LookSummary, OutcomeSummary, PairedSummary
 from . import paired
 
 SCHEDULE = "alpha * 2^-index"
@@ -70,7 +72,7 @@ def change_key(flag: str, identity: dict[str, Any]) -> str:
     return digest({"flag": flag, **sides})
 
 
-def is_look(row: dict[str, Any]) -> bool:
+def is_look(row: HistoryRow) -> bool:
     """Whether one evaluation of the ledger's history (``Ledger.history``) was a look at a bound: not aborted, and
     recorded as one (``looks`` in its summary), or, recorded before looks were, judged by a paired bound or a
     sequential rule; one still running counts when its gate decides from a bound."""
@@ -96,17 +98,18 @@ class Look:
     change: str  # change_key
     schedule: str = SCHEDULE
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> LookSummary:
+        return LookSummary(index=self.index, of_change=list(self.of_change), alpha=self.alpha,
+                           alpha_spent=self.alpha_spent, change=self.change, schedule=self.schedule)
 
 
-def line(looks: dict[str, Any]) -> str:
+def line(looks: LookSummary) -> str:
     """One line for the views: which look, of which evaluations, and what it spent."""
     return (f"look {looks['index']} of this change (evaluations {', '.join(map(str, looks['of_change']))}): alpha "
             f"{looks['alpha_spent']:.4g} of the policy's {looks['alpha']:g} spent ({looks['schedule']})")
 
 
-def take(history: list[dict[str, Any]], evaluation_id: int, gate: str, margin: float, alpha: float) -> Look | None:
+def take(history: list[HistoryRow], evaluation_id: int, gate: str, margin: float, alpha: float) -> Look | None:
     """The look an evaluation just started takes (None: its gate compares exactly and spends nothing). ``history``:
     the flag's evaluations (``Ledger.history``), this one among them. Every earlier evaluation of the change that is a
     look counts, one still running too (so two run side by side never take one index)."""
@@ -119,7 +122,7 @@ def take(history: list[dict[str, Any]], evaluation_id: int, gate: str, margin: f
     return Look(index, [*earlier, evaluation_id], alpha, allotted(index, alpha), key)
 
 
-def following(history: list[dict[str, Any]], evaluation: dict[str, Any] | None) -> int:
+def following(history: list[HistoryRow], evaluation: EvaluationRecord | None) -> int:
     """The index the next look at ``evaluation``'s change would take (``battery size`` sizes for it): one past every
     look at that change in ``history`` (``Ledger.history``); 1 with no evaluation to name the change."""
     if evaluation is None:
@@ -128,23 +131,23 @@ def following(history: list[dict[str, Any]], evaluation: dict[str, Any] | None) 
     return 1 + sum(1 for h in _same(history, key) if is_look(h))
 
 
-def _same(history: Iterable[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+def _same(history: Iterable[HistoryRow], key: str) -> list[HistoryRow]:
     return [h for h in history if change_key(h["flag"], h["identity"]) == key]
 
 
-def _alpha(summary: dict[str, Any]) -> float | None:
+def _alpha(summary: OutcomeSummary) -> float | None:
     """The alpha a verdict recorded before looks were counted was judged at (the policy's, then)."""
-    for part in ("sequential", "paired"):
-        if isinstance(summary.get(part), dict) and isinstance(summary[part].get("alpha"), (int, float)):
-            return float(summary[part]["alpha"])
+    for part in (summary.get("sequential"), summary.get("paired")):
+        if isinstance(part, dict) and isinstance(part.get("alpha"), (int, float)):
+            return float(part["alpha"])
     return None
 
 
-def _bound(stats: dict[str, Any], alpha: float) -> tuple[str, float, float] | None:
+def _bound(stats: PairedSummary, alpha: float) -> tuple[str, float, float] | None:
     """One paired verdict's (verdict, lower, upper) again at ``alpha``, from its recorded counts and design effect
     (``paired.tango_bounds``, the bound it was judged by); None where the record cannot say."""
     try:
-        n, b, c, e, m, test = (stats[k] for k in ("n", "harmful", "beneficial", "deff", "margin", "test"))
+        n, b, c, e, m, test = stats["n"], stats["harmful"], stats["beneficial"], stats["deff"], stats["margin"], stats["test"]
     except KeyError:
         return None
     if test not in ("non_inferiority", "equivalence") or not e or e <= 0:
@@ -157,7 +160,7 @@ def _bound(stats: dict[str, Any], alpha: float) -> tuple[str, float, float] | No
     return verdict, lower, upper
 
 
-def recheck(summary: dict[str, Any], alpha: float) -> tuple[bool, str] | None:
+def recheck(summary: OutcomeSummary, alpha: float) -> tuple[bool, str] | None:
     """Whether a recorded paired PASS holds at ``alpha`` (and, if not, where it fails); None where it cannot be
     recomputed from the record (a sequential rule's bets are not recorded)."""
     stats = summary.get("paired")
@@ -178,14 +181,14 @@ def recheck(summary: dict[str, Any], alpha: float) -> tuple[bool, str] | None:
     return found[0] == "pass", _where(stats, *found)
 
 
-def _where(stats: dict[str, Any], verdict: str, lower: float, upper: float) -> str:
+def _where(stats: PairedSummary, verdict: str, lower: float, upper: float) -> str:
     m = stats["margin"]
     if stats["test"] == "equivalence":
         return f"bounds [{lower:.3f}, {upper:.3f}] not within +-{m:g}"
     return f"upper bound {upper:.3f} > margin {m:g}"
 
 
-def problems(history: list[dict[str, Any]], evaluation_id: int) -> list[str]:
+def problems(history: list[HistoryRow], evaluation_id: int) -> list[str]:
     """Why the change's history keeps the PASS ``evaluation_id`` from being evidence (each reason starts ``looks:``);
     empty when it may be used. ``history``: the flag's evaluations (``Ledger.history``)."""
     me = next((h for h in history if h["id"] == evaluation_id), None)
@@ -199,11 +202,11 @@ def problems(history: list[dict[str, Any]], evaluation_id: int) -> list[str]:
                    f"again (gatekeeper evaluate --flag {me['flag']}) and name that evaluation")
     if not is_look(me):
         return out
-    summary = me["summary"] or {}
+    summary = me["summary"]
     earlier = [h["id"] for h in same if h["id"] < evaluation_id and is_look(h)]
-    recorded = summary.get("looks")
+    recorded = summary.get("looks") if summary else None
     index = max(len(earlier) + 1, recorded["index"] if recorded else 0)
-    budget = recorded["alpha"] if recorded else _alpha(summary)
+    budget = recorded["alpha"] if recorded else _alpha(summary) if summary else None
     spent = recorded["alpha_spent"] if recorded else budget
     which = f"evaluation {evaluation_id} is look {index} of this change (evaluations {', '.join(map(str, [*earlier, evaluation_id]))})"
     again = f"evaluate again (gatekeeper evaluate --flag {me['flag']})"
@@ -213,7 +216,7 @@ def problems(history: list[dict[str, Any]], evaluation_id: int) -> list[str]:
     allowed = allotted(index, budget)
     if spent <= allowed * (1 + 1e-9):
         return out
-    held = recheck(summary, allowed)
+    held = recheck(summary, allowed) if summary else None
     share = f"alpha {allowed:.4g} ({budget:g} * 2^-{index})"
     if held is None:
         return out + [f"looks: {which}; it passed at alpha {spent:g}{'' if recorded else ' before looks were counted'}, "

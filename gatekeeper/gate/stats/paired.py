@@ -23,16 +23,17 @@ observations. Pairs carry a cluster (by default the case id); with fewer cluster
 are deflated by a Rao-Scott design effect, taken at its worst case, before the interval is computed (see
 ``_design_effect``).
 
-Standard library only: this is imported by the gate (``kinds.py``) on every evaluation.
+Standard library only (and the summaries it returns): this is imported by the gate (``kinds.py``) on every evaluation.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+
+from ...summaries import Flips, PairedSummary, SuitesSummary
 
 # (cluster, off passed, on passed): the same assertion on the same case with the flag off and on.
 Pair = tuple[str, bool, bool]
@@ -199,10 +200,10 @@ def _tally(pairs: Iterable[Pair]) -> _Tally:
     return _Tally(sum(sizes.values()), b, c, list(sizes.values()))
 
 
-def flip_counts(pairs: Iterable[Pair]) -> dict[str, int]:
+def flip_counts(pairs: Iterable[Pair]) -> Flips:
     """The assertion outcome pairs and their flips, for a kind that reports them beside another verdict (byte equivalence)."""
     t = _tally(pairs)
-    return {"pairs": t.n, "harmful": t.harmful, "beneficial": t.beneficial}
+    return Flips(pairs=t.n, harmful=t.harmful, beneficial=t.beneficial)
 
 
 def _design_effect(t: _Tally) -> float:
@@ -252,11 +253,13 @@ class Paired:
     supported_margin: float  # the smallest margin these pairs support at the observed discordance
     unit: str = "cases"
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["needed"] = None if math.isinf(self.needed) else int(self.needed)  # JSON has no infinity
-        d["reason"] = self.reason()
-        return d
+    def to_dict(self) -> PairedSummary:
+        return PairedSummary(
+            test=self.test, n=self.n, clusters=self.clusters, harmful=self.harmful, beneficial=self.beneficial,
+            loss=self.loss, lower=self.lower, upper=self.upper, deff=self.deff, method=self.method, margin=self.margin,
+            alpha=self.alpha, power=self.power, verdict=self.verdict,
+            needed=None if math.isinf(self.needed) else int(self.needed),  # JSON has no infinity
+            supported_margin=self.supported_margin, unit=self.unit, reason=self.reason())
 
     def _counts(self) -> str:
         return (
@@ -405,14 +408,9 @@ class Suites:
     suites: dict[str, Paired] = field(default_factory=dict)
     unjudged: list[str] = field(default_factory=list)  # suites with pairs but no margin
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "alpha": self.alpha,
-            "corrected_alpha": self.corrected_alpha,
-            "suites": {name: p.to_dict() for name, p in self.suites.items()},
-            "unjudged": list(self.unjudged),
-        }
+    def to_dict(self) -> SuitesSummary:
+        return SuitesSummary(verdict=self.verdict, alpha=self.alpha, corrected_alpha=self.corrected_alpha,
+                             suites={name: p.to_dict() for name, p in self.suites.items()}, unjudged=list(self.unjudged))
 
     def reason(self) -> str:
         k = len(self.suites)

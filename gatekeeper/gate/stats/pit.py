@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 from ...battery.suites import Item
 from ...evidence import Ruling, Run
+from ...summaries import PitSide
 
 KEPT = 5  # impossible draws kept in the record per side (the count holds them all)
 SERIAL_SHARE = 0.1  # of a side's alpha, the serial test's: it is there for gross defects (a reused stream)
@@ -107,8 +108,8 @@ def judge(sides: dict[str, Side], alpha: float) -> Ruling:
     return Ruling()
 
 
-def to_dict(sides: dict[str, Side]) -> dict[str, Any]:
-    return {config: asdict(side) for config, side in sides.items()}
+def to_dict(sides: dict[str, Side]) -> dict[str, PitSide]:
+    return {config: cast(PitSide, asdict(side)) for config, side in sides.items()}
 
 
 def ks_uniform(values: list[float]) -> tuple[float, float]:

@@ -43,8 +43,9 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from ...summaries import SequentialSummary
 from .paired import Pair
 
 RULE = "betting_confidence_sequence"
@@ -261,7 +262,7 @@ class Sequential:
         return (f"underpowered: {counts}: the battery ran out before the rule decided; {short} ({rule}); add cases "
                 "or widen the margin")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SequentialSummary:
         lower, upper = self.bounds()
         b = self.budget
         return {

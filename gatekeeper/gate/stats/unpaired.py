@@ -23,10 +23,10 @@ not exact keeps its pass-rate gate: the sides' outcomes of a case are independen
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from ...evidence import Ruling
+from ...summaries import UnpairedSummary
 from . import distance
 
 EXACT_KLD = 1e-4  # nats: an exact change's largest teacher-forced KL above the A/A floor, where the policy sets none
@@ -95,5 +95,6 @@ class Unpaired:
             return Ruling("INCONCLUSIVE", [line], over=("PASS",))
         return Ruling(notes=[self.line()])
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> UnpairedSummary:
+        return UnpairedSummary(parted=self.parted, repeated=self.repeated, first=self.first, positions=self.positions,
+                               kld_max=self.kld_max, tv_max=self.tv_max, tv_from=self.tv_from)

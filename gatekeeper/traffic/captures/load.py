@@ -10,9 +10,38 @@ calls in flight for at least half of the busy time. Percentiles are nearest-rank
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 from .capture import Request
+
+
+class InFlight(TypedDict):
+    """How many calls were in flight, time-weighted over the busy time."""
+
+    p50: int
+    p95: int
+    max: int
+    mean: float
+    busy_s: float
+
+
+class Durations(TypedDict):
+    """How many calls have a duration, and from where: recorded wall time, else the server's own time."""
+
+    calls_timed: int
+    wall: int
+    server: int
+
+
+class Load(TypedDict):
+    """Rate and concurrency of a set of calls, and what the capture cannot say."""
+
+    calls: int
+    span_s: float
+    requests_per_s: float | None
+    concurrency: InFlight | None
+    durations: Durations | None
+    cannot_report: list[str]
 
 
 def duration(r: Request) -> tuple[float | None, str | None]:
@@ -25,7 +54,7 @@ def duration(r: Request) -> tuple[float | None, str | None]:
     return None, None
 
 
-def in_flight(spans: Sequence[tuple[float, float]]) -> dict[str, Any] | None:
+def in_flight(spans: Sequence[tuple[float, float]]) -> InFlight | None:
     """The time-weighted distribution of how many of these (start, end) calls were in flight, over busy time."""
     events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
     time_at: defaultdict[int, float] = defaultdict(int)  # seconds spent at each level
@@ -37,27 +66,27 @@ def in_flight(spans: Sequence[tuple[float, float]]) -> dict[str, Any] | None:
     busy = sum(time_at.values())
     if busy <= 0:
         return None
-    out: dict[str, Any] = {}
-    for name, p in (("p50", 50), ("p95", 95)):
+
+    def level_at(p: int) -> int:
+        """The fewest calls in flight for at least ``p``% of the busy time (the levels' time adds up to all of it)."""
         covered = 0.0
         for n in sorted(time_at):
             covered += time_at[n]
             if covered >= p / 100 * busy - 1e-12:
-                out[name] = n
-                break
-    out["max"] = max(time_at)
-    out["mean"] = round(sum(n * s for n, s in time_at.items()) / busy, 3)
-    out["busy_s"] = round(busy, 6)
-    return out
+                return n
+        return max(time_at)  # not reached: the sum above is the busy time
+
+    return {"p50": level_at(50), "p95": level_at(95), "max": max(time_at),
+            "mean": round(sum(n * s for n, s in time_at.items()) / busy, 3), "busy_s": round(busy, 6)}
 
 
-def load(requests: Sequence[Request]) -> dict[str, Any]:
+def load(requests: Sequence[Request]) -> Load:
     """Rate and concurrency of these calls, and what the capture cannot say."""
     starts = [r.t for r in requests]
     timed = [(r.t, d, src) for r in requests for d, src in [duration(r)] if d is not None]
     ends = [t + d for t, d, _ in timed]
     span = max([*starts, *ends]) - min(starts) if requests else 0.0
-    out: dict[str, Any] = {
+    out: Load = {
         "calls": len(requests), "span_s": round(span, 6),
         "requests_per_s": round(len(requests) / span, 4) if span > 0 else None,
         "concurrency": None, "durations": None, "cannot_report": [],

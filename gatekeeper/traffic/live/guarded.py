@@ -67,6 +67,7 @@ from ...gate.guard import (
     Watch,
 )
 from ...gate.state import rollout as rollouts
+from ...summaries import FlipRow
 from ..captures.capture import metadata
 from . import shadow
 from .judge import Judge, Judgement, Reader
@@ -252,7 +253,7 @@ class Guarded:
                 self._stop(last)
         return self.on
 
-    def _stop(self, last: dict[str, Any] | None) -> None:
+    def _stop(self, last: FlipRow | None) -> None:
         self.on = False
         self.say(f"gatekeeper guard: {self.flag} was flipped {last['state'] if last else 'off'} by "
                  f"{last['operator'] if last else 'someone'}; the guard stops and every request goes to {self.other}")
