@@ -3,8 +3,8 @@
 The package by concern (docs/layout.md walks one evaluation through it): the command line (``cli/``), the user's
 files as typed records (``workspace``), suites as the gate runs them (``battery/``) with JavaScript's meaning as
 promptfoo gives it (``js/``), engine adapters (``engines/``), caches of model state (``cache/``), what decides
-(``gate/``), the hash-chained evidence (``ledger/``), its records (``evidence``) and the verdict's summaries
-(``summaries``), what reviewers read (``reports/``, ``review/``), flag states for OpenFeature (``openfeature/``), live traffic (``traffic/``), third-party
+(``gate/``), the hash-chained evidence (``ledger/``), its records (``evidence``), the verdict's summaries
+(``summaries``) and the guard's records (``shadows``), what reviewers read (``reports/``, ``review/``), flag states for OpenFeature (``openfeature/``), live traffic (``traffic/``), third-party
 parts installed once (``setup/``), what a pipeline imports at run time (``runtime``), and the foundations: error types
 (``errors``), canonical JSON and digests (``identity``), SSH signatures (``signing``), the servers' listening socket
 (``listen``).

@@ -11,7 +11,7 @@ list, show, verify, export, diff, attest ...), ``live`` (proxy, forensics), ``hy
 ``runtime`` (runtime prepare) and ``setup`` (init, models prepare); what they share (``common``: settings, errors,
 output, option types), their human-readable output (``tables``) and long work's progress (``progress``).
 
-Imports: errors, evidence, summaries, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature, review.
+Imports: errors, evidence, summaries, shadows, signing, workspace, battery, engines, gate, ledger, reports, traffic, runtime, setup, openfeature, review.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ..gate.state.flags import StatusRow
     from ..ledger.store import EvaluationLine
     from ..reports.diff import Diff
+    from ..shadows import LiveEvidence
     from ..summaries import CalibrationSummary, CheckpointRecorded, StrengthSummary, SuiteCensus
 
 
@@ -75,7 +76,7 @@ def print_status(rows: list[StatusRow]) -> None:
     Console().print(table)
 
 
-def print_live(e: dict[str, Any]) -> None:
+def print_live(e: LiveEvidence) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -16,5 +16,5 @@
 
 It is handed a ledger and never opens one.
 
-Imports: errors, identity, evidence, summaries, signing, workspace, battery, engines.
+Imports: errors, identity, evidence, summaries, shadows, signing, workspace, battery, engines.
 """

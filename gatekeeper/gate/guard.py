@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable, Mapping, cast
 
+from .. import shadows as records
 from ..identity import digest as content_digest
 from .stats.evalues import log_evalue, log_evalue_paired
 
@@ -68,7 +69,7 @@ class Count:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> "Count":
+    def of(cls, row: Mapping[str, int]) -> "Count":
         """A stage's row of a batch summary (the A/A fields absent where the watch had no baseline)."""
         return cls(row.get("compared", 0), row.get("mismatches", 0), row.get("aa_compared", 0),
                    row.get("aa_mismatches", 0), row.get("ab_only", 0), row.get("aa_only", 0))
@@ -86,7 +87,7 @@ class Served:
         self.requests, self.failed, self.slow = self.requests + other.requests, self.failed + other.failed, self.slow + other.slow
 
     @classmethod
-    def of(cls, summary: dict[str, Any]) -> "Served":
+    def of(cls, summary: records.ShadowSummary) -> "Served":
         """A batch summary's (``served`` absent where the rule has no live-side test)."""
         served = summary.get("served", {})
         return cls(summary.get("requests", 0), served.get("failed", 0), served.get("slow", 0))
@@ -107,7 +108,7 @@ class Judged:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @classmethod
-    def of(cls, summary: dict[str, Any]) -> "Judged":
+    def of(cls, summary: records.ShadowSummary) -> "Judged":
         """A batch summary's (``judged`` absent where nothing was read or graded)."""
         j = summary.get("judged", {})
         return cls(j.get("read", 0), j.get("departed", 0), j.get("graded", 0), j.get("lost", 0))
@@ -130,17 +131,20 @@ class Test:
     def threshold(self) -> float:
         return math.log(1 / self.alpha)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> records.TestRecord:
         from .stats.coupling import upper_anytime  # here: status and the review read live evidence without the battery
 
-        return {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
-                "mismatches": self.mismatches, "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
-                "log_threshold": round(self.threshold, 6), "breached": self.breached,
-                **({} if self.scope in (SUCCESS, SLOW, DISTANCE, ASSERTIONS) else {  # not a parting of answers: no TV
-                    "tv_bound": round(upper_anytime(self.mismatches, self.compared, self.alpha), 6)}),
-                **({} if self.baseline is None else {
-                    "against": "baseline", "aa_compared": self.baseline.paired, "aa_mismatches": self.baseline.aa_mismatches,
-                    "ab_only": self.baseline.ab_only, "aa_only": self.baseline.aa_only})}
+        out: records.TestRecord = {"scope": self.scope, "limit": self.limit, "alpha": self.alpha, "compared": self.compared,
+                           "mismatches": self.mismatches,
+                           "log_e": round(self.log_e, 6) if math.isfinite(self.log_e) else "inf",
+                           "log_threshold": round(self.threshold, 6), "breached": self.breached}
+        if self.scope not in (SUCCESS, SLOW, DISTANCE, ASSERTIONS):  # a parting of answers: its TV bound
+            out["tv_bound"] = round(upper_anytime(self.mismatches, self.compared, self.alpha), 6)
+        if self.baseline is not None:
+            b = self.baseline
+            out["against"], out["aa_compared"], out["aa_mismatches"] = "baseline", b.paired, b.aa_mismatches
+            out["ab_only"], out["aa_only"] = b.ab_only, b.aa_only
+        return out
 
 
 @dataclass
@@ -167,7 +171,7 @@ class Rule:
                    guard.max_kld, guard.kld_limit)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Rule":
+    def from_dict(cls, d: records.RuleRecord) -> "Rule":
         return cls(d["limit"], d["alpha"], d["min_comparisons"], dict(d.get("stage_limits") or {}), d.get("aa_rate", 0.0),
                    d.get("min_success_rate"), d.get("max_latency_s"), d.get("latency_share", 0.01),
                    d.get("assertion_limit"), d.get("max_kld"), d.get("kld_limit", 0.0))
@@ -181,17 +185,23 @@ class Rule:
         """Whether the rule tests the live side's own health (its batches then count failed and slow requests)."""
         return self.min_success_rate is not None or self.max_latency_s is not None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> records.RuleRecord:
         # floats and ints normalised: the YAML's ``limit: 0`` and the ledger's ``0.0`` are one rule, one digest;
         # aa_rate and the live side's tests left out while off, so a rule written before they existed keeps its digest
-        return {"limit": float(self.limit), "alpha": float(self.alpha), "min_comparisons": int(self.min_comparisons),
-                "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())},
-                **({"aa_rate": float(self.aa_rate)} if self.aa_rate else {}),
-                **({"min_success_rate": float(self.min_success_rate)} if self.min_success_rate is not None else {}),
-                **({"max_latency_s": float(self.max_latency_s), "latency_share": float(self.latency_share)}
-                   if self.max_latency_s is not None else {}),
-                **({"assertion_limit": float(self.assertion_limit)} if self.assertion_limit is not None else {}),
-                **({"max_kld": float(self.max_kld), "kld_limit": float(self.kld_limit)} if self.max_kld is not None else {})}
+        out: records.RuleRecord = {"limit": float(self.limit), "alpha": float(self.alpha),
+                           "min_comparisons": int(self.min_comparisons),
+                           "stage_limits": {s: float(x) for s, x in sorted(self.stage_limits.items())}}
+        if self.aa_rate:
+            out["aa_rate"] = float(self.aa_rate)
+        if self.min_success_rate is not None:
+            out["min_success_rate"] = float(self.min_success_rate)
+        if self.max_latency_s is not None:
+            out["max_latency_s"], out["latency_share"] = float(self.max_latency_s), float(self.latency_share)
+        if self.assertion_limit is not None:
+            out["assertion_limit"] = float(self.assertion_limit)
+        if self.max_kld is not None:
+            out["max_kld"], out["kld_limit"] = float(self.max_kld), float(self.kld_limit)
+        return out
 
     def digest(self) -> str:
         return content_digest(self.to_dict())
@@ -249,30 +259,32 @@ class Segment:
     def tests(self) -> list[Test]:
         return self.rule.tests(self.counts, self.alpha, self.served, self.judged)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> records.SegmentMark:
         """What a batch says of its segment; ``new_test``: this batch starts it, no earlier batch is tested under it."""
         return {"index": self.index, "rule_digest": self.rule.digest(), "alpha": self.alpha, "alpha_left": self.left,
                 "new_test": not self.batches}
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> records.SegmentRecord:
         tests = self.tests()
         total = Count()
         for c in self.counts.values():
             total.add(c)
-        return {"index": self.index, "rule_digest": self.rule.digest(), "rule": self.rule.to_dict(), "alpha": self.alpha,
-                "alpha_left": self.left, "batches": self.batches[:1] + self.batches[-1:],
-                "compared": total.compared, "mismatches": total.mismatches,
-                **({"aa_compared": total.paired, "aa_mismatches": total.aa_mismatches} if self.rule.baseline else {}),
-                **({"served": vars(self.served).copy()} if self.rule.live else {}),
-                **({"judged": vars(self.judged).copy()} if self.judged != Judged() else {}),
-                "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]}
+        # in the order it has always been written (optional keys among the others): checked at the boundary
+        return cast(records.SegmentRecord, {
+            "index": self.index, "rule_digest": self.rule.digest(), "rule": self.rule.to_dict(), "alpha": self.alpha,
+            "alpha_left": self.left, "batches": self.batches[:1] + self.batches[-1:],
+            "compared": total.compared, "mismatches": total.mismatches,
+            **({"aa_compared": total.paired, "aa_mismatches": total.aa_mismatches} if self.rule.baseline else {}),
+            **({"served": vars(self.served).copy()} if self.rule.live else {}),
+            **({"judged": vars(self.judged).copy()} if self.judged != Judged() else {}),
+            "breached": any(t.breached for t in tests), "tests": [t.to_dict() for t in tests]})
 
 
 class Watch:
     """A watch's segments, built batch by batch in the ledger's order, whichever proxy of a fleet wrote each: one
     test for the fleet. The watch's alpha is its first rule's."""
 
-    def __init__(self, batches: Iterable[dict[str, Any]] = ()):
+    def __init__(self, batches: Iterable[records.ShadowBatch] = ()):
         self.by_rule: dict[str, Segment] = {}
         self.left: float | None = None
         self.seen = 0  # the last batch id folded in
@@ -292,7 +304,7 @@ class Watch:
             self.left -= share
         return self.by_rule[key]
 
-    def add(self, b: dict[str, Any]) -> None:
+    def add(self, b: records.ShadowBatch) -> None:
         """One batch as the ledger holds it, counted under the rule it recorded."""
         self.seen = max(self.seen, b["id"])
         self.stepped(b["id"], sum(c.compared for c in tally([b]).values()), b["summary"].get("raised"))
@@ -305,7 +317,7 @@ class Watch:
         for stage, c in tally([b]).items():
             seg.counts.setdefault(stage, Count()).add(c)
 
-    def stepped(self, batch_id: int, compared: int, raised: dict[str, Any] | None) -> None:
+    def stepped(self, batch_id: int, compared: int, raised: records.Raise | None) -> None:
         """A batch at the rollout's step in force: its comparisons count there; a raise it records begins the next."""
         if raised and raised.get("step", 0) > self.step:
             self.step, self.at_step, self.compared_at_step = raised["step"], [], 0
@@ -318,7 +330,7 @@ class Watch:
         return list(self.by_rule.values())
 
 
-def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> list[Segment]:
+def segments(batches: Iterable[records.ShadowBatch], rule: Rule | None = None) -> list[Segment]:
     """A watch's segments from its batches, oldest first, each batch counted under the rule it recorded; ``rule`` (the
     one in force now) gets an empty segment when no batch recorded it yet."""
     watch = Watch(batches)
@@ -327,7 +339,7 @@ def segments(batches: Iterable[dict[str, Any]], rule: Rule | None = None) -> lis
     return watch.segments
 
 
-def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
+def tally(batches: Iterable[records.ShadowBatch]) -> dict[str, Count]:
     """Stage -> comparisons, summed over shadow batches as the ledger holds them (``summary.stages``)."""
     out: dict[str, Count] = {}
     for batch in batches:
@@ -336,7 +348,7 @@ def tally(batches: Iterable[dict[str, Any]]) -> dict[str, Count]:
     return out
 
 
-def live(ledger, flag: str) -> dict[str, Any] | None:
+def live(ledger, flag: str) -> records.LiveEvidence | None:
     """A flag's live evidence: the guard's batches for the newest flip to on it watched, summed; None when the
     guard never watched the flag. ``rolled_back``: the flip that ended the watch, when the guard made it."""
     from .stats.coupling import upper_anytime
@@ -376,32 +388,38 @@ def live(ledger, flag: str) -> dict[str, Any] | None:
     failed = sum(r.get(FAILED, 0) for r in stages.values())  # of the mismatches
     last = batches[-1]["summary"]
     alpha = last.get("rule", {}).get("alpha", 0.05)
-    baseline: dict[str, Any] = {}
-    if any(name in r for r in stages.values() for name in AA):  # the A/A baseline: flag-off vs flag-off
-        aa = {name: sum(r.get(name, 0) for r in stages.values()) for name in AA}
-        baseline = {**aa, "aa_bound": round(upper_anytime(aa["aa_mismatches"], aa["aa_compared"], alpha), 6)}
     after = [f for f in ledger.flips(flag) if f["id"] > flip_id]
     ended = after[0] if after else None
     rollout = _rollout(batches, ended)
-    return {"flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
-            "until": batches[-1]["at"], **totals, **({"served": served} if served else {}),
-            **({"judged": vars(judged)} if judged != Judged() else {}), "proxies": proxies, "compared": compared, "mismatches": mismatches, FAILED: failed,
-            "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6), "alpha": alpha, **baseline, "stages": stages,
-            "unpaired": unpaired, "dropped": dropped, "shapes": shapes, "tests": last.get("tests", []),
-            "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)], "mismatched": [i for b in batches for i in b["items"]][-KEPT:],
-            "ended_by": None if ended is None else {k: ended.get(k) for k in ("id", "state", "operator", "signer", "reason", "at")},
-            "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback")),
-            **({"rollout": rollout} if rollout else {})}
+    baseline: dict[str, float] = {}
+    if any(name in r for r in stages.values() for name in AA):  # the A/A baseline: flag-off vs flag-off
+        aa = {name: sum(r.get(name, 0) for r in stages.values()) for name in AA}
+        baseline = {**aa, "aa_bound": round(upper_anytime(aa["aa_mismatches"], aa["aa_compared"], alpha), 6)}
+    ended_by: records.Ended | None = None if ended is None else {
+        "id": ended["id"], "state": ended["state"], "operator": ended["operator"], "signer": ended.get("signer"),
+        "reason": ended["reason"], "at": ended["at"]}
+    # in the order ``ledger live --json`` has always printed it (optional keys among the others): checked at the boundary
+    return cast(records.LiveEvidence, {
+        "flag": flag, "flip_id": flip_id, "batches": [batches[0]["id"], batches[-1]["id"]], "since": batches[0]["at"],
+        "until": batches[-1]["at"], **totals, **({"served": served} if served else {}),
+        **({"judged": vars(judged)} if judged != Judged() else {}), "proxies": proxies, "compared": compared,
+        "mismatches": mismatches, FAILED: failed, "tv_bound": round(upper_anytime(mismatches, compared, alpha), 6),
+        "alpha": alpha, **baseline, "stages": stages, "unpaired": unpaired, "dropped": dropped, "shapes": shapes,
+        "tests": last.get("tests", []), "rule": last.get("rule"), "segments": [seg.to_dict() for seg in segments(batches)],
+        "mismatched": [i for b in batches for i in b["items"]][-KEPT:], "ended_by": ended_by,
+        "rolled_back": bool(ended and ended["state"] == "off" and ended["reason"].startswith("guard rollback")),
+        **({"rollout": rollout} if rollout else {})})
 
 
-def _rollout(batches: list[dict[str, Any]], ended: dict[str, Any] | None) -> dict[str, Any] | None:
+def _rollout(batches: list[records.ShadowBatch], ended: Mapping[str, object] | None) -> records.RolloutEvidence | None:
     """A rollout as the watch's batches record it: the steps, the step in force and its evidence, each signed raise,
     and what the next raise waits for (``gate/state/rollout.py``); None without one."""
     last = next((b["summary"]["rollout"] for b in reversed(batches) if "rollout" in b["summary"]), None)
     if last is None:
         return None
-    raises = [{"step": r["step"], "share": r["share"], "from": r["from"], "compared": r["compared"], "signer": r["signer"],
-               "batch": b["id"], "at": b["at"]} for b in batches if (r := b["summary"].get("raised"))]
+    raises: list[records.RaiseRow] = [{"step": r["step"], "share": r["share"], "from": r["from"], "compared": r["compared"],
+                               "signer": r["signer"], "batch": b["id"], "at": b["at"]}
+                              for b in batches if (r := b["summary"].get("raised"))]
     steps, step = last["steps"], last["step"]
     more = max(0, last["min_comparisons_per_step"] - last["compared_at_step"])
     following = ("ended" if ended is not None else "complete: every request" if step + 1 == len(steps) else
@@ -417,14 +435,14 @@ def scope_of(scope: str) -> str:
             ASSERTIONS: "passes lost on graded requests", DISTANCE: "teacher-forced departures"}.get(scope, f"stage {scope}")
 
 
-def line(evidence: dict[str, Any] | None) -> str:
+def line(evidence: records.LiveEvidence | None) -> str:
     """One line of live evidence for tables: what was compared and what it certifies."""
     if evidence is None:
         return "-"
     ended = " (rolled back)" if evidence["rolled_back"] else ""
     aa = (f"; A/A baseline: {evidence['aa_mismatches']} of {evidence['aa_compared']} flag-off answers parted from "
           "the flag-off side's own" if "aa_compared" in evidence else "")
-    failed = f" ({evidence[FAILED]} of them failed on the flag-on side)" if evidence.get(FAILED) else ""
+    failed = f" ({evidence['flag_on_failed']} of them failed on the flag-on side)" if evidence["flag_on_failed"] else ""
     served = evidence.get("served")
     said = {"failed": "failed", "slow": "were slower than the ceiling"}
     health = (f"; of {evidence['requests']} live requests " + " and ".join(f"{n} {said[k]}" for k, n in served.items())

@@ -7,7 +7,7 @@ readers re-verify only on change, and in-toto attestations (``intoto``) in DSSE 
 hold (``records``) and the SQLite reader that ``status`` and ``hash`` use (``reader``) import no SQLAlchemy. It
 stores and checks the evidence and decides nothing; the reports that read it are ``gatekeeper.reports``.
 
-Imports: errors, evidence, summaries, identity, signing.
+Imports: errors, evidence, summaries, shadows, identity, signing.
 """
 
 from __future__ import annotations

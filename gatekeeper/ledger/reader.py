@@ -29,6 +29,7 @@ from gatekeeper.ledger.records import (
     history,
     latest_flips,
 )
+from gatekeeper.shadows import ShadowBatch
 from gatekeeper.summaries import FlipRow
 
 
@@ -119,9 +120,9 @@ class SQLiteReader:
     def flag_states(self) -> dict[str, FlipRow]:
         return latest_flips(self.flips())
 
-    def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[dict[str, Any]]:
+    def shadows(self, flag: str | None = None, flip_id: int | None = None) -> list[ShadowBatch]:
         with self._snapshot():
-            return self._rows("shadow", flag=flag, flip_id=flip_id)
+            return cast("list[ShadowBatch]", self._rows("shadow", flag=flag, flip_id=flip_id))
 
     def evaluation(self, evaluation_id: int) -> EvaluationRecord | None:
         with self._snapshot():

@@ -21,6 +21,7 @@ from gatekeeper.ledger.records import CURRENT_VERSION, decode, evaluation_record
 from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
+from gatekeeper.shadows import Kept, ShadowBatch, ShadowSummary
 from gatekeeper.summaries import ApprovalRow, CalibrationRow, FlipRow
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
@@ -200,7 +201,7 @@ class Ledger:
         values = dict(flag=flag, evaluation_id=evaluation_id, operator=operator, config=config, result=result)
         return self._append("calibration", values, evaluation_id)
 
-    def add_shadow(self, flag: str, flip_id: int | None, operator: str, summary: dict, items: list) -> int:
+    def add_shadow(self, flag: str, flip_id: int | None, operator: str, summary: ShadowSummary, items: list[Kept]) -> int:
         """A batch of the guard's live comparisons (``traffic/live/guarded.py``)."""
         values = dict(flag=flag, flip_id=flip_id, operator=operator, summary=summary, items=list(items))
         return self._append("shadow", values)
@@ -269,9 +270,9 @@ class Ledger:
     def measurements(self) -> list[dict[str, Any]]:
         return self._read("measurement")
 
-    def shadows(self, flag: str | None = None, flip_id: int | None = None, after: int | None = None) -> list[dict[str, Any]]:
+    def shadows(self, flag: str | None = None, flip_id: int | None = None, after: int | None = None) -> list[ShadowBatch]:
         """The guard's batches, oldest first: of one flag, of the flip to on they watched, written after batch ``after``."""
-        return self._read("shadow", after, flag=flag, flip_id=flip_id)
+        return cast("list[ShadowBatch]", self._read("shadow", after, flag=flag, flip_id=flip_id))
 
     def calibrations(self, evaluation_id: int | None = None) -> list[CalibrationRow]:
         return cast("list[CalibrationRow]", self._read("calibration", evaluation_id=evaluation_id))

@@ -9,5 +9,5 @@
   guard after a flip (one request seen twice, compared, recorded and acted on); the only group that imports the gate
   and the ledger.
 
-Imports: errors, listen, summaries, workspace, cache, battery, engines, runtime, gate, ledger, signing.
+Imports: errors, listen, summaries, shadows, workspace, cache, battery, engines, runtime, gate, ledger, signing.
 """

@@ -2,5 +2,5 @@
 flag switches (``switches``), the pipeline those states make with its version hash (``pipeline``), and which
 requests a flag rolled out by steps serves on at the step in force (``rollout``).
 
-Imports: errors, identity, summaries, workspace, battery, gate.run.
+Imports: errors, identity, summaries, shadows, workspace, battery, gate.run.
 """

@@ -6,8 +6,9 @@ current is ``enable/current.py``.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence, TypedDict
+from typing import Literal, Sequence, TypedDict
 
+from ...shadows import LiveEvidence
 from ...summaries import Calibrated, CalibrationSummary
 from ...workspace import HASH_PARTS, MinPower, Workspace
 
@@ -29,7 +30,7 @@ class StatusRow(FlagState):
     evidence_current: bool | None
     evidence_problems: list[str]
     currency_error: str | None
-    live: dict[str, Any] | None  # gate.guard.live's record, as gate.guard.line reads it
+    live: LiveEvidence | None  # gate.guard.live's record, as gate.guard.line reads it
 
 
 def states(ws: Workspace, ledger) -> dict[str, FlagState]:

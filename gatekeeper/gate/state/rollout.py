@@ -15,6 +15,7 @@ import time
 from typing import Any, Iterable
 
 from ...identity import canonical_json
+from ...shadows import ShadowBatch
 
 
 def bucket(flag: str, key: str) -> float:
@@ -26,7 +27,7 @@ def serves_on(flag: str, key: str, share: float) -> bool:
     return share >= 1 or bucket(flag, key) < share
 
 
-def step_of(batches: Iterable[dict[str, Any]]) -> int:
+def step_of(batches: Iterable[ShadowBatch]) -> int:
     """The step in force after a watch's batches (0: the first)."""
     return max((raised.get("step", 0) for b in batches if (raised := (b.get("summary") or {}).get("raised"))), default=0)
 

@@ -4,5 +4,5 @@ acted on in the proxy (``guarded``), the comparisons an evaluation makes made on
 the teacher-forced distance (``judge``), and the same guard inside a Runtime, its calls replayed on a background worker
 (``in_process``). The one group of traffic that imports the gate and the ledger.
 
-Imports: errors, listen, summaries, workspace, signing, battery, engines, gate, ledger, traffic.captures.
+Imports: errors, listen, summaries, shadows, workspace, signing, battery, engines, gate, ledger, traffic.captures.
 """

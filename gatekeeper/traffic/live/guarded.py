@@ -67,6 +67,7 @@ from ...gate.guard import (
     Watch,
 )
 from ...gate.state import rollout as rollouts
+from ...shadows import Kept, Raise, Rollback, ShadowSummary
 from ...summaries import FlipRow
 from ..captures.capture import metadata
 from . import shadow
@@ -108,7 +109,7 @@ class Batch:
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests
     shapes: dict[str, int] = field(default_factory=dict)  # prompt size class -> comparisons
     judged: Judged = field(default_factory=Judged)  # the evaluation's comparisons (judge.py)
-    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    mismatches: list[Kept] = field(default_factory=list)
 
     def compared(self) -> int:
         return sum(s.get("compared", 0) for s in self.stages.values())
@@ -119,10 +120,12 @@ class Batch:
     def stage(self, name: str) -> dict[str, int]:
         return self.stages.setdefault(name, {"compared": 0, "mismatches": 0, "unpaired": 0})
 
-    def summary(self) -> dict[str, Any]:
-        return {"requests": self.requests, "shadowed": self.shadowed, "stages": self.stages,
-                "unpaired": self.unpaired, "dropped": self.dropped, "shapes": self.shapes,
-                **({"judged": vars(self.judged).copy()} if self.judged != Judged() else {})}
+    def summary(self) -> ShadowSummary:
+        out: ShadowSummary = {"requests": self.requests, "shadowed": self.shadowed, "stages": self.stages,
+                              "unpaired": self.unpaired, "dropped": self.dropped, "shapes": self.shapes}
+        if self.judged != Judged():
+            out["judged"] = vars(self.judged).copy()
+        return out
 
 
 class Guarded:
@@ -163,7 +166,7 @@ class Guarded:
         self.in_flight = 0
         self.tasks: set[asyncio.Task] = set()
         self.on = True
-        self.rollback: dict[str, Any] | None = None  # the rollback's flip, once made
+        self.rollback: Rollback | None = None  # the rollback's flip, once made
         self.totals = {"requests": 0, "failed": 0, "slow": 0, "shadowed": 0, "compared": 0, "mismatches": 0, FAILED: 0,
                        **dict.fromkeys(AA, 0), **{f"judged_{k}": 0 for k in vars(Judged())}}
         self.unpaired: dict[str, int] = {}
@@ -403,7 +406,8 @@ class Guarded:
         counted = self._judged(judged)
         if (at is not None or counted) and len(self.batch.mismatches) < KEPT:
             item = self._item(stage, prompt, live, other, at)
-            item = item if again is None else {**item, "aa_parting_char": aa_at}
+            if again is not None:
+                item["aa_parting_char"] = aa_at
             self.batch.mismatches.append(item if judged is None else {**item, **judged.record()})
         if self.batch.compared() >= self.policy.batch:
             self.flush()
@@ -427,17 +431,17 @@ class Guarded:
             self.totals[name] += 1
         if len(self.batch.mismatches) < KEPT:
             prompt = json.dumps(request.get("messages", request.get("prompt")), sort_keys=True)
-            item = {"stage": stage, "reason": FAILED, "status": live.status, "error": live.error, "parting_char": 0,
-                    "finish": [None, other.finish]}
+            item: Kept = {"stage": stage, "reason": FAILED, "status": live.status, "error": live.error,
+                          "parting_char": 0, "finish": [None, other.finish]}
             self.batch.mismatches.append({**item, "prompt": metadata(prompt, self.salt),
                                           "answers": [None, metadata(other.text, self.salt)["digest"]]} if self.no_text
                                          else {**item, "prompt": prompt, "answers": [None, other.text]})
         if self.batch.compared() >= self.policy.batch:
             self.flush()
 
-    def _item(self, stage: str, prompt: str, live: shadow.Answer, other: shadow.Answer, at: int | None) -> dict[str, Any]:
+    def _item(self, stage: str, prompt: str, live: shadow.Answer, other: shadow.Answer, at: int | None) -> Kept:
         """A mismatch as the ledger keeps it: the texts, or under --no-text salted digests and lengths only."""
-        item: dict[str, Any] = {"stage": stage, "parting_char": at, "finish": [live.finish, other.finish]}
+        item: Kept = {"stage": stage, "parting_char": at, "finish": [live.finish, other.finish]}
         if self.no_text:
             return {**item, "prompt": metadata(prompt, self.salt),
                     "answers": [metadata(live.text, self.salt)["digest"], metadata(other.text, self.salt)["digest"]]}
@@ -495,13 +499,18 @@ class Guarded:
             tests = self.segment.tests()
             breached = self.before + [(self.segment, t) for t in tests if t.breached]
             raised = self._raise(batch.compared()) if not breached else None
-            summary = {**batch.summary(), "proxy": self.name, "tests": [t.to_dict() for t in tests],
-                       "rule": self.rule.to_dict(), "segment": self.segment.record(),
-                       **({"served": self._served(batch)} if self.rule.live else {}),
-                       **({"raised": raised} if raised else {})}
+            summary = batch.summary()
+            summary["proxy"], summary["tests"] = self.name, [t.to_dict() for t in tests]
+            summary["rule"], summary["segment"] = self.rule.to_dict(), self.segment.record()
+            if self.rule.live:
+                summary["served"] = self._served(batch)
+            if raised:
+                summary["raised"] = raised
             if self.rollout is not None:  # the step in force after this batch, readable from the ledger alone
                 step = raised["step"] if raised else self.watch.step
-                summary["rollout"] = {**self.rollout.model_dump(), "step": step, "share": self.rollout.steps[step],
+                ro = self.rollout
+                summary["rollout"] = {"steps": ro.steps, "min_comparisons_per_step": ro.min_comparisons_per_step,
+                                      "hold_s": ro.hold_s, "step": step, "share": ro.steps[step],
                                       "compared_at_step": 0 if raised else self.watch.compared_at_step + batch.compared()}
             batch_id = ledger.add_shadow(self.flag, self.flip_id, self.operator, summary, batch.mismatches)
             self.own.add(batch_id)
@@ -521,7 +530,7 @@ class Guarded:
             if breached and self.on:
                 self._roll_back(ledger, breached, batch_id)
 
-    def _raise(self, compared: int) -> dict[str, Any] | None:
+    def _raise(self, compared: int) -> Raise | None:
         """A rollout's next step, signed with the service key, where it is due with this batch's ``compared`` (the
         caller has found no test breached); else None."""
         from datetime import datetime, timezone

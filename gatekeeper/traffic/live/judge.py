@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 from ...battery import checks, graded, partition, similar
 from ...battery.suites import all_suites
 from ...errors import GatekeeperError
+from ...shadows import Kept
 
 if TYPE_CHECKING:
     from ...engines.base import Scored
@@ -54,11 +55,18 @@ class Judgement:
     def comparisons(self) -> list[str]:
         return ["text", *(["assertions"] if self.lost is not None else []), *(["distance"] if self.kld is not None else [])]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> Kept:
         """As a kept parting carries it."""
-        return {"compared_by": self.comparisons(), **({"case": self.case, "lost_pass": self.lost} if self.case else {}),
-                **({"kld": round(self.kld, 9), "same_top1": self.same_top1} if self.kld is not None else {}),
-                **({"unread": self.unread} if self.unread else {})}
+        out: Kept = {"compared_by": self.comparisons()}
+        if self.case:
+            out["case"], out["lost_pass"] = self.case, bool(self.lost)
+        if self.kld is not None:
+            out["kld"] = round(self.kld, 9)
+            if self.same_top1 is not None:
+                out["same_top1"] = self.same_top1
+        if self.unread:
+            out["unread"] = self.unread
+        return out
 
 
 def _key(messages: Any) -> str | None:
