@@ -548,3 +548,16 @@ class CheckpointRecorded(TypedDict):
     file: str
     seq: int
     signer: str | None
+
+
+# --- what engines, the ledger and traffic hand on ------------------------------------------------------------------
+
+
+class CallTelemetry(TypedDict):
+    """What one served call cost as the server reported it (``engines.served.telemetry``); None: not reported. A
+    capture line carries the figures that are not None."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    prefill_s: float | None
+    decode_s: float | None
