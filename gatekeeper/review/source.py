@@ -22,7 +22,7 @@ from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.status import derive_status
 from ..ledger.store import Head, Ledger, shown
-from ..summaries import Calibrated, OutcomeSummary
+from ..summaries import Calibrated, Decided, OutcomeSummary, Starter
 from ..workspace import Workspace, files_stamp
 
 if sys.version_info >= (3, 11):
@@ -290,8 +290,8 @@ class Source:
         out: list[Listed] = []
         for r in rows:
             summary = json.loads(r["summary"]) if r["summary"] else None
-            started = {"pid": r["pid"], "host": r["host"]}
-            verdict_row = {"verdict": r["verdict"]} if r["verdict"] else None
+            started: Starter = {"pid": r["pid"], "host": r["host"]}
+            verdict_row: Decided | None = {"verdict": r["verdict"]} if r["verdict"] else None
             aborted_row = {"reason": aborted[r["id"]]} if r["id"] in aborted else None
             out.append({
                 "id": r["id"], "flag": r["flag"], "status": derive_status(started, verdict_row, aborted_row),
