@@ -548,3 +548,92 @@ class CheckpointRecorded(TypedDict):
     file: str
     seq: int
     signer: str | None
+
+
+# --- what engines, the ledger and traffic hand on ------------------------------------------------------------------
+
+
+class CallTelemetry(TypedDict):
+    """What one served call cost as the server reported it (``engines.served.telemetry``); None: not reported. A
+    capture line carries the figures that are not None."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    prefill_s: float | None
+    decode_s: float | None
+
+
+class Starter(TypedDict):
+    """Who started an evaluation (what ``ledger.status.derive_status`` reads of its started record)."""
+
+    pid: int
+    host: str
+
+
+class Decided(TypedDict):
+    """What ``ledger.status.derive_status`` reads of a verdict record."""
+
+    verdict: str  # PASS | FAIL | INCONCLUSIVE
+
+
+class StartedRow(Starter):
+    """An ``evaluation`` row: the started record of an evaluation (its status is derived from later records)."""
+
+    id: int
+    flag: str
+    operator: str
+    started_at: str
+    gate: str
+    identity: dict[str, object]  # per side (off, on): what makes its outputs what they are
+    config: dict[str, object]
+
+
+class RefusalRow(TypedDict):
+    """A ``refusal`` row: a flip the gate refused, and why."""
+
+    id: int
+    flag: str
+    evaluation_id: int | None
+    operator: str
+    reasons: list[str]
+    at: str
+
+
+class Digests(TypedDict):
+    """The model and adapter a response cache was keyed on (a ``flush`` row's old and new)."""
+
+    model_digest: str | None
+    adapter_digest: str | None
+
+
+class FlushRow(TypedDict):
+    """A ``flush`` row: a change of model or adapter that flushed the prefix cache and its persisted results."""
+
+    id: int
+    trigger: str
+    old: Digests
+    new: Digests
+    detail: dict[str, object]
+    at: str
+
+
+class StoredEntry(TypedDict):
+    """One link of the ledger's hash chain as stored: its payload as the canonical JSON text the hash covers."""
+
+    seq: int
+    prev_hash: str
+    kind: str
+    record_id: int
+    payload: str
+    hash: str
+
+
+class ChainEntry(TypedDict):
+    """One link of the hash chain with its payload decoded (what an export carries): the record's columns."""
+
+    seq: int
+    prev_hash: str
+    kind: str
+    record_id: int
+    payload: dict[str, object]
+    hash: str

@@ -326,9 +326,11 @@ def ledger_attest(
     if output is not None:
         intoto.write(envelope, output)
     pred = statement["predicate"]
+    head = pred["ledger"]
     data = {"evaluation": evaluation_id, "flag": pred["evaluation"]["flag"], "verdict": pred["verdict"],
             "file": str(output) if output else None, "signer": pred["signer"], "predicate_type": statement["predicateType"],
-            "subjects": statement["subject"], "checkpoint": {k: pred["ledger"][k] for k in ("seq", "hash", "entries", "at")},
+            "subjects": statement["subject"],
+            "checkpoint": {"seq": head["seq"], "hash": head["hash"], "entries": head["entries"], "at": head["at"]},
             "envelope": envelope.to_dict()}
     if json_:
         typer.echo(json.dumps(data, indent=2))

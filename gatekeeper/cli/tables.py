@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from ..evidence import EvaluationRecord
     from ..gate.enable.flip import CheckpointFailed, FlipResult
     from ..gate.state.flags import StatusRow
+    from ..ledger.audit import Integrity
+    from ..ledger.intoto import VerificationRecord
     from ..ledger.store import EvaluationLine
     from ..reports.diff import Diff
     from ..shadows import LiveEvidence
@@ -350,7 +352,7 @@ def print_evaluation(ev: EvaluationRecord) -> None:
             typer.echo(f"  differs: {c['case_id']} ({c['detail'].get('pair', '')})")
 
 
-def print_verify(data: dict[str, Any]) -> None:
+def print_verify(data: Integrity) -> None:
     if data["ok"]:
         extra = "".join([f", {data['signatures']['checked']} signatures good" if data["signatures"]["checked"] else "",
                          f", extends {len(data['checkpoints'])} checkpoint(s)" if data["checkpoints"] else ""])
@@ -466,13 +468,14 @@ def print_attested(data: dict[str, Any]) -> None:
         typer.echo(f"  {subject['name']}: sha256:{subject['digest']['sha256']}")
 
 
-def print_attestation(data: dict[str, Any]) -> None:
+def print_attestation(data: VerificationRecord) -> None:
     if not data["ok"]:
         typer.echo(f"attestation BAD: {data['problem']}")
         for p in data["problems"][1:]:
             typer.echo(f"  - {p}")
         return
     st, s, lg = data["statement"], data["signer"], data["ledger"]
+    assert st is not None and s is not None  # an attestation that verifies was read and its signer found
     ledger = (f"the ledger still extends its checkpoint (seq {lg['checkpoint']['seq']}) and holds what it states"
               if lg["checked"] else f"ledger not checked: {lg.get('why', 'none at hand')}")
     typer.echo(f"attestation ok: evaluation {st['evaluation']} ({st['flag']}, {st['verdict']}), signed by "

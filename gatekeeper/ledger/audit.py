@@ -10,6 +10,7 @@ was edited); on a ledger found damaged, what cannot be read for a later check is
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
@@ -20,7 +21,35 @@ from gatekeeper.ledger.database import make_engine, read
 from gatekeeper.ledger.store import open_ledger
 from gatekeeper.ledger.verify import VerifyReport, preflight, reference, tables, verify
 
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
+
 T = TypeVar("T")
+
+
+class SignaturesChecked(TypedDict):
+    """The ledger's signatures rechecked: how many, and each problem found."""
+
+    checked: int
+    problems: list[str]
+
+
+class Integrity(TypedDict):
+    """What ``ledger verify --json`` prints (``LedgerAudit.to_dict``) and the review app's integrity badge reads. A
+    ledger that cannot be read at all has only ``error`` beside ok and the problems; the review app's own lines (no
+    ledger, or one it cannot open) have what they know."""
+
+    ok: bool
+    error: NotRequired[str]  # the unreadable ledger's one line
+    entries: NotRequired[int | None]
+    first_bad_seq: NotRequired[int | None]
+    problem: str  # the first problem; "" when ok
+    problems: list[str]
+    signatures: NotRequired[SignaturesChecked]
+    checkpoints: NotRequired[list[cp.Checked]]
+    checkpoint_sources: NotRequired[dict[str, int]]  # how many checkpoints: {"workspace": n, "given": n}
 
 
 class SignatureCheck(Protocol):
@@ -35,7 +64,7 @@ class LedgerAudit:
     problems: list[str]  # every problem found, the first one first; [] when ok
     entries: int | None  # the ledger's entries; None when it was not read that far
     first_bad_seq: int | None
-    signatures: dict[str, Any] | None = None  # {"checked": n, "problems": [...]}; None when not checked
+    signatures: SignaturesChecked | None = None  # None when not checked
     checkpoints: list[cp.CheckpointReport] = field(default_factory=list)  # each checkpoint checked
     sources: dict[str, int] = field(default_factory=dict)  # how many checkpoints: {"workspace": n, "given": n}
     unreadable: str | None = None  # a SQLite ledger that cannot be read at all: the one line saying so
@@ -44,7 +73,7 @@ class LedgerAudit:
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Integrity:
         """What ``ledger verify --json`` prints."""
         if self.unreadable is not None:
             line = self.unreadable

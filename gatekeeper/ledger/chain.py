@@ -7,7 +7,7 @@ reordering anything later shows up in ``verify``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Mapping
 
 from sqlalchemy import Connection, insert, text
 
@@ -19,17 +19,17 @@ from gatekeeper.ledger.tables import KINDS, STAMPED, Entry, utc_now
 GENESIS = "0" * 64  # prev_hash of the first entry
 
 
-def entry_hash(seq: int, prev_hash: str, kind: str, record_id: int, payload: dict[str, Any]) -> str:
+def entry_hash(seq: int, prev_hash: str, kind: str, record_id: int, payload: Mapping[str, object]) -> str:
     return digest({"seq": seq, "prev_hash": prev_hash, "kind": kind, "record_id": record_id, "payload": payload})
 
 
-def fetch_row(conn: Connection, kind: str, record_id: int) -> dict[str, Any] | None:
+def fetch_row(conn: Connection, kind: str, record_id: int) -> dict[str, object] | None:
     """A typed row as stored. SELECT * rather than the model: an older schema may lack newer columns."""
     row = conn.execute(text(f"SELECT * FROM {kind} WHERE id = :id"), {"id": record_id}).mappings().first()
     return dict(row) if row is not None else None
 
 
-def append(conn: Connection, kind: str, values: dict[str, Any]) -> int:
+def append(conn: Connection, kind: str, values: Mapping[str, object]) -> int:
     """Insert a ``kind`` row and its chain entry; the caller holds the write transaction."""
     if kind not in KINDS:
         raise ValueError(f"unknown record kind {kind!r}")

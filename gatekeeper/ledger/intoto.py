@@ -13,16 +13,36 @@ import binascii
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, cast
 
 from gatekeeper import signing
 from gatekeeper.errors import GatekeeperError
+from gatekeeper.evidence import EvaluationRecord
 from gatekeeper.identity import canonical_json, digest
 from gatekeeper.ledger import checkpoint as cp
 from gatekeeper.ledger import dsse
 from gatekeeper.signing import AllowedSigners, BadSignature, SigningKey
+from gatekeeper.summaries import (
+    ApprovalRow,
+    CalibrationRow,
+    DistanceSummary,
+    FlipRow,
+    LookSummary,
+    NotObservable,
+    ReferenceSummary,
+    SamplingSummary,
+    SequentialSummary,
+    Statistics,
+    StrengthSummary,
+)
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired, TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import NotRequired, TypedDict
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -30,17 +50,132 @@ PREDICATE_TYPE = "https://gatekeeper.dev/evaluation/v1"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+class Annotations(TypedDict, total=False):
+    """Where a subject's digest comes from: the predicate's path it was recorded at, or the one it was derived from."""
+
+    recorded: str
+    derived: str
+
+
+class Subject(TypedDict):
+    """One of a statement's subjects: what the evaluation vouches for, by SHA-256."""
+
+    name: str  # model, adapter, baseline-model, baseline-adapter, battery, policy
+    digest: dict[str, str]  # {"sha256": hex}
+    annotations: Annotations
+
+
+class AttestedEvaluation(TypedDict):
+    """The predicate's ``evaluation``: the started record, how it ended and the cases it ran."""
+
+    id: int
+    flag: str
+    gate: str
+    operator: str
+    started_at: str
+    finished_at: str | None
+    status: str
+    config: dict[str, Any]  # as EvaluationRecord.config
+    cases: list[str]
+
+
+class AttestedSummary(TypedDict, total=False):
+    """The predicate's ``summary``: the verdict summary's counts (older summaries lack some)."""
+
+    cases: int
+    assertions: int
+    differing_cases: list[str]
+    equal: dict[str, int]
+    exercised_share: float
+
+
+class Signer(TypedDict):
+    """Who signed a statement (``predicate.signer``): the principal allowed_signers names, the key and when."""
+
+    principal: str
+    keyid: str
+    key: str  # the OpenSSH public key
+    scheme: str
+    at: str
+
+
+class Predicate(TypedDict):
+    """A gatekeeper evaluation statement's predicate (``PREDICATE_TYPE``): docs/attestations.md."""
+
+    evaluation: AttestedEvaluation
+    verdict: str | None
+    reasons: list[str]
+    identity: dict[str, Any]  # as EvaluationRecord.identity
+    identity_digest: str  # what a signed flip record names
+    strength: StrengthSummary | None
+    paired: NotRequired[Statistics]  # these where the evaluation has them (older ones read as they did)
+    sequential: NotRequired[SequentialSummary]
+    looks: NotRequired[LookSummary]
+    distance: NotRequired[DistanceSummary | NotObservable]
+    reference: NotRequired[ReferenceSummary | NotObservable]
+    sampling: NotRequired[SamplingSummary]
+    summary: AttestedSummary
+    calibrations: list[CalibrationRow]
+    approvals: list[ApprovalRow]
+    flips: list[FlipRow]
+    ledger: cp.Checkpoint
+    signer: Signer
+
+
+Statement = TypedDict("Statement", {"_type": str, "subject": list[Subject], "predicateType": str,
+                                    "predicate": Predicate})
+
+
+class VerifiedSigner(TypedDict):
+    """The key of the first good signature (``Verification.signer``): whose, its keyid and type."""
+
+    principal: str
+    keyid: str
+    key_type: str
+
+
+class Stated(TypedDict):
+    """What a readable statement says (``Verification.statement``)."""
+
+    evaluation: int
+    flag: str
+    verdict: str | None
+    predicate_type: str
+    subjects: list[Subject]
+    at: str
+
+
+class LedgerChecked(TypedDict):
+    """Whether the statement was checked against the ledger, and the checkpoint's check where it was."""
+
+    checked: bool
+    checkpoint: NotRequired[cp.Checked]
+    why: NotRequired[str]  # not checked: there is no ledger at hand
+
+
+class VerificationRecord(TypedDict):
+    """What ``ledger verify-attestation --json`` prints (``Verification.to_dict``)."""
+
+    ok: bool
+    file: str
+    problem: str  # the first problem; "" when ok
+    problems: list[str]
+    signer: VerifiedSigner | None
+    statement: Stated | None
+    ledger: LedgerChecked
+
+
 # --- the statement -------------------------------------------------------------------------------
 
 
-def _at(predicate: dict[str, Any], path: str) -> Any:
-    value: Any = predicate
+def _at(predicate: Mapping[str, object], path: str) -> object:
+    value: object = predicate
     for part in path.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
 
 
-def _subject(name: str, predicate: dict[str, Any], recorded: str, fallback: str) -> dict[str, Any]:
+def _subject(name: str, predicate: Mapping[str, object], recorded: str, fallback: str) -> Subject:
     """A subject whose digest is the one recorded at ``recorded``; where none (or no SHA-256) was recorded,
     the SHA-256 of the canonical JSON of what was, at ``fallback`` (or the recorded value itself)."""
     value = _at(predicate, recorded)
@@ -50,11 +185,11 @@ def _subject(name: str, predicate: dict[str, Any], recorded: str, fallback: str)
     return {"name": name, "digest": {"sha256": digest(_at(predicate, source))}, "annotations": {"derived": source}}
 
 
-def subjects(predicate: dict[str, Any]) -> list[dict[str, Any]]:
+def subjects(predicate: Predicate) -> list[Subject]:
     """What the evaluation vouches for, all read from the predicate: the flag-on side's model and adapter (what
     a flip switches on), the flag-off side's where they differ, the battery and the policy."""
     identity = predicate["identity"]
-    out = []
+    out: list[Subject] = []
     for part in ("model", "adapter"):
         picked: dict[str, dict[str, str]] = {}
         for side, name in (("on", part), ("off", f"baseline-{part}")):
@@ -74,14 +209,15 @@ def subjects(predicate: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def predicate(ledger, evaluation: dict[str, Any], checkpoint: cp.Checkpoint, signer: dict[str, str]) -> dict[str, Any]:
-    verdict = evaluation["verdict_record"] or {}
-    summary = verdict.get("summary") or {}
-    return {
+def predicate(ledger, evaluation: EvaluationRecord, checkpoint: cp.Checkpoint, signer: Signer) -> Predicate:
+    verdict = evaluation["verdict_record"]
+    summary: Mapping[str, Any] = (verdict.get("summary") if verdict else None) or {}
+    # built as one literal in the order the statement has always had: the optional parts sit in the middle
+    return cast(Predicate, {
         "evaluation": {
             "id": evaluation["id"], "flag": evaluation["flag"], "gate": evaluation["gate"],
             "operator": evaluation["operator"], "started_at": evaluation["started_at"],
-            "finished_at": verdict.get("finished_at"), "status": evaluation["status"], "config": evaluation["config"],
+            "finished_at": verdict.get("finished_at") if verdict else None, "status": evaluation["status"], "config": evaluation["config"],
             "cases": sorted({r["case_id"] for r in evaluation["case_results"]}),
         },
         "verdict": evaluation["verdict"],
@@ -99,7 +235,7 @@ def predicate(ledger, evaluation: dict[str, Any], checkpoint: cp.Checkpoint, sig
         "flips": [f for f in ledger.flips(evaluation["flag"]) if f["evaluation_id"] == evaluation["id"]],
         "ledger": checkpoint,
         "signer": signer,
-    }
+    })
 
 
 def _ssh_public(blob: bytes) -> str:
@@ -107,7 +243,7 @@ def _ssh_public(blob: bytes) -> str:
 
 
 def attest(ledger, evaluation_id: int, key: SigningKey, allowed: AllowedSigners | None,
-           where: str) -> tuple[dsse.Envelope, dict[str, Any]]:
+           where: str) -> tuple[dsse.Envelope, Statement]:
     """The signed envelope and its statement for one finished evaluation of a ledger that verifies; ``key`` must
     sign for a principal in ``allowed``. ``where``: the ledger's location (checkpoint.location)."""
     evaluation = ledger.evaluation(evaluation_id)
@@ -128,10 +264,10 @@ def attest(ledger, evaluation_id: int, key: SigningKey, allowed: AllowedSigners 
     if principal is None:
         raise GatekeeperError(f"unknown_signer: key {key.fingerprint} of {key.path} is not in {allowed.path}; "
                               "add it there to sign attestations with it")
-    signer = {"principal": principal, "keyid": dsse.keyid(key.blob), "key": _ssh_public(key.blob),
-              "scheme": dsse.scheme(key.private.public_key()), "at": checkpoint["at"]}
+    signer: Signer = {"principal": principal, "keyid": dsse.keyid(key.blob), "key": _ssh_public(key.blob),
+                      "scheme": dsse.scheme(key.private.public_key()), "at": checkpoint["at"]}
     pred = predicate(ledger, evaluation, checkpoint, signer)
-    statement = {"_type": STATEMENT_TYPE, "subject": subjects(pred), "predicateType": PREDICATE_TYPE, "predicate": pred}
+    statement: Statement = {"_type": STATEMENT_TYPE, "subject": subjects(pred), "predicateType": PREDICATE_TYPE, "predicate": pred}
     return dsse.sign(key, PAYLOAD_TYPE, canonical_json(statement)), statement
 
 
@@ -166,15 +302,15 @@ def load(path: Path) -> dsse.Envelope:
 class Verification:
     file: str
     problems: list[str] = field(default_factory=list)
-    signer: dict[str, Any] | None = None  # principal, keyid, key type: set once the signature is good
-    statement: dict[str, Any] | None = None  # evaluation, flag, verdict, subjects: set once it is readable
-    ledger: dict[str, Any] = field(default_factory=lambda: {"checked": False})
+    signer: VerifiedSigner | None = None  # set once the signature is good
+    statement: Stated | None = None  # set once it is readable
+    ledger: LedgerChecked = field(default_factory=lambda: LedgerChecked(checked=False))
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VerificationRecord:
         return {"ok": self.ok, "file": self.file, "problem": self.problems[0] if self.problems else "",
                 "problems": list(self.problems), "signer": self.signer, "statement": self.statement, "ledger": self.ledger}
 
@@ -298,7 +434,7 @@ def _signature(envelope: dsse.Envelope, file: str, allowed: AllowedSigners, out:
     return None
 
 
-def _against_ledger(pred: dict[str, Any], file: str, ledger, where: str, out: Verification) -> None:
+def _against_ledger(pred: Predicate, file: str, ledger, where: str, out: Verification) -> None:
     """The ledger still extends the checkpoint, and still holds the evaluation, approvals and flips as stated."""
     report = cp.check(pred["ledger"], file, ledger, where, None)
     out.ledger = {"checked": True, "checkpoint": report.to_dict()}
@@ -329,6 +465,6 @@ def _against_ledger(pred: dict[str, Any], file: str, ledger, where: str, out: Ve
                 return
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."

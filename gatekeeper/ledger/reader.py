@@ -104,7 +104,7 @@ class SQLiteReader:
         except sqlite3.Error as e:  # a damaged file reads as SQLAlchemy's DBAPIError would: ``.orig`` holds it
             raise LedgerReadError(e) from e
 
-    def _rows(self, kind: str, **equal: Any) -> list[dict[str, Any]]:
+    def _rows(self, kind: str, **equal: object) -> list[dict[str, object]]:
         if kind not in JSON_FIELDS:
             raise ValueError(f"no kind of record {kind!r}")
         where = {name: value for name, value in equal.items() if value is not None}

@@ -12,12 +12,12 @@ Imports: evidence, summaries, identity, ledger.status (the standard library only
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, cast
+from typing import Callable, Mapping, cast
 
-from gatekeeper.evidence import EvaluationRecord, HistoryRow
+from gatekeeper.evidence import AbortedRow, EvaluationRecord, HistoryRow, VerdictRow
 from gatekeeper.identity import canonical_json
 from gatekeeper.ledger.status import derive_status
-from gatekeeper.summaries import FlipRow
+from gatekeeper.summaries import FlipRow, StartedRow
 
 # The number of the last migration (``migrations.MIGRATIONS``): the schema the table models describe.
 CURRENT_VERSION = 5
@@ -43,13 +43,13 @@ JSON_FIELDS: dict[str, frozenset[str]] = {
 BOOL_FIELDS: dict[str, frozenset[str]] = {"comparison": frozenset({"equal"})}
 
 # rows(kind, **equal): the decoded rows of ``kind`` whose columns equal the given values (None filters
-# skipped), oldest first, all read in one snapshot.
-Rows = Callable[..., list[dict[str, Any]]]
+# skipped), oldest first, all read in one snapshot: column -> decoded value (each kind's row type says which).
+Rows = Callable[..., list[dict[str, object]]]
 
 
-def encode(kind: str, values: dict[str, Any]) -> dict[str, Any]:
+def encode(kind: str, values: Mapping[str, object]) -> dict[str, object]:
     """Python values -> what the columns store (canonical JSON text, 0/1 for booleans)."""
-    out = {}
+    out: dict[str, object] = {}
     for name, value in values.items():
         if value is not None and name in JSON_FIELDS[kind]:
             value = canonical_json(value).decode()
@@ -59,12 +59,12 @@ def encode(kind: str, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode(kind: str, row: dict[str, Any]) -> dict[str, Any]:
+def decode(kind: str, row: Mapping[str, object]) -> dict[str, object]:
     """Stored columns -> Python values; the inverse of ``encode``."""
-    out = {}
+    out: dict[str, object] = {}
     for name, value in row.items():
         if value is not None and name in JSON_FIELDS[kind]:
-            value = json.loads(value)
+            value = json.loads(cast(str, value))  # a JSON column is text
         elif value is not None and name in BOOL_FIELDS.get(kind, ()):
             value = bool(value)
         out[name] = value
@@ -73,11 +73,11 @@ def decode(kind: str, row: dict[str, Any]) -> dict[str, Any]:
 
 def evaluation_record(rows: Rows, evaluation_id: int) -> EvaluationRecord | None:
     """Everything about one evaluation: its started record, evidence, verdict or abort, status."""
-    started = rows("evaluation", id=evaluation_id)
+    started = cast("list[StartedRow]", rows("evaluation", id=evaluation_id))
     if not started:
         return None
-    verdict = next(iter(rows("verdict", evaluation_id=evaluation_id)), None)
-    aborted = next(iter(rows("aborted", evaluation_id=evaluation_id)), None)
+    verdict = cast("VerdictRow | None", next(iter(rows("verdict", evaluation_id=evaluation_id)), None))
+    aborted = cast("AbortedRow | None", next(iter(rows("aborted", evaluation_id=evaluation_id)), None))
     return cast(EvaluationRecord, {
         **started[0],
         "status": derive_status(started[0], verdict, aborted),
@@ -97,9 +97,9 @@ def history(rows: Rows, flag: str) -> list[HistoryRow]:
     judged on (``gate/stats/looks.py``). Each holds its started record's id, flag, operator, gate, started_at, identity and
     config, its status, its verdict and the verdict record's reasons, summary and finished_at (None while it runs)."""
     out: list[HistoryRow] = []
-    for started in rows("evaluation", flag=flag):
-        verdict = next(iter(rows("verdict", evaluation_id=started["id"])), None)
-        aborted = next(iter(rows("aborted", evaluation_id=started["id"])), None)
+    for started in cast("list[StartedRow]", rows("evaluation", flag=flag)):
+        verdict = cast("VerdictRow | None", next(iter(rows("verdict", evaluation_id=started["id"])), None))
+        aborted = cast("AbortedRow | None", next(iter(rows("aborted", evaluation_id=started["id"])), None))
         out.append({
             "id": started["id"], "flag": started["flag"], "operator": started["operator"], "gate": started["gate"],
             "started_at": started["started_at"], "identity": started["identity"], "config": started["config"],

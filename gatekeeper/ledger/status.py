@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from gatekeeper.summaries import Decided, Starter
 
 RUNNING = "running"
 ABORTED = "aborted"
@@ -31,7 +34,7 @@ def process_alive(pid: int, host: str) -> bool:
     return state not in ("Z", "X")
 
 
-def derive_status(started: dict[str, Any], verdict: dict[str, Any] | None, aborted: dict[str, Any] | None) -> str:
+def derive_status(started: Starter, verdict: Decided | None, aborted: Mapping[str, object] | None) -> str:
     """PASS/FAIL/INCONCLUSIVE from a verdict; ``aborted`` from an abort record or a dead starter; else ``running``."""
     if verdict is not None:
         return verdict["verdict"]

@@ -6,14 +6,14 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any, Callable, Literal, TypedDict, cast, overload
+from typing import Any, Callable, Literal, Mapping, TypedDict, cast, overload
 
 from sqlalchemy import Boolean, Connection, func, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from gatekeeper.errors import GatekeeperError, LedgerIntegrityError, Superseded
-from gatekeeper.evidence import EvaluationRecord, HistoryRow
+from gatekeeper.evidence import AbortedRow, EvaluationRecord, HistoryRow, VerdictRow
 from gatekeeper.ledger.chain import append
 from gatekeeper.ledger.database import make_engine, read, write
 from gatekeeper.ledger.migrations import migrate, schema_version
@@ -22,7 +22,16 @@ from gatekeeper.ledger.status import derive_status
 from gatekeeper.ledger.tables import KINDS, SEAL_FIELDS, Entry
 from gatekeeper.ledger.verify import VerifyReport, verify
 from gatekeeper.shadows import Kept, ShadowBatch, ShadowSummary
-from gatekeeper.summaries import ApprovalRow, CalibrationRow, FlipRow
+from gatekeeper.summaries import (
+    ApprovalRow,
+    CalibrationRow,
+    ChainEntry,
+    FlipRow,
+    FlushRow,
+    RefusalRow,
+    StartedRow,
+    StoredEntry,
+)
 
 VERDICTS = ("PASS", "FAIL", "INCONCLUSIVE")
 FLIP_STATES = ("on", "off")
@@ -55,9 +64,9 @@ def _table(kind: str):
     return KINDS[kind].__table__  # type: ignore[attr-defined]
 
 
-def _rows(conn: Connection, kind: str, after: int | None = None, **equal: Any) -> list[dict[str, Any]]:
+def _rows(conn: Connection, kind: str, after: int | None = None, **equal: object) -> list[dict[str, object]]:
     """Rows of ``kind`` whose columns equal the given values (None filters are skipped), oldest first; with ``after``,
-    only those whose id is above it."""
+    only those whose id is above it: column -> decoded value (each kind's row type says which)."""
     t = _table(kind)
     q = select(t).order_by(t.c.id)
     if after is not None:
@@ -108,7 +117,7 @@ class Ledger:
     # -- writing -----------------------------------------------------------
 
     def _append(
-        self, kind: str, values: dict[str, Any], evaluation_id: int | None = None, open_only: bool = False,
+        self, kind: str, values: Mapping[str, object], evaluation_id: int | None = None, open_only: bool = False,
         check: Callable[[Connection], None] | None = None,
     ) -> int:
         # Any check runs under the same lock as the append, so two finishers cannot both pass it.
@@ -215,9 +224,9 @@ class Ledger:
             q = select(t).order_by(t.c.id.desc())
             if limit is not None:
                 q = q.limit(limit)
-            started = [decode("evaluation", dict(r)) for r in conn.execute(q).mappings()]
-            verdicts = {r["evaluation_id"]: r for r in _rows(conn, "verdict")}
-            aborts = {r["evaluation_id"]: r for r in _rows(conn, "aborted")}
+            started = cast("list[StartedRow]", [decode("evaluation", dict(r)) for r in conn.execute(q).mappings()])
+            verdicts = {r["evaluation_id"]: r for r in cast("list[VerdictRow]", _rows(conn, "verdict"))}
+            aborts = {r["evaluation_id"]: r for r in cast("list[AbortedRow]", _rows(conn, "aborted"))}
             counts = {kind: self._counts(conn, kind) for kind in ("case_result", "comparison")}
         out: list[EvaluationLine] = []
         for s in started:
@@ -247,12 +256,12 @@ class Ledger:
         with read(self.engine) as conn:
             return history(lambda kind, **equal: _rows(conn, kind, **equal), flag)
 
-    def _read(self, kind: str, after: int | None = None, **equal: Any) -> list[dict[str, Any]]:
+    def _read(self, kind: str, after: int | None = None, **equal: object) -> list[dict[str, object]]:
         with read(self.engine) as conn:
             return _rows(conn, kind, after, **equal)
 
-    def records(self, kind: str) -> list[dict[str, Any]]:
-        """Every row of one kind, oldest first."""
+    def records(self, kind: str) -> list[dict[str, object]]:
+        """Every row of one kind, oldest first: column -> decoded value (each kind's row type says which)."""
         return self._read(kind)
 
     def flips(self, flag: str | None = None) -> list[FlipRow]:
@@ -261,11 +270,11 @@ class Ledger:
     def approvals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[ApprovalRow]:
         return cast("list[ApprovalRow]", self._read("approval", flag=flag, evaluation_id=evaluation_id))
 
-    def refusals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[dict[str, Any]]:
-        return self._read("refusal", flag=flag, evaluation_id=evaluation_id)
+    def refusals(self, flag: str | None = None, evaluation_id: int | None = None) -> list[RefusalRow]:
+        return cast("list[RefusalRow]", self._read("refusal", flag=flag, evaluation_id=evaluation_id))
 
-    def flushes(self) -> list[dict[str, Any]]:
-        return self._read("flush")
+    def flushes(self) -> list[FlushRow]:
+        return cast("list[FlushRow]", self._read("flush"))
 
     def measurements(self) -> list[dict[str, Any]]:
         return self._read("measurement")
@@ -281,12 +290,12 @@ class Ledger:
         """The latest flip of every flag ever flipped; an absent flag is at its default (off)."""
         return latest_flips(self.flips())
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[ChainEntry]:
         """The whole chain, oldest first, payloads decoded: what an export carries."""
         t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
             rows = conn.execute(select(t).order_by(t.c.seq)).mappings()
-            return [{**r, "payload": json.loads(r["payload"])} for r in rows]
+            return [cast(ChainEntry, {**r, "payload": json.loads(r["payload"])}) for r in rows]
 
     def verify(self) -> VerifyReport:
         with read(self.engine) as conn:
@@ -302,12 +311,12 @@ class Ledger:
             return None
         return {"seq": last.seq, "hash": last.hash, "entries": count or 0}  # count is None only for an empty table
 
-    def entry(self, seq: int) -> dict[str, Any] | None:
+    def entry(self, seq: int) -> StoredEntry | None:
         """One entry as stored (payload as text), or None."""
         t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
             row = conn.execute(select(t).where(t.c.seq == seq)).mappings().first()
-        return dict(row) if row is not None else None
+        return cast(StoredEntry, dict(row)) if row is not None else None
 
 
 def _at_current_version(engine, url: str) -> None:

@@ -22,7 +22,7 @@ from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.status import derive_status
 from ..ledger.store import Head, Ledger, shown
-from ..summaries import Calibrated, OutcomeSummary
+from ..summaries import Calibrated, Decided, OutcomeSummary, Starter
 from ..workspace import Workspace, files_stamp
 
 if sys.version_info >= (3, 11):
@@ -31,6 +31,8 @@ else:  # importing typing_extensions costs every CLI start 20 ms: only where typ
     from typing_extensions import NotRequired, TypedDict
 
 if TYPE_CHECKING:
+    from ..ledger.audit import Integrity
+    from ..ledger.intoto import VerificationRecord
     from .flags import FlagRow
 
 RECHECK_S = 60.0  # databases without a commit counter (PostgreSQL): integrity is rechecked at least this often
@@ -90,7 +92,7 @@ class Listing(TypedDict):
 class View:
     """What every page shows: the ledger's integrity (what ``ledger verify --json`` prints) and the flags."""
 
-    integrity: dict[str, Any]
+    integrity: Integrity
     flags: list[FlagRow] = field(default_factory=list)
     flags_error: str | None = None  # the flags could not be worked out (a workspace that does not resolve)
     head: Head | None = None
@@ -161,7 +163,7 @@ class Source:
         if self._stamp.path is not None and not self._stamp.path.is_file():  # nothing recorded, unless a checkpoint says so
             problems = [f"there is no ledger at {shown(self.url)}, yet {name} records one up to seq {c['seq']}: it was "
                         "deleted or moved" for name, c in checkpoints.recorded(ws)[:1]]
-            integrity = {"ok": not problems, "entries": 0, "problem": problems[0] if problems else "",
+            integrity: Integrity = {"ok": not problems, "entries": 0, "problem": problems[0] if problems else "",
                          "problems": problems, "checkpoints": [], "signatures": {"checked": 0, "problems": []}}
         else:
             try:
@@ -290,8 +292,8 @@ class Source:
         out: list[Listed] = []
         for r in rows:
             summary = json.loads(r["summary"]) if r["summary"] else None
-            started = {"pid": r["pid"], "host": r["host"]}
-            verdict_row = {"verdict": r["verdict"]} if r["verdict"] else None
+            started: Starter = {"pid": r["pid"], "host": r["host"]}
+            verdict_row: Decided | None = {"verdict": r["verdict"]} if r["verdict"] else None
             aborted_row = {"reason": aborted[r["id"]]} if r["id"] in aborted else None
             out.append({
                 "id": r["id"], "flag": r["flag"], "status": derive_status(started, verdict_row, aborted_row),
@@ -307,7 +309,7 @@ class Source:
         return self.scalar("SELECT MAX(id) FROM evaluation WHERE flag = :f AND id < :i", f=flag, i=evaluation_id)
 
 
-    def attestations(self, evaluation_id: int) -> list[dict[str, Any]]:
+    def attestations(self, evaluation_id: int) -> list[VerificationRecord]:
         """The in-toto attestations of this evaluation kept in the workspace (``*.intoto.json``, as ``ledger attest
         --output`` names them), each checked as ``ledger verify-attestation`` checks it: signer, key, and whether
         the ledger still holds what it states."""
@@ -317,7 +319,7 @@ class Source:
         found = sorted(p for p in self.root.rglob("*.intoto.json") if p.is_file())
         if not found or ws.allowed_signers is None:
             return []
-        out = []
+        out: list[VerificationRecord] = []
         with self.ledger() as ledger:
             where = checkpoints.location(ledger.url, ws.root) if ledger is not None else None
             for path in found:
@@ -326,7 +328,7 @@ class Source:
                                             ledger, where)
                 except GatekeeperError:
                     continue  # not an envelope: not an attestation of anything here
-                if (checked.statement or {}).get("evaluation") == evaluation_id:
+                if checked.statement is not None and checked.statement["evaluation"] == evaluation_id:
                     out.append(checked.to_dict())
         return out
 

@@ -2,6 +2,6 @@
 the ``http`` adapter, spoken to in each server's own dialect (``dialects``), with what a call cost as the server
 reports it (``telemetry``), and the servers gatekeeper starts for a run (``serve``).
 
-Imports: gatekeeper (the version), errors, identity, summaries, workspace, setup, engines.base, engines.sampler,
-engines.hf_tokenizer.
+Imports: gatekeeper (the version), errors, evidence, identity, summaries, workspace, setup, engines.base,
+engines.sampler, engines.hf_tokenizer.
 """

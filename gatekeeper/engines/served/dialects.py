@@ -19,8 +19,14 @@ tested against the real server on a CPU machine.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
+
+if sys.version_info >= (3, 11):
+    from typing import TypedDict
+else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
+    from typing_extensions import TypedDict
 
 from ...errors import GatekeeperError
 from ...summaries import SamplerChain
@@ -31,6 +37,116 @@ PROMPT_TOP_K = 20  # vLLM's default --max-logprobs: the most prompt log-probabil
 _BLOCK = re.compile(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', re.M)
 
 
+# --- the wire: what a server is sent and what it answers ------------------------------------------------------
+# A server's answer is another program's JSON: every field is optional (total=False), and the code that reads one
+# catches what is missing or malformed. Where it is kept whole without being read (a listed model's ``meta``, a
+# ``/props`` field), it is an opaque ``ServerJSON`` object.
+
+ServerJSON = dict[str, Any]  # a JSON object from an outside server, kept as it came: never a shape gatekeeper reads
+
+
+class CompletionRequest(TypedDict, total=False):
+    """The fields of a ``/v1/completions`` request a dialect sets (the engine adds the profile's own and its cache
+    switch)."""
+
+    prompt: list[int] | str
+    max_tokens: int
+    stop: list[str]
+    logprobs: int | bool  # how many top log-probabilities per step (mlx, OpenAI: whether to give them)
+    top_logprobs: int
+    return_token_ids: bool  # vLLM
+    prompt_logprobs: int  # vLLM
+    cache_prompt: bool  # llama.cpp
+    temperature: float
+    top_k: int | None
+    top_p: float
+    min_p: float
+    repeat_penalty: float  # llama.cpp's name
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    repeat_last_n: int  # llama.cpp
+    repetition_context_size: int  # mlx_lm.server
+    samplers: list[str]  # llama.cpp's chain
+    seed: int
+
+
+class Candidate(TypedDict, total=False):
+    """One of a step's top candidates (``logprobs.content[i].top_logprobs``): its id where the server gives one."""
+
+    id: int
+    token: str
+    logprob: float
+
+
+class StepLogprobs(Candidate, total=False):
+    """One generated step (``logprobs.content[i]``: llama.cpp, mlx_lm.server): the token and its top candidates."""
+
+    top_logprobs: list[Candidate]
+
+
+class Logprobs(TypedDict, total=False):
+    """A choice's ``logprobs``: per step with ids (``content``), or the legacy per-step ``{token: logprob}`` lists."""
+
+    content: list[StepLogprobs]
+    top_logprobs: list[dict[str, float]]
+
+
+class PromptLogprob(TypedDict):
+    """One candidate at a prompt position (vLLM's ``prompt_logprobs``, keyed by token id)."""
+
+    logprob: float
+    rank: int
+
+
+class Choice(TypedDict, total=False):
+    """A completion's choice as the dialects read it."""
+
+    text: str
+    logprobs: Logprobs  # every dialect asks for them (a server that does not give them may send null)
+    token_ids: list[int]  # vLLM with return_token_ids
+    # vLLM's prompt_logprobs, one per prompt position: null at the first, which no reader reads (they read the
+    # positions after a non-empty prompt, or the last)
+    prompt_logprobs: list[dict[str, PromptLogprob]]
+
+
+class Completion(TypedDict, total=False):
+    """A ``/v1/completions`` answer: its choices (what a call cost, ``usage``/``timings``, ``telemetry`` reads)."""
+
+    choices: list[Choice]
+
+
+class ListedModel(TypedDict, total=False):
+    """A model as ``/v1/models`` lists it, with the fields that name it (``created`` varies per request)."""
+
+    id: str
+    owned_by: str | None  # vllm on vLLM; absent on mlx_lm.server
+    meta: ServerJSON  # llama.cpp's model metadata
+    root: str
+    max_model_len: int  # vLLM
+
+
+class Props(TypedDict, total=False):
+    """The fields of llama.cpp's ``GET /props`` that describe a deployment and do not change while it runs."""
+
+    model_path: str
+    build_info: str
+    chat_template: str
+    total_slots: int
+    modalities: ServerJSON
+    model_alias: str
+    n_ctx: int | None  # from default_generation_settings
+
+
+class Described(TypedDict):
+    """What a server says it serves (``HTTPEngine._describe``): its URL, model list and llama.cpp's ``/props`` (empty
+    elsewhere); the identity records it."""
+
+    url: str
+    models: list[ListedModel]
+    props: Props
+
+
 class Server(Protocol):
     """What a dialect needs of the engine that speaks it (``http.HTTPEngine``): the dependency runs one way."""
     profile: EngineProfile
@@ -38,7 +154,7 @@ class Server(Protocol):
     workspace_root: Path | None
     model_ids: dict[str, str | None]
 
-    def text_op(self, path: str, body: dict[str, Any], field: str) -> Any: ...
+    def text_op(self, path: str, body: Mapping[str, object], field: str) -> Any: ...
 
     def call_text(self, url: str, path: str) -> str: ...
 
@@ -79,19 +195,19 @@ class Dialect:
         return self.tokenizer.detokenize(tokens)
 
     # --- a completion -------------------------------------------------------------------------
-    def request(self, prompt: list[int]) -> dict[str, Any]:
+    def request(self, prompt: list[int]) -> CompletionRequest:
         """The prompt and the fields that ask for top-2 logprobs and token ids."""
         return {"prompt": prompt if self.token_prompts else self.detokenize(prompt), "logprobs": 2}
 
-    def step_token(self, step: dict[str, Any]) -> int:
+    def step_token(self, step: StepLogprobs) -> int:
         """The generated token of one ``logprobs.content`` step."""
         return int(step["id"])
 
-    def score_request(self, tokens: list[int]) -> dict[str, Any] | None:
+    def score_request(self, tokens: list[int]) -> CompletionRequest | None:
         """The completion request that returns the top log-probabilities at every position of ``tokens``."""
         return None
 
-    def sampling(self, draw: Draw, length: int) -> dict[str, Any]:
+    def sampling(self, draw: Draw, length: int) -> CompletionRequest:
         """The request fields that run ``draw``'s decoding with its seed (only where ``sampler`` is set), and ask for
         each step's token id and top log-probabilities; ``length``: the prompt's tokens and the most the answer may add
         (what a penalty window must hold)."""
@@ -101,7 +217,7 @@ class Dialect:
         """Why this server cannot run ``decoding`` as gatekeeper declares it; None: it can."""
         return None
 
-    def forced_request(self, prefix: list[int], cache: bool = False) -> dict[str, Any] | None:
+    def forced_request(self, prefix: list[int], cache: bool = False) -> CompletionRequest | None:
         """The completion request that returns the top log-probabilities of the one token after ``prefix``, with the
         server's prompt cache off, or on with ``cache`` (one forced position per request, where ``score_request`` has
         none)."""
@@ -285,7 +401,7 @@ class OpenAI(Dialect):
 DIALECTS: dict[str, type[Dialect]] = {d.name: d for d in (LlamaCpp, VLLM, MLX, OpenAI)}
 
 
-def detect(described: dict[str, Any]) -> tuple[str, str]:
+def detect(described: Described) -> tuple[str, str]:
     """The dialect a server speaks, from what ``/v1/models`` and ``/props`` said, and why."""
     props = described.get("props") or {}
     owners = {m.get("owned_by") for m in described.get("models") or []}

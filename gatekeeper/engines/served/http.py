@@ -29,10 +29,11 @@ import threading
 import urllib.error
 import urllib.request
 from time import perf_counter
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, cast
 
 from ... import __version__
 from ...errors import EngineCrash, GatekeeperError
+from ...evidence import Top2
 from ...identity import digest, flatten
 from ...summaries import SamplerChain
 from ...workspace import Decoding, EngineProfile
@@ -51,7 +52,19 @@ from ..base import (
 )
 from ..sampler import Draw, fresh
 from . import serve, telemetry
-from .dialects import DIALECTS, PROMPT_TOP_K, detect
+from .dialects import (
+    DIALECTS,
+    PROMPT_TOP_K,
+    Candidate,
+    Choice,
+    Completion,
+    CompletionRequest,
+    Described,
+    ListedModel,
+    PromptLogprob,
+    Props,
+    detect,
+)
 
 # A server's reference read covers the first position of each answer: there the arm's token comes from a prefill's
 # last row, as the forced read's does, and a reused prefix shows first. Later positions are decode steps, whose
@@ -159,7 +172,7 @@ class HTTPEngine(Engine):
         self.concurrency = int(profile.concurrency)  # the gate may run this many cases at once
         self._slots = threading.BoundedSemaphore(self.concurrency)
         self._lock = threading.Lock()
-        self._memo: dict[tuple, Any] = {}
+        self._memo: dict[tuple[str, str], Any] = {}  # (path, body): the answer's field, as the server gave it
         self._busy = {url: [0, 0] for urls in self.replicas.values() for url in urls}  # in flight, sent
         self._answered: set[str] = set()  # servers that answered: one that stops answering has crashed
         self.notices: list[str] = []  # what the answers showed that the figures cannot (Engine.notices)
@@ -188,7 +201,7 @@ class HTTPEngine(Engine):
     def _where(self) -> str:
         return self.profile.where
 
-    def _same_replicas(self, side: str, described: list[dict[str, Any]]) -> None:
+    def _same_replicas(self, side: str, described: list[Described]) -> None:
         """Exit 2 naming the first replica that serves something else than the side's first one."""
         first = {k: v for k, v in described[0].items() if k != "url"}
         for other in described[1:]:
@@ -202,7 +215,8 @@ class HTTPEngine(Engine):
                                       "model, server build and settings: fix or remove that replica")
 
     # --- the wire -------------------------------------------------------------------------------
-    def _raw(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> bytes:
+    def _raw(self, url: str, path: str, body: Mapping[str, object] | None = None,
+             headers: dict[str, bytes] | None = None) -> bytes:
         """One request; every way it can fail becomes a GatekeeperError naming the URL and the fix. A server that
         took the request and failed it (no answer on the connection, a 5xx, gone after it had answered) is an
         ``EngineCrash``: evidence about the server, not a URL to fix."""
@@ -239,7 +253,7 @@ class HTTPEngine(Engine):
         self._answered.add(url)
         return raw
 
-    def _crash(self, url: str, path: str, body: dict[str, Any] | None, said: str, what: str) -> EngineCrash:
+    def _crash(self, url: str, path: str, body: Mapping[str, object] | None, said: str, what: str) -> EngineCrash:
         prompt = (body or {}).get("prompt")
         request = {"path": path, **({"prompt_tokens": len(prompt)} if isinstance(prompt, list) else {}),
                    **({"prompt_chars": len(prompt)} if isinstance(prompt, str) else {}),
@@ -249,7 +263,8 @@ class HTTPEngine(Engine):
         return EngineCrash(f"{url}{path}: the server {what}: a crash, with the server up and the request sent; "
                            "its own log says why", url=url, said=said, request=request)
 
-    def call(self, url: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, bytes] | None = None) -> Any:
+    def call(self, url: str, path: str, body: Mapping[str, object] | None = None,
+             headers: dict[str, bytes] | None = None) -> Any:
         raw = self._raw(url, path, body, headers)
         try:
             return json.loads(raw)
@@ -260,26 +275,26 @@ class HTTPEngine(Engine):
     def call_text(self, url: str, path: str) -> str:
         return self._raw(url, path).decode(errors="replace")
 
-    def _describe(self, url: str) -> dict[str, Any]:
+    def _describe(self, url: str) -> Described:
         """What the server says it serves: /v1/models, and llama.cpp's /props where there is one."""
         models = self.call(url, "/v1/models")
         if not isinstance(models, dict) or not isinstance(models.get("data"), list):
             raise GatekeeperError(f"{url}/v1/models: not an OpenAI model list; check that {self._where} "
                                   "points at an OpenAI-compatible server")
         # ``created`` is the time of the request on some servers: keep what names the model only.
-        listed = [{k: m.get(k) for k in ("id", "owned_by", "meta", "root", "max_model_len") if k in m}
+        listed = [cast(ListedModel, {k: m.get(k) for k in ("id", "owned_by", "meta", "root", "max_model_len") if k in m})
                   for m in models["data"] if isinstance(m, dict)]
         try:
             props = self.call(url, "/props")
         except GatekeeperError:
             props = {}  # not llama.cpp: the model list is all there is
-        kept = {k: props[k] for k in _PROPS if isinstance(props, dict) and k in props}
+        kept = cast(Props, {k: props[k] for k in _PROPS if isinstance(props, dict) and k in props})
         if isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict):
             kept["n_ctx"] = props["default_generation_settings"].get("n_ctx")
         return {"url": url, "models": listed, "props": kept}
 
     # --- text <-> tokens: the flag-off server's own, or the profile's tokenizer ------------------
-    def text_op(self, path: str, body: dict[str, Any], field: str) -> Any:
+    def text_op(self, path: str, body: Mapping[str, object], field: str) -> Any:
         key = (path, json.dumps(body, sort_keys=True))
         with self._lock:
             if key in self._memo:
@@ -320,12 +335,12 @@ class HTTPEngine(Engine):
         g.replica = url  # the server that answered: the evidence says which server each side reached
         return g
 
-    def _send(self, config: str, request: dict[str, Any], replica: str | None = None,
-              background: bool = False) -> tuple[str, Any, float]:
+    def _send(self, config: str, request: CompletionRequest, replica: str | None = None,
+              background: bool = False) -> tuple[str, Completion, float]:
         """``request`` (the dialect's fields) as a ``/v1/completions`` call to the deployment of ``config`` (greedy unless
         it sets a temperature), with the profile's extra fields, its model and cache switch, and the labels in force:
         (url, answer, wall seconds)."""
-        body: dict[str, Any] = {**self.profile.options.get("request", {}), "temperature": 0, **request, "stream": False}
+        body: dict[str, object] = {**self.profile.options.get("request", {}), "temperature": 0, **request, "stream": False}
         if self.model_ids[config]:
             body["model"] = self.model_ids[config]
         if self.profile.cache_switch:
@@ -431,7 +446,7 @@ class HTTPEngine(Engine):
                    workers: int) -> "Background":
         return Background(self, "on" if cache else "off", prompts, workers)
 
-    def _parse(self, url: str, answer: Any, prompt: list[int], wall: float) -> Generation:
+    def _parse(self, url: str, answer: Completion, prompt: list[int], wall: float) -> Generation:
         where = f"{url}/v1/completions"
         try:
             choice = answer["choices"][0]
@@ -465,7 +480,7 @@ class HTTPEngine(Engine):
                           cached_tokens=t.cached_tokens, prefill_s=prefill, decode_s=t.decode_s or 0.0,
                           ttft_s=prefill, top2=margins)
 
-    def _draws(self, url: str, draw: Draw, choice: dict[str, Any], tokens: list[int]) -> list[list[float]] | None:
+    def _draws(self, url: str, draw: Draw, choice: Choice, tokens: list[int]) -> list[list[float]] | None:
         """What each draw weighed under the server's own chain (``sampler.served``); where the answer's top lists cannot
         tell it, a notice, and the weights alone where the decoding leaves the model's distribution untouched (the
         server's own log-probability of each token drawn: what ``seeds_ignored`` and the controls need), else None."""
@@ -490,12 +505,13 @@ class HTTPEngine(Engine):
             if not any(n.split(" reported ")[0] == key for n in self.notices):
                 self.notices.append(text)
 
-    def _tokens(self, choice: dict[str, Any], text: str) -> tuple[list[int], list | None]:
+    def _tokens(self, choice: Choice, text: str) -> tuple[list[int], list[Top2] | None]:
         """Generated token ids and top-2 [[id, logprob], ...] per step, in whichever shape the server uses."""
         logprobs = choice.get("logprobs") or {}
         steps = logprobs.get("content") if isinstance(logprobs, dict) else None
         if isinstance(steps, list) and steps:  # llama.cpp, mlx_lm.server: one entry per token, with ids
             tokens = [self.dialect.step_token(s) for s in steps]
+            # a candidate's id is its text where the server gives no id
             margins: list[list[list[Any]]] | None = [
                 [[_key(t.get("id", t.get("token"))), float(t["logprob"])] for t in _best(s.get("top_logprobs") or [])]
                 for s in steps]
@@ -599,7 +615,7 @@ class Background:
 _HEADERS = {"stage": "X-Gatekeeper-Stage", "stream": "X-Gatekeeper-Stream"}
 
 
-def _top_k(rows: list[Any], continuation: list[int], cached_tokens: int | None) -> Scored:
+def _top_k(rows: list[dict[str, PromptLogprob]], continuation: list[int], cached_tokens: int | None) -> Scored:
     """``Scored`` from vLLM's prompt log-probabilities, one ``{token id: {logprob, rank}}`` per position: its top
     ``PROMPT_TOP_K`` (the position's own token comes too, at its rank), best first, the lowest id first on a tie."""
     if len(rows) != len(continuation):
@@ -654,7 +670,7 @@ def _headers(labels: dict[str, str]) -> dict[str, bytes]:
     return {_HEADERS[k]: v.encode() for k, v in labels.items() if k in _HEADERS}
 
 
-def _drawn(choice: dict[str, Any]) -> list[float] | None:
+def _drawn(choice: Choice) -> list[float] | None:
     """Each generated token's own log-probability, where the answer gives it per step (llama.cpp, mlx_lm.server)."""
     steps = (choice.get("logprobs") or {}).get("content")
     try:
@@ -663,7 +679,7 @@ def _drawn(choice: dict[str, Any]) -> list[float] | None:
         return None
 
 
-def _tops(choice: dict[str, Any]) -> list[dict[int, float]] | None:
+def _tops(choice: Choice) -> list[dict[int, float]] | None:
     """Each step's listed candidates by token id and log-probability; None where the ids are not given."""
     logprobs = choice.get("logprobs") or {}
     steps = logprobs.get("content")
@@ -676,19 +692,19 @@ def _tops(choice: dict[str, Any]) -> list[dict[int, float]] | None:
         return None
 
 
-def _best(top: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _best(top: list[Candidate]) -> list[Candidate]:
     """The two most likely candidates (some servers list them in no set order)."""
     return sorted(top, key=lambda t: -float(t["logprob"]))[:2]
 
 
-def _key(token: Any) -> Any:
+def _key(token: int | str | None) -> int | str | None:
     """A candidate's id: an int where the server gives one (vLLM's ``token_id:N`` too), else its text."""
     if isinstance(token, str) and token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
         return int(token[9:])
     return int(token) if isinstance(token, int) else token
 
 
-def _context(described: dict[str, Any]) -> int | None:
+def _context(described: Described) -> int | None:
     """The context a server holds per request, as it describes itself (llama.cpp's n_ctx, vLLM's max_model_len)."""
     n = described["props"].get("n_ctx") or next((m.get("max_model_len") for m in described["models"] if m.get("max_model_len")), None)
     return int(n) if isinstance(n, int) and n > 0 else None

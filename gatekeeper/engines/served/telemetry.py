@@ -15,8 +15,10 @@ Servers report in different places, and some not at all; a figure a server does 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ...summaries import CallTelemetry
 
 
 @dataclass(frozen=True)
@@ -26,8 +28,9 @@ class Telemetry:
     prefill_s: float | None = None
     decode_s: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> CallTelemetry:
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "prefill_s": self.prefill_s,
+                "decode_s": self.decode_s}
 
 
 def _number(value: Any, kind: type = int) -> Any:
