@@ -429,11 +429,11 @@ class Guard(Strict):
     min_success_rate: float | None = Field(None, gt=0, lt=1)  # the share of live requests the flag-on side must answer
     max_latency_s: float | None = Field(None, gt=0)  # with latency_share: at most that share of live requests slower
     latency_share: float = Field(0.01, gt=0, lt=1)  # (0.01: the 99th percentile under max_latency_s)
-    # the comparisons the evaluation makes, on shadowed requests (traffic/live/judge.py): each request whose messages
-    # are a suite case's graded by the case's assertions on both sides, and where the flag-on side sells a lost pass
-    # (it fails what the flag-off side passes) above assertion_limit of graded requests, a breach; and with distance,
-    # each compared request read teacher-forced on both sides (forced requests: server time), a request whose mean KL
-    # exceeds max_kld a departure, and departures above kld_limit of read requests a breach
+    # the comparisons an evaluation makes, made on shadowed requests (traffic/live/judge.py): a request whose messages
+    # are a suite case's is graded by the case's assertions on both answers, and lost passes (the flag-on answer fails
+    # what the flag-off answer passes) above assertion_limit of graded requests are a breach; with distance, each
+    # compared request is read teacher-forced on both servers (forced requests: server time), one whose mean KL exceeds
+    # max_kld departs, and departures above kld_limit of read requests are a breach
     assertions: bool = True
     assertion_limit: float | None = Field(None, ge=0, lt=1)
     distance: bool = False

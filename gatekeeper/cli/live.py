@@ -101,7 +101,8 @@ def _other_side(ws, shadow: Optional[str], engine: Optional[str]) -> tuple[Optio
 def _reader(ws, flag: Optional[str], upstream: str, shadow: Optional[str], engine: Optional[str]):
     """With the policy's ``guard.distance``: an http engine of the --shadow-engine profile's dialect whose flag-off side
     is the shadow and flag-on side the upstream, to read both teacher-forced (``traffic/live/judge.py``); else None."""
-    if not flag or not shadow or engine is None or ws.policy(flag).guard is None or not ws.policy(flag).guard.distance:
+    policy = ws.policy(flag).guard if flag else None
+    if not shadow or engine is None or policy is None or not policy.distance:
         return None
     from ..engines.served.http import HTTPEngine
 
