@@ -153,6 +153,7 @@ class Kept(TypedDict, total=False):
     kld: float
     same_top1: float
     unread: str
+    ungraded: str
 
 
 class ShadowBatch(TypedDict):

@@ -185,3 +185,25 @@ def test_the_distance_read_on_both_sides_rolls_back_a_moved_deployment(default_s
     else:
         assert not got["rolled_back"] and sent == 8 and got["judged"]["departed"] == 0 and got["mismatches"] == 0
     assert lg(ws).verify().ok
+
+
+def test_the_judge_grades_a_cases_messages_and_a_grading_error_leaves_the_text_comparison(workspace, monkeypatch):
+    from gatekeeper.battery import checks
+    from gatekeeper.traffic.live.judge import Judge
+    from gatekeeper.workspace import Workspace
+
+    (workspace / "assertions" / "desk.yaml").write_text(json.dumps(SUITE))
+    judge = Judge(Workspace(workspace))
+    case = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[1]}]}
+    j = judge.judge(case, "Yes. " + PLANTED, "Yes.")
+    assert (j.case, j.lost, j.comparisons()) == ("desk/q1", True, ["text", "assertions"])
+    assert judge.judge(case, "Yes.", "Yes. " + PLANTED).lost is False  # the flag-on side passing more is no loss
+    other = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Not a case."}]}
+    assert judge.judge(other, PLANTED, "ok").comparisons() == ["text"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the grader's script died")
+
+    monkeypatch.setattr(checks, "outcomes", broken)
+    j = judge.judge(case, "Yes. " + PLANTED, "Yes.")
+    assert j.lost is None and j.comparisons() == ["text"] and "script died" in j.record()["ungraded"]

@@ -51,6 +51,7 @@ class Judgement:
     same_top1: float | None = None  # the share of those positions whose likeliest token the two sides share
     departed: bool = False  # kld above the rule's max_kld
     unread: str | None = None  # why the distance could not be read for it
+    ungraded: str | None = None  # why a case's assertions could not be evaluated on it
 
     def comparisons(self) -> list[str]:
         return ["text", *(["assertions"] if self.lost is not None else []), *(["distance"] if self.kld is not None else [])]
@@ -66,6 +67,8 @@ class Judgement:
                 out["same_top1"] = self.same_top1
         if self.unread:
             out["unread"] = self.unread
+        if self.ungraded:
+            out["ungraded"] = self.ungraded
         return out
 
 
@@ -112,8 +115,11 @@ class Judge:
         if found is not None:
             name, case, values = found
             context = checks.Context(vars=values, prompt=checks.stringify(request["messages"]))
-            passed = [all(o["pass"] for o in checks.outcomes(list(case.assert_), text, context)) for text in (on, off)]
-            j.case, j.lost = name, passed[1] and not passed[0]
+            try:
+                passed = [all(o["pass"] for o in checks.outcomes(list(case.assert_), text, context)) for text in (on, off)]
+                j.case, j.lost = name, passed[1] and not passed[0]
+            except Exception as e:  # noqa: BLE001 - a script that fails leaves the request compared by its text
+                j.ungraded = f"{name}: {type(e).__name__}: {e}"[:200]
         if self.reader is not None:
             try:
                 self._read(j, request, off)
