@@ -14,16 +14,16 @@ Imports: summaries (the verdict's summary and the rows beside it; the standard l
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .summaries import ApprovalRow, CalibrationRow, OutcomeSummary
-
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+from .summaries import (  # typing's, or typing_extensions' before 3.11
+    ApprovalRow,
+    CalibrationRow,
+    NotRequired,
+    OutcomeSummary,
+    TypedDict,
+)
 
 # One generated step's top-2 logits (served engines: log-probabilities): [[best_id, best], [second_id, second]].
 Top2 = list[list[float]]

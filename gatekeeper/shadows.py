@@ -8,18 +8,14 @@ Producers: ``gate.guard`` (rule, tests, segments, live evidence), ``traffic.live
 rollback), ``traffic.live.judge`` (a kept parting's comparisons). Readers: ``ledger live``, ``status``, the review
 app's Live page, the OFREP resolver.
 
-Imports: the standard library only.
+Imports: summaries (for typing's record names), the standard library.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Union
 
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # as in summaries: typing_extensions only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+from .summaries import NotRequired, TypedDict  # typing's, or typing_extensions' before 3.11
 
 
 class RuleRecord(TypedDict):

@@ -19,10 +19,13 @@ from __future__ import annotations
 import sys
 from typing import Literal, Union, final
 
+# the one place that picks them, for every module of records (re-exported)
 if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
+    from typing import NotRequired as NotRequired
+    from typing import TypedDict as TypedDict
 else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+    from typing_extensions import NotRequired as NotRequired
+    from typing_extensions import TypedDict as TypedDict
 
 
 # --- the outcome's figures ------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ was edited); on a ledger found damaged, what cannot be read for a later check is
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence, TypeVar
@@ -21,10 +20,7 @@ from gatekeeper.ledger.database import make_engine, read
 from gatekeeper.ledger.store import open_ledger
 from gatekeeper.ledger.verify import VerifyReport, preflight, reference, tables, verify
 
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+from ..summaries import NotRequired, TypedDict  # typing's, or typing_extensions' before 3.11
 
 T = TypeVar("T")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,10 +28,7 @@ from gatekeeper.identity import canonical_json, digest
 from gatekeeper.ledger.tables import utc_now
 from gatekeeper.summaries import CheckpointRecorded
 
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+from ..summaries import NotRequired, TypedDict  # typing's, or typing_extensions' before 3.11
 
 FORMAT = "gatekeeper.checkpoint"
 BODY = ("type", "ledger", "seq", "hash", "entries", "at")  # what a signature covers

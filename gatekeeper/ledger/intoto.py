@@ -13,7 +13,6 @@ import binascii
 import json
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, cast
@@ -39,10 +38,7 @@ from gatekeeper.summaries import (
     StrengthSummary,
 )
 
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
+from ..summaries import NotRequired, TypedDict  # typing's, or typing_extensions' before 3.11
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"

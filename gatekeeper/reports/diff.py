@@ -3,18 +3,10 @@ parted, how far the logits drifted, what it cost, and which parts of the identit
 
 from __future__ import annotations
 
-import sys
-
 from ..evidence import EvaluationRecord
 from ..identity import flatten
-from ..summaries import TVClass
+from ..summaries import NotRequired, TVClass, TypedDict  # typing's, or typing_extensions' before 3.11
 from .outcomes import CaseOutcome, case_flips, case_outcomes, divergence_text, verdict_summary
-
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
-
 
 # --- what ``ledger diff --json`` prints and the review app's compare page shows ------------------------------------
 

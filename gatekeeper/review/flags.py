@@ -6,7 +6,6 @@ stays in the terminal: the page only says what to type.
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Mapping
 
 from ..engines.registry import identity
@@ -17,12 +16,8 @@ from ..gate.enable.flip import approvers_since_last_flip
 from ..gate.state import flags as flag_states
 from ..gate.state import pipeline
 from ..gate.state.flags import FlagState
+from ..summaries import NotRequired, TypedDict  # typing's, or typing_extensions' before 3.11
 from ..workspace import Workspace
-
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
 
 
 class Approvals(TypedDict):

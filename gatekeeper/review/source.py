@@ -8,7 +8,6 @@ one SQL query a page, keyed by id (``before``), so the 2,000th page costs what t
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -22,13 +21,15 @@ from ..ledger import checkpoint as checkpoints
 from ..ledger.stamp import LedgerStamp
 from ..ledger.status import derive_status
 from ..ledger.store import Head, Ledger, shown
-from ..summaries import Calibrated, Decided, OutcomeSummary, Starter
+from ..summaries import (  # typing's, or typing_extensions' before 3.11
+    Calibrated,
+    Decided,
+    NotRequired,
+    OutcomeSummary,
+    Starter,
+    TypedDict,
+)
 from ..workspace import Workspace, files_stamp
-
-if sys.version_info >= (3, 11):
-    from typing import NotRequired, TypedDict
-else:  # importing typing_extensions costs every CLI start 20 ms: only where typing lacks these
-    from typing_extensions import NotRequired, TypedDict
 
 if TYPE_CHECKING:
     from ..ledger.audit import Integrity
