@@ -60,11 +60,18 @@ def workspace(tmp_path: Path) -> Path:
     # where calibrations are made (test_calibrate.py, test_shipped_power.py).
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text("".join(line for line in policy.read_text().splitlines(keepends=True) if not line.startswith("min_power:")))
-    # The cache probes and the teacher-forced distance (both on by default) are tested where they are the
-    # subject (test_probes.py; test_gate.py, test_distance.py and the gates that are not exact); elsewhere the
-    # probes would only add their cases to every count, and the distance three prefills per turn.
-    policy.write_text(policy.read_text() + "probes: off\ndistance: false\n")
+    # The cache probes, the teacher-forced distance and the reference arm (all on by default) are tested where they
+    # are the subject (test_probes.py; test_gate.py, test_distance.py and the gates that are not exact;
+    # test_reference.py and the tests that call ``read_reference``); elsewhere the probes would only add their cases
+    # to every count, the distance three prefills per turn, and the reference one cache-free read per answer.
+    policy.write_text(policy.read_text() + "probes: off\ndistance: false\nreference: false\n")
     return ws
+
+
+def read_reference(ws: Path) -> None:
+    """The prefix_cache policy with the reference arm read, as shipped (the ``workspace`` fixture turns it off)."""
+    policy = ws / "policies" / "prefix_cache.yaml"
+    policy.write_text(policy.read_text().replace("reference: false\n", ""))
 
 
 @pytest.fixture

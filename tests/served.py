@@ -53,9 +53,6 @@ def served_ws(workspace, rules: int | None = None, **profiles: str):
     (workspace / "assertions" / "tiny.yaml").write_text(suite(rules or SHORT))
     for name, body in profiles.items():
         (workspace / "engines" / f"{name}.yaml").write_text(body)
-    # the reference arm costs a server requests per answer: read where it is the subject (read_reference)
-    policy = workspace / "policies" / "prefix_cache.yaml"
-    policy.write_text(policy.read_text() + "reference: false\n")
     return workspace
 
 
@@ -63,12 +60,6 @@ def read_distance(ws) -> None:
     """The prefix_cache policy as shipped: the teacher-forced distance read (the fixture turns it off)."""
     policy = ws / "policies" / "prefix_cache.yaml"
     policy.write_text(policy.read_text().replace("distance: false\n", ""))
-
-
-def read_reference(ws) -> None:
-    """The prefix_cache policy with the reference arm read, as shipped (``served_ws`` turns it off)."""
-    policy = ws / "policies" / "prefix_cache.yaml"
-    policy.write_text(policy.read_text().replace("reference: false\n", ""))
 
 
 # A llama small enough to convert and serve in seconds, with the default model's tokenizer (which llama.cpp's

@@ -12,7 +12,8 @@ from gatekeeper.runtime import Runtime
 
 
 def policy(ws, flag, change, gate="byte_equivalence", extra=""):
-    (ws / "policies" / f"{flag}.yaml").write_text(f"flag: {flag}\ngate: {gate}\nchange: {change}\n{extra}")
+    # the reference arm reads every answer again: it is tested where it is the subject (test_reference.py)
+    (ws / "policies" / f"{flag}.yaml").write_text(f"flag: {flag}\ngate: {gate}\nchange: {change}\nreference: false\n{extra}")
 
 
 def cli(run_cli, ws, *args):

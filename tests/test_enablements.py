@@ -11,7 +11,7 @@ from gatekeeper.identity import directory_digest
 from gatekeeper.runtime import Runtime
 
 STATIC_FIRST = "flag: static_first\ngate: assertion_equivalence\n"
-ADAPTER = "flag: adapter\ngate: non_inferiority\n"
+ADAPTER = "flag: adapter\ngate: non_inferiority\nprobes: off\nreference: false\n"  # both tested where they are the subject
 
 
 def gate(run_cli, ws, flag, *extra, engine="tiny", operator="ci"):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import evaluate, ledger, profile, wait_for_case_results, wide_suite
+from conftest import evaluate, ledger, profile, read_reference, wait_for_case_results, wide_suite
 
 from gatekeeper.identity import child_env
 
@@ -114,6 +114,7 @@ def test_exercise_floor_from_policy(run_cli, tiny_ws, floor, verdict):
 
 
 def test_unstable_baseline_is_inconclusive(run_cli, tiny_ws):
+    read_reference(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "unstable")
     assert code == 1 and out["verdict"] == "INCONCLUSIVE"
     assert out["reasons"][-1].startswith("reference: both arms agree")  # the arms' first runs agree with the reference

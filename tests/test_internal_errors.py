@@ -121,7 +121,8 @@ def test_a_failed_step_after_the_cases_is_recorded_and_the_verdict_still_comes(t
         raise RuntimeError("planted")
 
     policy = tiny_ws / "policies" / "prefix_cache.yaml"
-    policy.write_text(policy.read_text().replace("probes: off\n", "").replace("distance: false\n", ""))
+    policy.write_text(policy.read_text().replace("probes: off\n", "").replace("distance: false\n", "")
+                      .replace("reference: false\n", ""))
     monkeypatch.setattr(forced, "measure", raising)
     monkeypatch.setattr(reference, "read", raising)
     real_base = probes.base

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from cache_fronts import cache_front
-from conftest import evaluate, ledger
+from conftest import evaluate, ledger, read_reference
 from served import llama_server, served_ws
 
 from gatekeeper.setup.models import find_gguf
@@ -84,6 +84,7 @@ def test_a_flag_off_side_that_answers_its_repeat_differently_is_named_stale_stat
     (tiny_ws / "engines" / "stale.yaml").write_text(
         f"adapter: fault_engines:StaleRepeat\nmodel: {tiny_llama}\ndtype: float32\ndevice: cpu\n")
     probes(tiny_ws, "{kinds: [repeat]}")
+    read_reference(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "stale")
     assert out["verdict"] == "INCONCLUSIVE", out["reasons"]
     assert any(x.startswith("stale_state: probe:repeat the flag-off") for x in out["reasons"]), out["reasons"]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
+from conftest import ROOT, read_reference
 
 from gatekeeper.cli.progress import LogLines, clock
 from gatekeeper.identity import child_env
@@ -59,6 +59,7 @@ def test_a_heartbeat_while_one_step_runs_long_and_a_stop_says_where():
 
 def test_evaluate_through_a_pipe_prints_its_stage_lines(tiny_ws):
     """The real command as CI runs it: stdout and stderr pipes, a line for each configuration and repeat."""
+    read_reference(tiny_ws)
     env = child_env(PYTHONPATH=str(ROOT))
     args = [sys.executable, "-m", "gatekeeper.cli", "--workspace", str(tiny_ws), "evaluate", "--flag", "prefix_cache",
             "--engine", "tiny", "--operator", "ci", "--limit", "2"]

@@ -1,7 +1,16 @@
 """The reference arm (gate/arms/reference.py): each arm's answers read again with no cache object, so a defect both arms
 share is seen, and a flag-only defect still FAILs."""
 
-from tests.conftest import evaluate, profile
+import pytest
+
+from tests.conftest import evaluate, profile, read_reference
+
+
+@pytest.fixture
+def tiny_ws(tiny_ws):
+    """The tiny workspace with the reference arm read, as shipped: it is this file's subject."""
+    read_reference(tiny_ws)
+    return tiny_ws
 
 
 def _reference_on(ws):

@@ -78,7 +78,8 @@ def test_a_second_independent_reference_sees_a_server_that_does_not_compute_the_
     the two references agree and the flag PASSes. Planted: the server runs another RoPE base than the weights say, so
     both arms AND its own cold read compute another model (the arms agree with that read: the first reference alone is
     blind, as with mlx-lm #430); the independent read disagrees: INCONCLUSIVE ``references_disagree:``."""
-    from served import evaluate, read_reference, served_ws
+    from conftest import read_reference
+    from served import evaluate, served_ws
 
     ws = served_ws(workspace)
     read_reference(ws)

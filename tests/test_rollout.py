@@ -42,6 +42,8 @@ def server(parts=lambda key: False):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if self.path != "/v1/completions":  # the capturing proxy's /tokenize: not llama-server, so no token ids
+                return reply(self, 404, b"{}")
             key = body["prompt"]
             with lock:
                 seen.append(key)
@@ -72,7 +74,8 @@ def captured(tmp_path, n: int) -> list[dict]:
     with server() as (upstream, _), running(upstream, capture) as proxy:
         for i in range(n):
             send(proxy.removeprefix("http://"), f"request {i}", user=f"user-{i}")
-    lines = [json.loads(line) for line in capture.read_text().splitlines()]
+    # a line is written once the proxy has rendered its prompt, after the answer: a replay orders them by ``t``
+    lines = sorted((json.loads(line) for line in capture.read_text().splitlines()), key=lambda line: line["t"])
     assert len(lines) == n and all(line["text"] == f"request {i}" for i, line in enumerate(lines))
     return lines
 

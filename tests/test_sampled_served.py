@@ -119,7 +119,7 @@ def test_draws_the_server_lists_too_little_of_are_read_through_a_second_referenc
     profile's ``reference_model``, transformers reads each sampled answer's full rows from the same GGUF, and each draw
     is transformed under the declared decoding through llama-server's chain: uniform on the real server, and a front
     that forwards every request at twice its temperature (both sides: the pair agrees) is a base defect."""
-    from served import read_reference
+    from conftest import read_reference
 
     served_ws(workspace)
     read_reference(workspace)

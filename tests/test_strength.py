@@ -17,7 +17,7 @@ import json
 import shutil
 
 import pytest
-from conftest import evaluate, ledger
+from conftest import evaluate, ledger, read_reference
 from near_tie import noisy_hit_profile
 
 ALIGNED = {dtype: f"aligned_{dtype}" for dtype in ("float32", "bfloat16")}
@@ -133,6 +133,7 @@ def test_drift_with_equal_outputs_is_graded_and_bit_exact_policy_is_inconclusive
     noise on every restored state, small enough that the logits move and no token can flip (the seeded
     noise moves them the same on every CPU, to float32 rounding)."""
     (tiny_ws / "engines" / "drift.yaml").write_text(noisy_hit_profile(tiny_llama, noise=1e-4))
+    read_reference(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "drift")
     assert (code, out["verdict"]) == (0, "PASS"), out["reasons"]
     # the reference arm sees the planted noise in the flag-on arm's top-2 gaps, never a token it would not pick:
@@ -177,6 +178,7 @@ def test_drift_with_equal_outputs_is_graded_and_bit_exact_policy_is_inconclusive
 
 def test_bit_exact_policy_never_softens_a_fail(run_cli, tiny_ws):
     require_bit_exact(tiny_ws)
+    read_reference(tiny_ws)
     code, out = evaluate(run_cli, tiny_ws, "short")  # a cache that restores one position short
     assert (code, out["verdict"]) == (1, "FAIL") and out["differing_cases"], out["reasons"]
     assert out["strength"]["grade"] is None
