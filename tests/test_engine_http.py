@@ -7,7 +7,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import ledger
+from conftest import ledger, read_reference
 from served import (
     BAD_ANSWERS,
     assert_aborted,
@@ -16,7 +16,6 @@ from served import (
     free_port,
     llama_server,
     read_distance,
-    read_reference,
     served_ws,
 )
 

@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from conftest import ledger
+from conftest import ledger, read_reference
 from served import (
     BAD_ANSWERS,
     TEXTS,
@@ -19,7 +19,6 @@ from served import (
     mlx_server,
     profile,
     read_distance,
-    read_reference,
     served_ws,
     started,
 )

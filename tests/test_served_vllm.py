@@ -6,7 +6,7 @@ intact. (One module per server, so the suite's workers share them out; llama-ser
 from __future__ import annotations
 
 import pytest
-from conftest import ledger
+from conftest import ledger, read_reference
 from served import (
     BAD_ANSWERS,
     assert_aborted,
@@ -16,7 +16,6 @@ from served import (
     not_blamed_on_batching,
     profile,
     read_distance,
-    read_reference,
     served_ws,
     started,
     vllm_server,
