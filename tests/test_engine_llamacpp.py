@@ -5,7 +5,7 @@ give the figures, and a planted fault in the restore is caught (FAIL)."""
 from __future__ import annotations
 
 import pytest
-from conftest import SHORT, ledger, suite
+from conftest import SHORT, ledger, read_reference, suite
 from served import evaluate
 
 from gatekeeper.errors import GatekeeperError
@@ -57,6 +57,7 @@ def llama_ws(workspace):
 @pytest.mark.parametrize("profile", ["gguf", "gguf_mono"])
 def test_pass_on_the_default_gguf(workspace, run_cli, profile):
     ws = llama_ws(workspace)
+    read_reference(ws)
     code, out = evaluate(run_cli, ws, profile)
     assert code == 0, out
     assert out["verdict"] == "PASS" and out["equal"] == {"baseline": 4, "off_on": 4}
