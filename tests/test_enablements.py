@@ -11,7 +11,10 @@ from gatekeeper.identity import directory_digest
 from gatekeeper.runtime import Runtime
 
 STATIC_FIRST = "flag: static_first\ngate: assertion_equivalence\n"
-ADAPTER = "flag: adapter\ngate: non_inferiority\nprobes: off\nreference: false\n"  # both tested where they are the subject
+# the probes, the teacher-forced distance and the reference arm are read where they are the subject (the distance:
+# below, with DISTANCE; the others in test_probes.py and test_reference.py): each reads every answer again
+ADAPTER = "flag: adapter\ngate: non_inferiority\nprobes: off\ndistance: false\nreference: false\n"
+DISTANCE = ADAPTER.replace("distance: false\n", "")
 
 
 def gate(run_cli, ws, flag, *extra, engine="tiny", operator="ci"):
@@ -181,7 +184,7 @@ def test_the_distance_is_read_teacher_forced_and_a_kld_bound_refuses_a_pass(lora
     the deterministic torch engine is 0; under a max_kld bound it moves too far, so the statistical PASS is a FAIL."""
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
     wide_suite(lora_ws, 30)
-    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
+    (lora_ws / "policies" / "adapter.yaml").write_text(DISTANCE + "margin: 0.15\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
     moved, floor = out["distance"]["distance"], out["distance"]["floor"]
     assert out["verdict"] == "PASS" and moved["positions"] >= 30 and moved["kld"]["mean"] > 0, out["reasons"]
@@ -193,7 +196,7 @@ def test_the_distance_is_read_teacher_forced_and_a_kld_bound_refuses_a_pass(lora
     assert f"| p99 | {moved['kld']['p99']:.3g} | 0 |" in md
     code, page, _ = run_cli("--workspace", lora_ws, "ledger", "export", str(out["evaluation_id"]), "--format", "html")
     assert code == 0 and 'aria-label="KLD quantiles, log scale"' in page and f"{moved['kld']['max']:.2g}</text>" in page
-    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: 0.15\nmax_kld: {moved['kld']['mean'] / 2}\n")
+    (lora_ws / "policies" / "adapter.yaml").write_text(DISTANCE + f"margin: 0.15\nmax_kld: {moved['kld']['mean'] / 2}\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
     assert code == 1 and out["verdict"] == "FAIL" and out["reasons"][0].startswith("distance:"), out["reasons"]
 
@@ -203,13 +206,13 @@ def test_a_distance_beyond_doubt_refuses_a_change_too_few_cases_cannot_judge(lor
     own; one above it only at the point estimate leaves the verdict INCONCLUSIVE."""
     cand = make_lora(tiny_llama, tmp_path / "lora", seed=1)
     wide_suite(lora_ws, 4)
-    (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + "margin: 0.15\n")
+    (lora_ws / "policies" / "adapter.yaml").write_text(DISTANCE + "margin: 0.15\n")
     code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
     k = out["distance"]["distance"]["kld"]
     assert out["verdict"] == "INCONCLUSIVE" and any(r.startswith("underpowered:") for r in out["reasons"])
     assert k["mean"] > 1.645 * k["se"] > 0, k
     for bound, verdict in ((k["mean"] - k["se"], "INCONCLUSIVE"), ((k["mean"] - 1.645 * k["se"]) / 2, "FAIL")):
-        (lora_ws / "policies" / "adapter.yaml").write_text(ADAPTER + f"margin: 0.15\nmax_kld: {bound}\n")
+        (lora_ws / "policies" / "adapter.yaml").write_text(DISTANCE + f"margin: 0.15\nmax_kld: {bound}\n")
         code, out = gate(run_cli, lora_ws, "adapter", "--candidate", cand, "--suite", "wide")
         assert out["verdict"] == verdict, out["reasons"]
     assert code == 1 and out["reasons"][0].startswith("distance: kld mean") and "even its lower 95% bound" in out["reasons"][0]
