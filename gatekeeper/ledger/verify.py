@@ -26,12 +26,28 @@ from gatekeeper.ledger.tables import KINDS, Entry, Migration
 
 
 @dataclass(frozen=True)
+class Point:
+    """Where a verify got to (``mark`` records it): its last entry, how many entries, the first entry's hash (which
+    ledger), and each kind's largest row id, so the next verify reads only entries and rows after them."""
+
+    seq: int
+    hash: str
+    entries: int
+    first: str
+    rows: dict[str, int]
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     ok: bool
     entries: int
     first_bad_seq: int | None  # None when ok, or when the only fault is a row with no entry
     problem: str  # the first problem, naming its seq; "" when ok
     problems: tuple[str, ...] = ()  # every problem found, in seq order
+    since: int | None = None  # checked the entries after this seq only; None: the whole chain
+    why_full: str = ""  # why the whole chain was checked (--full, no mark, ...); "" when from a mark
+    reached: Point | None = None  # where it got to, when ok: what the next verify starts from
+    behind: str = ""  # the ledger no longer extends where an earlier verify got to (a cut or rewritten tail)
 
     def raise_if_bad(self) -> None:
         if not self.ok:
@@ -62,11 +78,13 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _select(conn: Connection, table: str) -> list[dict[str, Any]]:
-    """Every row of ``table`` as stored, with ``__rowid`` on SQLite. There, text is fetched as bytes and decoded
-    here, so one value that is not UTF-8 is a ``_Fault`` in its row instead of an error for the whole table."""
+def _select(conn: Connection, table: str, after: tuple[str, int] | None = None) -> list[dict[str, Any]]:
+    """Every row of ``table`` as stored (with ``after`` = (column, n): those whose key column is above n), with
+    ``__rowid`` on SQLite. There, text is fetched as bytes and decoded here, so one value that is not UTF-8 is a
+    ``_Fault`` in its row instead of an error for the whole table."""
+    where = f" WHERE {_quote(after[0])} > {int(after[1])}" if after is not None else ""
     if not _sqlite(conn):
-        return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}")).mappings()]
+        return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}{where}")).mappings()]
     columns = [str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(table)})").fetchall()]
     if not columns:
         raise LookupError(f"no table {table}")
@@ -75,7 +93,7 @@ def _select(conn: Connection, table: str) -> list[dict[str, Any]]:
         q = _quote(c)
         parts += [f"typeof({q})", f"CASE typeof({q}) WHEN 'text' THEN CAST({q} AS BLOB) ELSE {q} END"]
     out = []
-    for raw in conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {_quote(table)}").fetchall():
+    for raw in conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {_quote(table)}{where}").fetchall():
         row: dict[str, Any] = {"__rowid": raw[0]}
         for n, c in enumerate(columns):
             kind, value = raw[1 + 2 * n], raw[2 + 2 * n]
@@ -357,14 +375,19 @@ def preflight(conn: Connection) -> list[str]:
     return migration_problems(conn, upto=at)
 
 
-def verify(conn: Connection) -> VerifyReport:
+def verify(conn: Connection, since: Point | None = None, behind: str = "") -> VerifyReport:
+    """The whole chain, every row, the schema, the migrations and SQLite's ``integrity_check``. With ``since`` (the
+    point an earlier verify reached, ``mark``): only the entries and rows after it, linked to its entry, with the
+    schema and migrations; an old row edited since is found by the whole check only. ``behind``: the problem that
+    the ledger no longer extends a mark, named last (a checkpoint that shows the same says more)."""
     found: list[tuple[float, str]] = []  # (seq, text); rows without an entry, then the schema, sort last
+    after = since.rows if since is not None else {}
     rows: dict[str, dict[Any, dict[str, Any]]] = {}
     faults: dict[tuple[str, Any], list[str]] = {}
     for kind, model in KINDS.items():
         rows[kind] = {}
         try:
-            stored = _select(conn, kind)
+            stored = _select(conn, kind, ("id", after.get(kind, 0)) if since is not None else None)
         except (LookupError, SQLAlchemyError) as err:
             found.append((math.inf, f"table {kind}: cannot be read ({_why(err)})"))
             continue
@@ -375,7 +398,7 @@ def verify(conn: Connection) -> VerifyReport:
                 faults[(kind, key)] = problems
 
     try:
-        stored_entries = _select(conn, "entry")
+        stored_entries = _select(conn, "entry", ("seq", since.seq) if since is not None else None)
     except (LookupError, SQLAlchemyError) as err:
         found.append((0, f"table entry: cannot be read ({_why(err)})"))
         stored_entries = []
@@ -388,8 +411,9 @@ def verify(conn: Connection) -> VerifyReport:
     entries.sort(key=lambda e: e["seq"])
 
     seen: set[tuple[str, Any]] = set()
-    expected, count = 1, len(stored_entries)
-    prev: object = GENESIS  # the hash the entry before holds, as stored
+    expected, count = (since.seq + 1, since.entries) if since is not None else (1, 0)
+    count += len(stored_entries)
+    prev: object = since.hash if since is not None else GENESIS  # the hash the entry before holds, as stored
     for e in entries:
         seq = e["seq"]
 
@@ -424,7 +448,7 @@ def verify(conn: Connection) -> VerifyReport:
         if kind not in KINDS:
             bad(f"unknown kind {kind!r}")
             continue
-        if (kind, record_id) in seen:
+        if (kind, record_id) in seen or record_id <= after.get(kind, 0):
             bad(f"a second entry for {kind} {record_id}")
             continue
         seen.add((kind, record_id))
@@ -443,11 +467,19 @@ def verify(conn: Connection) -> VerifyReport:
                 more = "".join(f"; {p}" for p in faults.get((kind, record_id), []))
                 found.append((math.inf, f"{kind} {record_id} has no entry in the chain{more}"))
 
-    for problem in (*_checked(_schema_problems, conn), *_checked(migration_problems, conn), *_checked(_integrity, conn)):
-        found.append((math.inf, problem))
+    whole = (_integrity,) if since is None else ()  # integrity_check reads every page of the file
+    for check in (_schema_problems, migration_problems, *whole):
+        found += [(math.inf, problem) for problem in _checked(check, conn)]
+    found += [(math.inf, behind)] if behind else []
 
+    at = since.seq if since is not None else None
     if not found:
-        return VerifyReport(ok=True, entries=count, first_bad_seq=None, problem="")
+        last = entries[-1] if entries else None
+        reached = since if last is None else Point(
+            seq=last["seq"], hash=last["hash"], entries=count,
+            first=since.first if since is not None else entries[0]["hash"],
+            rows={kind: max([after.get(kind, 0), *by_id]) for kind, by_id in rows.items()})
+        return VerifyReport(ok=True, entries=count, first_bad_seq=None, problem="", since=at, reached=reached)
     found.sort(key=lambda p: p[0])  # stable: within one seq, checks keep their order
     first_seq, first_problem = found[0]
     return VerifyReport(
@@ -456,6 +488,8 @@ def verify(conn: Connection) -> VerifyReport:
         first_bad_seq=None if first_seq == math.inf else int(first_seq),
         problem=first_problem,
         problems=tuple(p for _, p in found),
+        since=at,
+        behind=behind,
     )
 
 
