@@ -1,7 +1,7 @@
-"""``ledger verify`` from the last good verify (the workspace's mark): it rechecks only what was appended since, on
-SQLite and PostgreSQL, and finds there what is wrong with new entries and rows, and a tail cut or rewritten below the
-mark; an old row edited without a trace in the schema is found by ``--full`` only, as docs/ledger.md says. No
-timings here: bench/ledger.py measures them."""
+"""``ledger verify`` from the last good verify (the workspace's mark): it rechecks only what was appended since (and
+every flip, approval, evaluation and verdict), on SQLite and PostgreSQL, and finds there what is wrong with new entries
+and rows, and a tail cut or rewritten below the mark; an old case result or shadow batch edited without a trace in the
+schema is found by ``--full`` only, as docs/ledger.md says. No timings here: bench/ledger.py measures them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from trust import backend_ws, cli, flip, keys, ledger_of, rewrite_row, unlocked  # noqa: F401
 
+from gatekeeper.identity import canonical_json
 from gatekeeper.ledger import Ledger, mark
+from gatekeeper.ledger.chain import entry_hash
 
 pytest_plugins = ["postgres"]
 
@@ -135,20 +137,48 @@ def test_an_old_row_edited_since_the_mark_is_found_by_full_only(ledger_url, ws):
     assert full.problem == "seq 2: case_result 1 does not match its entry (field 'case_id')"
 
 
+def test_an_old_flip_edited_is_found_from_the_mark(ledger_url, ws):
+    """Flips, approvals, evaluations and verdicts are few and flags rest on them: every verify rechecks all of them,
+    and that each still links into the chain."""
+    with Ledger(ledger_url) as ledger:
+        add(ledger, 3)
+        ledger.add_flip("prefix_cache", "off", "ana", "r")  # seq 4
+        add(ledger, 2)
+        assert ledger.verify(ws).ok
+        add(ledger, 1)
+    edit(ledger_url, "UPDATE flip SET state = 'on' WHERE id = 1")
+    with Ledger(ledger_url) as ledger:
+        report = ledger.verify(ws)
+    assert not report.ok and report.since == 6
+    assert report.problem == "seq 4: flip 1 does not match its entry (field 'state')"
+    conn = unlocked(ledger_url)  # the entry's payload and hash made to match, that entry alone
+    conn.execute("UPDATE flip SET state = 'off' WHERE id = 1")
+    rewrite = conn.execute("SELECT prev_hash, payload FROM entry WHERE seq = 4").fetchone()
+    payload = {**json.loads(rewrite[1]), "reason": "forged"}
+    conn.execute("UPDATE flip SET reason = 'forged' WHERE id = 1")
+    conn.execute("UPDATE entry SET payload = ?, hash = ? WHERE seq = 4",
+                 (canonical_json(payload).decode(), entry_hash(4, rewrite[0], "flip", 1, payload)))
+    conn.close()
+    with Ledger(ledger_url) as ledger:
+        report = ledger.verify(ws)
+    assert not report.ok and report.since == 6 and report.problem == "seq 5: prev_hash does not link to the entry before it"
+
+
 def test_the_command_says_what_it_checked(run_cli, backend_ws):
-    """backend_ws holds an evaluation and its verdict (seq 1, 2); each flip off is one more entry."""
-    assert flip(run_cli, backend_ws, "off", evaluation=None)[0] == 0
+    """backend_ws holds an evaluation and its verdict (seq 1, 2)."""
+    with Ledger(ledger_of(backend_ws)) as ledger:
+        add(ledger, 2)  # seq 3, 4: case_result 1
     code, data = cli(run_cli, backend_ws, "ledger", "verify")
     assert code == 0 and data["coverage"] == {"full": True, "from_seq": None, "why": "no verified mark yet"}
     assert flip(run_cli, backend_ws, "off", evaluation=None)[0] == 0
     code, data = cli(run_cli, backend_ws, "ledger", "verify")
-    assert code == 0 and data["entries"] == 4 and data["coverage"] == {"full": False, "from_seq": 3, "why": ""}
-    edit(ledger_of(backend_ws), "UPDATE flip SET reason = 'forged' WHERE id = 1")  # seq 3, verified before
+    assert code == 0 and data["entries"] == 5 and data["coverage"] == {"full": False, "from_seq": 4, "why": ""}
+    edit(ledger_of(backend_ws), "UPDATE case_result SET case_id = 's/forged' WHERE id = 1")  # seq 4, verified before
     ledger = ("--ledger", ledger_of(backend_ws))
     code, out, _ = run_cli("--workspace", backend_ws, *ledger, "ledger", "verify")
-    assert code == 0 and out.splitlines()[-1].startswith("checked: from seq 4 (the entries since the last good verify")
+    assert code == 0 and out.splitlines()[-1].startswith("checked: from seq 5 (the entries since the last good verify")
     code, data = cli(run_cli, backend_ws, "ledger", "verify", "--full")
     assert code == 1 and data["coverage"] == {"full": True, "from_seq": None, "why": "--full"}
-    assert data["problem"] == "seq 3: flip 1 does not match its entry (field 'reason')"
+    assert data["problem"] == "seq 4: case_result 1 does not match its entry (field 'case_id')"
     code, out, _ = run_cli("--workspace", backend_ws, *ledger, "ledger", "verify", "--full")
     assert code == 1 and out.splitlines()[-1] == "checked: full (--full)"

@@ -24,6 +24,11 @@ from gatekeeper.ledger.chain import GENESIS, entry_hash
 from gatekeeper.ledger.records import encode
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
 
+# The kinds a ledger holds by the thousand (an evaluation's cases, the guard's batches): a verify from a mark reads only
+# their new rows. Every row of the others (evaluations, verdicts, approvals, flips: what flags and gates rest on, one
+# per decision) is rechecked against its entry on every verify, so an edited flip is never served.
+BULKY = ("case_result", "comparison", "shadow")
+
 
 @dataclass(frozen=True)
 class Point:
@@ -78,11 +83,11 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _select(conn: Connection, table: str, after: tuple[str, int] | None = None) -> list[dict[str, Any]]:
-    """Every row of ``table`` as stored (with ``after`` = (column, n): those whose key column is above n), with
+def _select(conn: Connection, table: str, where: str = "") -> list[dict[str, Any]]:
+    """Every row of ``table`` as stored (those ``where`` holds, SQL made here of names and integers), with
     ``__rowid`` on SQLite. There, text is fetched as bytes and decoded here, so one value that is not UTF-8 is a
     ``_Fault`` in its row instead of an error for the whole table."""
-    where = f" WHERE {_quote(after[0])} > {int(after[1])}" if after is not None else ""
+    where = f" WHERE {where}" if where else ""
     if not _sqlite(conn):
         return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}{where}")).mappings()]
     columns = [str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(table)})").fetchall()]
@@ -381,13 +386,13 @@ def verify(conn: Connection, since: Point | None = None, behind: str = "") -> Ve
     schema and migrations; an old row edited since is found by the whole check only. ``behind``: the problem that
     the ledger no longer extends a mark, named last (a checkpoint that shows the same says more)."""
     found: list[tuple[float, str]] = []  # (seq, text); rows without an entry, then the schema, sort last
-    after = since.rows if since is not None else {}
+    after = {k: n for k, n in since.rows.items() if k in BULKY} if since is not None else {}
     rows: dict[str, dict[Any, dict[str, Any]]] = {}
     faults: dict[tuple[str, Any], list[str]] = {}
     for kind, model in KINDS.items():
         rows[kind] = {}
         try:
-            stored = _select(conn, kind, ("id", after.get(kind, 0)) if since is not None else None)
+            stored = _select(conn, kind, f"id > {int(after[kind])}" if kind in after else "")
         except (LookupError, SQLAlchemyError) as err:
             found.append((math.inf, f"table {kind}: cannot be read ({_why(err)})"))
             continue
@@ -397,8 +402,12 @@ def verify(conn: Connection, since: Point | None = None, behind: str = "") -> Ve
             if problems := _faults(model, r):
                 faults[(kind, key)] = problems
 
+    pinned: list[dict[str, Any]] = []  # from a mark: the entries before it of the kinds rechecked whole
     try:
-        stored_entries = _select(conn, "entry", ("seq", since.seq) if since is not None else None)
+        stored_entries = _select(conn, "entry", f"seq > {int(since.seq)}" if since is not None else "")
+        if since is not None:
+            kinds = ", ".join(f"'{k}'" for k in KINDS if k not in BULKY)
+            pinned = _select(conn, "entry", f"kind IN ({kinds}) AND seq <= {int(since.seq)}")
     except (LookupError, SQLAlchemyError) as err:
         found.append((0, f"table entry: cannot be read ({_why(err)})"))
         stored_entries = []
@@ -409,26 +418,31 @@ def verify(conn: Connection, since: Point | None = None, behind: str = "") -> Ve
         else:
             entries.append(e)
     entries.sort(key=lambda e: e["seq"])
+    pinned = [e for e in pinned if type(e.get("seq")) is int]  # the seq itself was checked by the verify that made the mark
+    found += _links(conn, pinned)
 
     seen: set[tuple[str, Any]] = set()
     expected, count = (since.seq + 1, since.entries) if since is not None else (1, 0)
     count += len(stored_entries)
     prev: object = since.hash if since is not None else GENESIS  # the hash the entry before holds, as stored
-    for e in entries:
+    for e in (*sorted(pinned, key=lambda e: e["seq"]), *entries):
         seq = e["seq"]
 
         def bad(msg: str, seq=seq) -> None:  # bound now: called in this iteration
             found.append((seq, f"seq {seq}: {msg}"))
 
-        if seq > expected:
+        if since is not None and seq <= since.seq:
+            pass  # an old entry rechecked for its row: its place in the chain is _links'
+        elif seq > expected:
             gap = f"{expected}" if seq - 1 == expected else f"{expected}..{seq - 1}"
             bad(f"seq {gap} missing before it")
         elif seq < expected:
             bad("seq out of order")
-        expected = seq + 1
-        if e.get("prev_hash") != prev:
-            bad("prev_hash does not link to the entry before it")
-        prev = e.get("hash")
+        if since is None or seq > since.seq:
+            expected = seq + 1
+            if e.get("prev_hash") != prev:
+                bad("prev_hash does not link to the entry before it")
+            prev = e.get("hash")
         if problems := _faults(Entry, e):
             for p in problems:
                 bad(f"entry {p}")
@@ -491,6 +505,19 @@ def verify(conn: Connection, since: Point | None = None, behind: str = "") -> Ve
         since=at,
         behind=behind,
     )
+
+
+def _links(conn: Connection, old: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """The entry after each of ``old`` still links to it: an old entry rewritten and re-hashed alone breaks that link
+    (one rewritten with everything after it moves the mark's entry: ``mark.start`` says so)."""
+    out: list[tuple[float, str]] = []
+    for n in range(0, len(old), 500):
+        chunk = {e["seq"] + 1: e for e in old[n:n + 500]}
+        after = dict(conn.execute(text(f"SELECT seq, prev_hash FROM entry WHERE seq IN ({', '.join(map(str, chunk))})")).all())
+        for seq, e in chunk.items():
+            if seq in after and after[seq] != e.get("hash"):
+                out.append((seq, f"seq {seq}: prev_hash does not link to the entry before it"))
+    return out
 
 
 def _checked(check: Any, conn: Connection) -> list[str]:
