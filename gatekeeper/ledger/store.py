@@ -298,6 +298,13 @@ class Ledger:
             rows = conn.execute(select(t).order_by(t.c.seq)).mappings()
             return [cast(ChainEntry, {**r, "payload": json.loads(r["payload"])}) for r in rows]
 
+    def seqs(self, kind: str) -> dict[int, int]:
+        """Record id -> the seq of its entry, for every row of ``kind``: read by the (kind, record_id) index, so it costs
+        the rows of that kind, not the whole chain."""
+        t = Entry.__table__  # type: ignore[attr-defined]
+        with read(self.engine) as conn:
+            return {int(r): int(s) for r, s in conn.execute(select(t.c.record_id, t.c.seq).where(t.c.kind == kind))}
+
     def verify(self, root: Path | None = None, full: bool = False, record: bool = True) -> VerifyReport:
         """The chain and every row (``verify.verify``). With ``root`` (the workspace's): from the point its last good
         verify of this ledger reached (``mark``), unless ``full``, and (``record``) the point this one reaches is
