@@ -303,7 +303,8 @@ class Ledger:
         the rows of that kind, not the whole chain."""
         t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
-            return {int(r): int(s) for r, s in conn.execute(select(t.c.record_id, t.c.seq).where(t.c.kind == kind))}
+            rows: list[Any] = list(conn.execute(select(t.c.record_id, t.c.seq).where(t.c.kind == kind)))
+        return {int(r[0]): int(r[1]) for r in rows}
 
     def verify(self, root: Path | None = None, full: bool = False, record: bool = True) -> VerifyReport:
         """The chain and every row (``verify.verify``). With ``root`` (the workspace's): from the point its last good

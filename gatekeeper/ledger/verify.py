@@ -513,7 +513,8 @@ def _links(conn: Connection, old: list[dict[str, Any]]) -> list[tuple[float, str
     out: list[tuple[float, str]] = []
     for n in range(0, len(old), 500):
         chunk = {e["seq"] + 1: e for e in old[n:n + 500]}
-        after = dict(conn.execute(text(f"SELECT seq, prev_hash FROM entry WHERE seq IN ({', '.join(map(str, chunk))})")).all())
+        sql = f"SELECT seq, prev_hash FROM entry WHERE seq IN ({', '.join(map(str, chunk))})"
+        after: dict[Any, Any] = {r[0]: r[1] for r in conn.execute(text(sql))}
         for seq, e in chunk.items():
             if seq in after and after[seq] != e.get("hash"):
                 out.append((seq, f"seq {seq}: prev_hash does not link to the entry before it"))
