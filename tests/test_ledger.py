@@ -485,7 +485,7 @@ def test_copy_sqlite_ledger_to_postgresql(tmp_path: Path, pg_url: str, run_cli, 
     with Raw(pg_url) as conn:
         conn.drop_triggers()
         conn.execute("UPDATE flip SET reason = 'looked fine' WHERE id = 1")
-    code, out, _ = run_cli("--workspace", workspace, "--ledger", pg_url, "ledger", "verify", "--json")
+    code, out, _ = run_cli("--workspace", workspace, "--ledger", pg_url, "ledger", "verify", "--full", "--json")
     flip_seq = next(e["seq"] for e in before if e["kind"] == "flip")
     assert code == 1 and json.loads(out)["first_bad_seq"] == flip_seq
     assert f"seq {flip_seq}: flip 1 does not match its entry (field 'reason')" in json.loads(out)["problem"]

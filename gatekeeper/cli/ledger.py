@@ -84,17 +84,21 @@ def ledger_verify(
     checkpoint: Annotated[Optional[list[Path]], typer.Option(
         help="A checkpoint the ledger must still extend (repeatable), besides the workspace's own (every one in "
              "ledger/checkpoints.jsonl, and ledger/checkpoint.json).")] = None,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Recheck the whole chain, every row and SQLite's integrity_check, not only what was appended "
+                       "since the last good verify (an old row edited since is found this way only).")] = False,
     json_: Json = False,
 ) -> None:
     """Recheck the hash chain, every record against its entry, every signature, and that the ledger still
-    extends every checkpoint the workspace records and each one given; exit 1 naming the first problem."""
+    extends every checkpoint the workspace records and each one given; exit 1 naming the first problem. The chain
+    is rechecked from where the last good verify got to, or whole with --full (or without one)."""
     from ..gate.enable import attestation
     from ..ledger.audit import audit_ledger
 
     settings: Settings = ctx.obj
     ws = settings.open_workspace()
     result = audit_ledger(settings.ledger_url(ws), ws, checkpoint or [],
-                          lambda ledger: attestation.audit_signatures(ws, ledger))
+                          lambda ledger: attestation.audit_signatures(ws, ledger), full=full)
     data = result.to_dict()
     if result.unreadable is not None:
         emit(json_, data, lambda: typer.echo(f"ledger DAMAGED: {result.unreadable}"))

@@ -353,14 +353,20 @@ def print_evaluation(ev: EvaluationRecord) -> None:
 
 
 def print_verify(data: Integrity) -> None:
+    checked = data.get("coverage")
+    how = "" if checked is None else (f"checked: full ({checked['why']})" if checked["full"] else
+                                      f"checked: from seq {checked['from_seq']} (the entries since the last good verify; "
+                                      "--full rechecks them all)")
     if data["ok"]:
         extra = "".join([f", {data['signatures']['checked']} signatures good" if data["signatures"]["checked"] else "",
                          f", extends {len(data['checkpoints'])} checkpoint(s)" if data["checkpoints"] else ""])
         typer.echo(f"ledger ok: {data['entries']} entries, chain and records intact{extra}")
-        return
-    typer.echo(f"ledger TAMPERED: {data['problem']}")
-    for p in data["problems"][1:]:
-        typer.echo(f"  - {p}")
+    else:
+        typer.echo(f"ledger TAMPERED: {data['problem']}")
+        for p in data["problems"][1:]:
+            typer.echo(f"  - {p}")
+    if how:
+        typer.echo(how)
 
 
 def print_checkpoint(data: dict[str, Any]) -> None:

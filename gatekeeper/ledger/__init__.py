@@ -1,7 +1,8 @@
 """The evidence ledger: append-only, hash-chained records in SQLite or PostgreSQL (any SQLAlchemy URL). The
 one object that writes and reads it (``store``), its ``tables`` and numbered ``migrations``, the database
 connections and write lock (``database``), appending to the hash ``chain``, proving nothing was edited
-(``verify``), signed ``checkpoint`` files of its head, everything ``ledger verify`` checks as one result
+(``verify``), the ``mark`` of where the last good verify got to (the next checks only what came after), signed
+``checkpoint`` files of its head, everything ``ledger verify`` checks as one result
 (``audit``), an evaluation's status derived from its records (``status``), a cheap ``stamp`` of its state so
 readers re-verify only on change, and in-toto attestations (``intoto``) in DSSE envelopes (``dsse``). What rows
 hold (``records``) and the SQLite reader that ``status`` and ``hash`` use (``reader``) import no SQLAlchemy. It

@@ -32,6 +32,15 @@ class SignaturesChecked(TypedDict):
     problems: list[str]
 
 
+class Coverage(TypedDict):
+    """How much of the chain this verify rechecked: all of it, or the entries after the seq its last good verify
+    reached (``mark``); and why all of it (``--full``, no mark yet, ...)."""
+
+    full: bool
+    from_seq: int | None  # None: the whole chain
+    why: str  # why the whole chain; "" when from a mark
+
+
 class Integrity(TypedDict):
     """What ``ledger verify --json`` prints (``LedgerAudit.to_dict``) and the review app's integrity badge reads. A
     ledger that cannot be read at all has only ``error`` beside ok and the problems; the review app's own lines (no
@@ -46,6 +55,7 @@ class Integrity(TypedDict):
     signatures: NotRequired[SignaturesChecked]
     checkpoints: NotRequired[list[cp.Checked]]
     checkpoint_sources: NotRequired[dict[str, int]]  # how many checkpoints: {"workspace": n, "given": n}
+    coverage: NotRequired[Coverage]  # the whole chain or from a seq
 
 
 class SignatureCheck(Protocol):
@@ -64,6 +74,8 @@ class LedgerAudit:
     checkpoints: list[cp.CheckpointReport] = field(default_factory=list)  # each checkpoint checked
     sources: dict[str, int] = field(default_factory=dict)  # how many checkpoints: {"workspace": n, "given": n}
     unreadable: str | None = None  # a SQLite ledger that cannot be read at all: the one line saying so
+    since: int | None = None  # the chain was checked after this seq only (a mark); None: whole
+    why_full: str = ""  # why the whole chain was checked
 
     @property
     def ok(self) -> bool:
@@ -79,17 +91,19 @@ class LedgerAudit:
         return {"ok": self.ok, "entries": self.entries, "first_bad_seq": self.first_bad_seq,
                 "problem": self.problems[0] if self.problems else "", "problems": self.problems,
                 "signatures": self.signatures or {"checked": 0, "problems": []},
-                "checkpoints": [c.to_dict() for c in self.checkpoints], "checkpoint_sources": self.sources}
+                "checkpoints": [c.to_dict() for c in self.checkpoints], "checkpoint_sources": self.sources,
+                "coverage": {"full": self.since is None, "from_seq": self.since, "why": self.why_full}}
 
 
 def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[[Any], SignatureCheck],
-                 read_only: bool = False) -> LedgerAudit:
+                 read_only: bool = False, full: bool = False) -> LedgerAudit:
     """Everything ``ledger verify`` checks of the ledger at ``url`` and the workspace ``ws``'s checkpoints, and
     each checkpoint file in ``given``; ``signatures(ledger)`` rechecks the ledger's signatures. A checkpoint file
     or line that is no checkpoint, no ledger at ``url``, or a file that is no database is GatekeeperError (exit 2);
     a SQLite ledger SQLite cannot read is the result with ``unreadable`` set; any other error reading an intact
     ledger is raised as it is (a bug). ``read_only``: the ledger is read through a connection that cannot write
-    (``gatekeeper review``), so one at an older schema version is an error rather than migrated."""
+    (``gatekeeper review``), so one at an older schema version is an error rather than migrated. The chain is checked
+    from where the workspace's last good verify of it got to (``mark``), or whole with ``full`` or without a mark."""
     # a file or line that is no checkpoint: exit 2, before anything else
     named = [(str(f), cp.load(f)) for f in given]
     own = [(name, c) for name, c in cp.recorded(ws) if all(c != g for _, g in named)]
@@ -99,12 +113,13 @@ def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[
         early, unopened = _before_opening(url, read_only)  # before opening, which would migrate a ledger whose migrations were edited
         if early:
             return LedgerAudit(early, unopened.entries if unopened else None,
-                               unopened.first_bad_seq if unopened else None, sources=sources)
+                               unopened.first_bad_seq if unopened else None, sources=sources,
+                               why_full="the schema or migrations are damaged")
         ledger = open_ledger(url, create=False, read_only=read_only)
         if ledger is None:
             raise GatekeeperError(f"no ledger at {url}; nothing has been recorded yet")
         with ledger:
-            report = ledger.verify()
+            report = ledger.verify(ws.root, full=full, record=False)  # recorded once everything below passed
             # On a damaged ledger these read rows verify has already named; what they cannot read is one more problem.
             audit = _reached(report, "signatures", lambda: signatures(ledger))
             where = cp.location(ledger.url, ws.root)
@@ -124,13 +139,16 @@ def audit_ledger(url: str, ws: Any, given: Sequence[Path], signatures: Callable[
     sigs = None if isinstance(audit, str) else audit
     good = [c for c in checked if not isinstance(c, str)]
     flips = [] if isinstance(fresh, str) else fresh
-    problems = [*report.problems, *(p for _, p in (sigs.problems if sigs else [])),
-                *(p for c in good for p in c.problems), *flips, *unreached]
+    # a mark the ledger no longer extends comes last: a checkpoint that shows the same cut or fork says more
+    problems = [*(p for p in report.problems if p != report.behind), *(p for _, p in (sigs.problems if sigs else [])),
+                *(p for c in good for p in c.problems), *flips, *unreached, *([report.behind] if report.behind else [])]
+    if not problems:
+        ledger.record_verified(ws.root, report)
     first_bad = report.first_bad_seq if not report.ok else next(
         (s for s, _ in (sigs.problems if sigs else []) if s is not None), None)
     return LedgerAudit(problems, report.entries, first_bad,
                        {"checked": sigs.checked, "problems": [p for _, p in sigs.problems]} if sigs else None,
-                       good, sources)
+                       good, sources, since=report.since, why_full=report.why_full)
 
 
 def _reached(report: VerifyReport, what: str, check: Callable[[], T]) -> T | str:

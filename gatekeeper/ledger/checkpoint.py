@@ -281,10 +281,10 @@ def uncovered_flips(ws, ledger, good: list[CheckpointReport]) -> list[str]:
     last = {f: row for f, row in ledger.flag_states().items() if f in wants}
     if not last:
         return []
-    seqs = {(e["kind"], e["record_id"]): e["seq"] for e in ledger.entries()}
+    seqs = ledger.seqs("flip")  # by the (kind, record_id) index: not the whole chain
     out = []
     for flag, row in last.items():
-        seq = seqs.get(("flip", row["id"]), 0)
+        seq = seqs.get(row["id"], 0)
         covering = [c for c in good if c.seq >= seq]
         if not covering:
             newest = max((c.seq for c in good), default=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, TypedDict, cast, overload
 
@@ -297,9 +298,36 @@ class Ledger:
             rows = conn.execute(select(t).order_by(t.c.seq)).mappings()
             return [cast(ChainEntry, {**r, "payload": json.loads(r["payload"])}) for r in rows]
 
-    def verify(self) -> VerifyReport:
+    def seqs(self, kind: str) -> dict[int, int]:
+        """Record id -> the seq of its entry, for every row of ``kind``: read by the (kind, record_id) index, so it costs
+        the rows of that kind, not the whole chain."""
+        t = Entry.__table__  # type: ignore[attr-defined]
         with read(self.engine) as conn:
-            return verify(conn)
+            rows: list[Any] = list(conn.execute(select(t.c.record_id, t.c.seq).where(t.c.kind == kind)))
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    def verify(self, root: Path | None = None, full: bool = False, record: bool = True) -> VerifyReport:
+        """The chain and every row (``verify.verify``). With ``root`` (the workspace's): from the point its last good
+        verify of this ledger reached (``mark``), unless ``full``, and (``record``) the point this one reaches is
+        recorded there; a caller that checks more first (the checkpoints) records it with ``record_verified``."""
+        from gatekeeper.ledger import mark
+
+        since, why = (None, "--full") if full or root is None else mark.load(root, self.url)
+        with read(self.engine) as conn:
+            behind = ""
+            if since is not None:
+                since, why, behind = mark.start(conn, since)
+            report = verify(conn, since, behind)
+        if record:
+            self.record_verified(root, report)
+        return replace(report, why_full=why if report.since is None else "")
+
+    def record_verified(self, root: Path | None, report: VerifyReport) -> None:
+        """Record in the workspace at ``root`` where a good ``verify`` got to: the next one starts there."""
+        from gatekeeper.ledger import mark
+
+        if root is not None and report.ok and report.reached is not None:
+            mark.save(root, self.url, report.reached)
 
     def head(self) -> Head | None:
         """The chain's last entry (seq, hash) and how many entries there are; None when empty."""

@@ -24,6 +24,23 @@ from gatekeeper.ledger.chain import GENESIS, entry_hash
 from gatekeeper.ledger.records import encode
 from gatekeeper.ledger.tables import KINDS, Entry, Migration
 
+# The kinds a ledger holds by the thousand (an evaluation's cases, the guard's batches): a verify from a mark reads only
+# their new rows. Every row of the others (evaluations, verdicts, approvals, flips: what flags and gates rest on, one
+# per decision) is rechecked against its entry on every verify, so an edited flip is never served.
+BULKY = ("case_result", "comparison", "shadow")
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where a verify got to (``mark`` records it): its last entry, how many entries, the first entry's hash (which
+    ledger), and each kind's largest row id, so the next verify reads only entries and rows after them."""
+
+    seq: int
+    hash: str
+    entries: int
+    first: str
+    rows: dict[str, int]
+
 
 @dataclass(frozen=True)
 class VerifyReport:
@@ -32,6 +49,10 @@ class VerifyReport:
     first_bad_seq: int | None  # None when ok, or when the only fault is a row with no entry
     problem: str  # the first problem, naming its seq; "" when ok
     problems: tuple[str, ...] = ()  # every problem found, in seq order
+    since: int | None = None  # checked the entries after this seq only; None: the whole chain
+    why_full: str = ""  # why the whole chain was checked (--full, no mark, ...); "" when from a mark
+    reached: Point | None = None  # where it got to, when ok: what the next verify starts from
+    behind: str = ""  # the ledger no longer extends where an earlier verify got to (a cut or rewritten tail)
 
     def raise_if_bad(self) -> None:
         if not self.ok:
@@ -62,11 +83,13 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _select(conn: Connection, table: str) -> list[dict[str, Any]]:
-    """Every row of ``table`` as stored, with ``__rowid`` on SQLite. There, text is fetched as bytes and decoded
-    here, so one value that is not UTF-8 is a ``_Fault`` in its row instead of an error for the whole table."""
+def _select(conn: Connection, table: str, where: str = "") -> list[dict[str, Any]]:
+    """Every row of ``table`` as stored (those ``where`` holds, SQL made here of names and integers), with
+    ``__rowid`` on SQLite. There, text is fetched as bytes and decoded here, so one value that is not UTF-8 is a
+    ``_Fault`` in its row instead of an error for the whole table."""
+    where = f" WHERE {where}" if where else ""
     if not _sqlite(conn):
-        return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}")).mappings()]
+        return [dict(r) for r in conn.execute(text(f"SELECT * FROM {_quote(table)}{where}")).mappings()]
     columns = [str(r[1]) for r in conn.exec_driver_sql(f"PRAGMA table_info({_quote(table)})").fetchall()]
     if not columns:
         raise LookupError(f"no table {table}")
@@ -75,7 +98,7 @@ def _select(conn: Connection, table: str) -> list[dict[str, Any]]:
         q = _quote(c)
         parts += [f"typeof({q})", f"CASE typeof({q}) WHEN 'text' THEN CAST({q} AS BLOB) ELSE {q} END"]
     out = []
-    for raw in conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {_quote(table)}").fetchall():
+    for raw in conn.exec_driver_sql(f"SELECT {', '.join(parts)} FROM {_quote(table)}{where}").fetchall():
         row: dict[str, Any] = {"__rowid": raw[0]}
         for n, c in enumerate(columns):
             kind, value = raw[1 + 2 * n], raw[2 + 2 * n]
@@ -357,14 +380,19 @@ def preflight(conn: Connection) -> list[str]:
     return migration_problems(conn, upto=at)
 
 
-def verify(conn: Connection) -> VerifyReport:
+def verify(conn: Connection, since: Point | None = None, behind: str = "") -> VerifyReport:
+    """The whole chain, every row, the schema, the migrations and SQLite's ``integrity_check``. With ``since`` (the
+    point an earlier verify reached, ``mark``): only the entries and rows after it, linked to its entry, with the
+    schema and migrations; an old row edited since is found by the whole check only. ``behind``: the problem that
+    the ledger no longer extends a mark, named last (a checkpoint that shows the same says more)."""
     found: list[tuple[float, str]] = []  # (seq, text); rows without an entry, then the schema, sort last
+    after = {k: n for k, n in since.rows.items() if k in BULKY} if since is not None else {}
     rows: dict[str, dict[Any, dict[str, Any]]] = {}
     faults: dict[tuple[str, Any], list[str]] = {}
     for kind, model in KINDS.items():
         rows[kind] = {}
         try:
-            stored = _select(conn, kind)
+            stored = _select(conn, kind, f"id > {int(after[kind])}" if kind in after else "")
         except (LookupError, SQLAlchemyError) as err:
             found.append((math.inf, f"table {kind}: cannot be read ({_why(err)})"))
             continue
@@ -374,8 +402,12 @@ def verify(conn: Connection) -> VerifyReport:
             if problems := _faults(model, r):
                 faults[(kind, key)] = problems
 
+    pinned: list[dict[str, Any]] = []  # from a mark: the entries before it of the kinds rechecked whole
     try:
-        stored_entries = _select(conn, "entry")
+        stored_entries = _select(conn, "entry", f"seq > {int(since.seq)}" if since is not None else "")
+        if since is not None:
+            kinds = ", ".join(f"'{k}'" for k in KINDS if k not in BULKY)
+            pinned = _select(conn, "entry", f"kind IN ({kinds}) AND seq <= {int(since.seq)}")
     except (LookupError, SQLAlchemyError) as err:
         found.append((0, f"table entry: cannot be read ({_why(err)})"))
         stored_entries = []
@@ -386,25 +418,31 @@ def verify(conn: Connection) -> VerifyReport:
         else:
             entries.append(e)
     entries.sort(key=lambda e: e["seq"])
+    pinned = [e for e in pinned if type(e.get("seq")) is int]  # the seq itself was checked by the verify that made the mark
+    found += _links(conn, pinned)
 
     seen: set[tuple[str, Any]] = set()
-    expected, count = 1, len(stored_entries)
-    prev: object = GENESIS  # the hash the entry before holds, as stored
-    for e in entries:
+    expected, count = (since.seq + 1, since.entries) if since is not None else (1, 0)
+    count += len(stored_entries)
+    prev: object = since.hash if since is not None else GENESIS  # the hash the entry before holds, as stored
+    for e in (*sorted(pinned, key=lambda e: e["seq"]), *entries):
         seq = e["seq"]
 
         def bad(msg: str, seq=seq) -> None:  # bound now: called in this iteration
             found.append((seq, f"seq {seq}: {msg}"))
 
-        if seq > expected:
+        if since is not None and seq <= since.seq:
+            pass  # an old entry rechecked for its row: its place in the chain is _links'
+        elif seq > expected:
             gap = f"{expected}" if seq - 1 == expected else f"{expected}..{seq - 1}"
             bad(f"seq {gap} missing before it")
         elif seq < expected:
             bad("seq out of order")
-        expected = seq + 1
-        if e.get("prev_hash") != prev:
-            bad("prev_hash does not link to the entry before it")
-        prev = e.get("hash")
+        if since is None or seq > since.seq:
+            expected = seq + 1
+            if e.get("prev_hash") != prev:
+                bad("prev_hash does not link to the entry before it")
+            prev = e.get("hash")
         if problems := _faults(Entry, e):
             for p in problems:
                 bad(f"entry {p}")
@@ -424,7 +462,7 @@ def verify(conn: Connection) -> VerifyReport:
         if kind not in KINDS:
             bad(f"unknown kind {kind!r}")
             continue
-        if (kind, record_id) in seen:
+        if (kind, record_id) in seen or record_id <= after.get(kind, 0):
             bad(f"a second entry for {kind} {record_id}")
             continue
         seen.add((kind, record_id))
@@ -443,11 +481,19 @@ def verify(conn: Connection) -> VerifyReport:
                 more = "".join(f"; {p}" for p in faults.get((kind, record_id), []))
                 found.append((math.inf, f"{kind} {record_id} has no entry in the chain{more}"))
 
-    for problem in (*_checked(_schema_problems, conn), *_checked(migration_problems, conn), *_checked(_integrity, conn)):
-        found.append((math.inf, problem))
+    whole = (_integrity,) if since is None else ()  # integrity_check reads every page of the file
+    for check in (_schema_problems, migration_problems, *whole):
+        found += [(math.inf, problem) for problem in _checked(check, conn)]
+    found += [(math.inf, behind)] if behind else []
 
+    at = since.seq if since is not None else None
     if not found:
-        return VerifyReport(ok=True, entries=count, first_bad_seq=None, problem="")
+        last = entries[-1] if entries else None
+        reached = since if last is None else Point(
+            seq=last["seq"], hash=last["hash"], entries=count,
+            first=since.first if since is not None else entries[0]["hash"],
+            rows={kind: max([after.get(kind, 0), *by_id]) for kind, by_id in rows.items()})
+        return VerifyReport(ok=True, entries=count, first_bad_seq=None, problem="", since=at, reached=reached)
     found.sort(key=lambda p: p[0])  # stable: within one seq, checks keep their order
     first_seq, first_problem = found[0]
     return VerifyReport(
@@ -456,7 +502,23 @@ def verify(conn: Connection) -> VerifyReport:
         first_bad_seq=None if first_seq == math.inf else int(first_seq),
         problem=first_problem,
         problems=tuple(p for _, p in found),
+        since=at,
+        behind=behind,
     )
+
+
+def _links(conn: Connection, old: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """The entry after each of ``old`` still links to it: an old entry rewritten and re-hashed alone breaks that link
+    (one rewritten with everything after it moves the mark's entry: ``mark.start`` says so)."""
+    out: list[tuple[float, str]] = []
+    for n in range(0, len(old), 500):
+        chunk = {e["seq"] + 1: e for e in old[n:n + 500]}
+        sql = f"SELECT seq, prev_hash FROM entry WHERE seq IN ({', '.join(map(str, chunk))})"
+        after: dict[Any, Any] = {r[0]: r[1] for r in conn.execute(text(sql))}
+        for seq, e in chunk.items():
+            if seq in after and after[seq] != e.get("hash"):
+                out.append((seq, f"seq {seq}: prev_hash does not link to the entry before it"))
+    return out
 
 
 def _checked(check: Any, conn: Connection) -> list[str]:

@@ -200,7 +200,7 @@ class Guarded:
         from ...ledger import Ledger
 
         with Ledger(self.url) as ledger:
-            if not ledger.verify().ok:
+            if not ledger.verify(self.ws.root).ok:
                 raise GatekeeperError("the ledger does not verify; the guard appends to it only when it does: "
                                       "see 'gatekeeper ledger verify'")
             last = ledger.flag_states().get(self.flag)
