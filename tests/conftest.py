@@ -19,9 +19,9 @@ if (worker := os.environ.get("PYTEST_XDIST_WORKER")) and hasattr(os, "sched_seta
 # The longest files go to the workers first (longest first, as measured; docs/testing.md), so the two end together. The
 # Makefile passes --no-loadscope-reorder: pytest-xdist otherwise hands out files by their number of tests.
 LONGEST = ("test_served_vllm.py", "test_shipped_power.py", "test_engine_http.py", "test_probes.py", "test_load.py",
-           "test_ray.py", "test_served_sides.py", "test_default_model_verdicts.py", "test_engine_llamacpp.py",
-           "test_real_bugs.py", "test_enablements.py", "test_served_llama_cpp_python.py", "test_examples.py",
-           "test_worker.py", "test_declared.py", "test_serve.py", "test_aligned_gate.py", "test_served_mlx.py")
+           "test_real_bugs.py", "test_served_sides.py", "test_default_model_verdicts.py", "test_engine_llamacpp.py",
+           "test_ray.py", "test_examples.py", "test_served_llama_cpp_python.py", "test_guard.py", "test_worker.py",
+           "test_enablements.py", "test_declared.py", "test_serve.py", "test_aligned_gate.py", "test_served_mlx.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -110,8 +110,12 @@ def test_random_byte_flips_are_all_reported_never_a_traceback(run_cli, workspace
             db.with_name(db.name + extra).unlink(missing_ok=True)
         db.write_bytes(bytes(flipped))
         differs = content(db, layout) != before
-        code, out, err = run_cli("--workspace", workspace, "ledger", "verify", "--json")
         where = f"flip {n}: byte {at} ^ {mask:#04x}"
+        if n % 10 == 0:  # from the mark the first verify left: old rows are not reread, but nothing may traceback
+            code, out, err = run_cli("--workspace", workspace, "ledger", "verify", "--json")
+            assert "Traceback" not in out + err and code in (0, 1, 2), (where, code, out, err)
+        # the whole check: every flipped byte of an old row is its subject
+        code, out, err = run_cli("--workspace", workspace, "ledger", "verify", "--full", "--json")
         assert "Traceback" not in out + err, where
         doc = json.loads(out)  # one JSON document whatever happened
         assert code in (0, 1, 2), (where, code, out, err)
